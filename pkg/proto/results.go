@@ -1,0 +1,132 @@
+package proto
+
+// Proc identifies one process for as long as it lives: its pid and its start
+// time in clock ticks since boot (field 22 of /proc/PID/stat). A pid whose
+// start time changed belongs to another process and is never signalled.
+type Proc struct {
+	PID        int    `json:"pid"`
+	StartTicks uint64 `json:"start_ticks"`
+}
+
+// DetachResult is what `ngsup run --detach` prints: the detached supervisor.
+type DetachResult struct {
+	ID         string `json:"id"`
+	PID        int    `json:"pid"`
+	StartTicks uint64 `json:"start_ticks"`
+}
+
+// Pending describes a process a pause, continue or stop could not confirm.
+type Pending struct {
+	PID int `json:"pid"`
+	// State is the one-letter state of /proc/PID/stat (R, S, D, T, Z...).
+	State string `json:"state"`
+	// Wchan is where the process sleeps in the kernel (/proc/PID/wchan).
+	Wchan string `json:"wchan,omitempty"`
+	// Comm is the process's command name.
+	Comm string `json:"comm,omitempty"`
+}
+
+// Method names say how a pause or stop reached the processes.
+const (
+	// MethodSignal: SIGSTOP to the harness's process group and to every
+	// process found by walking the supervisor's tree.
+	MethodSignal = "signal"
+	// MethodCgroupSignal: a cgroup freeze of the launch's cgroup, plus the
+	// signals of MethodSignal for anything outside it.
+	MethodCgroupSignal = "cgroup+signal"
+	// MethodScan: the supervisor is gone or never ran; processes were found by
+	// their tag, by what earlier passes found, and their descendants.
+	MethodScan = "scan"
+	// MethodNone: nothing to act on (a launch that has not started).
+	MethodNone = "none"
+)
+
+// PauseResult is what `ngsup pause` prints. Every field says what happened.
+type PauseResult struct {
+	// Paused is true when every process of the launch was confirmed stopped
+	// (state T/t, or D with SIGSTOP pending, or frozen in the launch's cgroup)
+	// or dead.
+	Paused bool `json:"paused"`
+	// Ended is true when the launch had already ended: nothing was paused.
+	Ended bool `json:"ended,omitempty"`
+	// Processes is how many live processes the pause holds stopped.
+	Processes int `json:"processes"`
+	// Gone counts processes found during the pause that exited before it ended.
+	Gone int `json:"gone,omitempty"`
+	// Passes is how many walks of the launch it took until one found nothing new.
+	Passes int `json:"passes"`
+	// ElapsedMS is the wall time of the whole pause, in milliseconds.
+	ElapsedMS float64 `json:"elapsed_ms"`
+	// Method says how the processes were reached (Method* constants).
+	Method string `json:"method"`
+	// Supervised says the launch's supervisor was alive and its tree walked.
+	Supervised bool `json:"supervised"`
+	// Pending lists what could not be confirmed; empty when Paused.
+	Pending []Pending `json:"pending"`
+	// Error is a one-line reason when Paused is false.
+	Error string `json:"error,omitempty"`
+}
+
+// ContinueResult is what `ngsup continue` prints.
+type ContinueResult struct {
+	// Continued counts the processes sent SIGCONT (or thawed).
+	Continued int `json:"continued"`
+	// Skipped counts processes the pause had stopped that were gone or whose
+	// pid now belongs to another process (left alone).
+	Skipped int `json:"skipped"`
+	// ElapsedMS is the wall time of the continue, in milliseconds.
+	ElapsedMS float64 `json:"elapsed_ms"`
+	// Method says how the processes were reached.
+	Method string `json:"method"`
+	// Pending lists processes still stopped afterwards.
+	Pending []Pending `json:"pending"`
+}
+
+// StopResult is what `ngsup stop` prints.
+type StopResult struct {
+	// Stopped is true when no process of the launch is left.
+	Stopped bool `json:"stopped"`
+	// Interrupted counts processes sent SIGINT; Killed those sent SIGKILL.
+	Interrupted int `json:"interrupted"`
+	Killed      int `json:"killed"`
+	// ElapsedMS is the wall time of the stop, in milliseconds.
+	ElapsedMS float64 `json:"elapsed_ms"`
+	// Method says how the processes were found.
+	Method string `json:"method"`
+	// Supervised says the supervisor was alive when the stop began.
+	Supervised bool `json:"supervised"`
+	// Survivors lists processes still alive at the end.
+	Survivors []Pending `json:"survivors"`
+}
+
+// TreeProc is one process in `ngsup tree --json`.
+type TreeProc struct {
+	PID        int    `json:"pid"`
+	PPID       int    `json:"ppid"`
+	PGID       int    `json:"pgid"`
+	SID        int    `json:"sid"`
+	State      string `json:"state"`
+	StartTicks uint64 `json:"start_ticks"`
+	Threads    int    `json:"threads"`
+	Comm       string `json:"comm"`
+	Cmdline    string `json:"cmdline"`
+}
+
+// TreeResult is what `ngsup tree --json` prints.
+type TreeResult struct {
+	// ID is the launch id ("" with --pid).
+	ID string `json:"id,omitempty"`
+	// Root is the pid the tree hangs from (the supervisor, or --pid).
+	Root int `json:"root"`
+	// Supervised says the supervisor was alive and its tree walked.
+	Supervised bool `json:"supervised"`
+	// Processes lists every process found, parents before children.
+	Processes []TreeProc `json:"processes"`
+}
+
+// VersionResult is what `ngsup version` prints.
+type VersionResult struct {
+	Version   string `json:"version"`
+	Commit    string `json:"commit"`
+	GoVersion string `json:"go_version"`
+}

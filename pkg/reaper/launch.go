@@ -1,0 +1,199 @@
+package reaper
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// Launch is one launch folder, opened for a control verb.
+type Launch struct {
+	// Dir is the launch folder.
+	Dir string
+	// FS is where /proc is read.
+	FS FS
+	// Receipt is the launch's receipt, nil when none was written yet.
+	Receipt *proto.Receipt
+	// Supervised says the supervisor named by the receipt is alive (same pid
+	// and start time).
+	Supervised bool
+	// Cgroup is the launch's cgroup, nil when it has none.
+	Cgroup *Cgroup
+}
+
+// OpenLaunch reads dir's receipt. A folder with no receipt is a launch that
+// has not started: Receipt is nil and no error is returned. A folder that does
+// not exist is ErrNoLaunch only when create is false; with create it is made,
+// so that pause or stop can leave their file for a run that starts later.
+func OpenLaunch(dir string, create bool) (*Launch, error) {
+	dir, err := proto.ValidateDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	l := &Launch{Dir: dir, FS: ProcFS}
+	if create {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("%w: create %s: %v", proto.ErrBadDir, dir, err)
+		}
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%w: %s does not exist", proto.ErrNoLaunch, dir)
+		}
+		return nil, fmt.Errorf("%w: %v", proto.ErrBadDir, err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("%w: %s is not a folder", proto.ErrBadDir, dir)
+	}
+	r, err := proto.ReadReceipt(dir)
+	if err != nil && !errors.Is(err, proto.ErrNoLaunch) {
+		return nil, err
+	}
+	if err == nil {
+		l.Receipt = r
+		l.Supervised = l.FS.Alive(l.supervisor())
+		l.Cgroup = OpenCgroup(r.Cgroup, r.CgroupVersion)
+	}
+	return l, nil
+}
+
+// Reload re-reads the receipt (the supervisor may have written the end).
+func (l *Launch) Reload() error {
+	r, err := proto.ReadReceipt(l.Dir)
+	if err != nil {
+		return err
+	}
+	l.Receipt = r
+	l.Supervised = l.FS.Alive(l.supervisor())
+	return nil
+}
+
+func (l *Launch) supervisor() proto.Proc {
+	if l.Receipt == nil {
+		return proto.Proc{}
+	}
+	return proto.Proc{PID: l.Receipt.SupervisorPID, StartTicks: l.Receipt.SupervisorStartTicks}
+}
+
+func (l *Launch) harness() proto.Proc {
+	if l.Receipt == nil || !l.Receipt.Started {
+		return proto.Proc{}
+	}
+	return proto.Proc{PID: l.Receipt.HarnessPID, StartTicks: l.Receipt.HarnessStartTicks}
+}
+
+func (l *Launch) path(name string) string { return filepath.Join(l.Dir, name) }
+
+// Lock takes the launch folder's lock, which serialises the control verbs and
+// the run's start, and returns its release.
+func (l *Launch) Lock() (func(), error) {
+	return lockDir(l.Dir)
+}
+
+func lockDir(dir string) (func(), error) {
+	fd, err := unix.Open(filepath.Join(dir, proto.LockFile), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open lock of %s: %w", dir, err)
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// touch creates path if it does not exist, with content, and makes the
+// creation durable. It reports whether it created the file.
+func touch(path string, content string) (bool, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if errors.Is(err, fs.ErrExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("create %s: %w", path, err)
+	}
+	_, werr := f.WriteString(content)
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		return true, fmt.Errorf("create %s: %w", path, err)
+	}
+	return true, proto.SyncDir(filepath.Dir(path))
+}
+
+// readProcSet reads a file of "pid start" lines. A missing file is empty.
+func readProcSet(path string) ([]proto.Proc, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []proto.Proc
+	seen := map[proto.Proc]bool{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		a, b, ok := strings.Cut(strings.TrimSpace(sc.Text()), " ")
+		if !ok {
+			continue // a torn last line from a crash: skip it
+		}
+		pid, err1 := strconv.Atoi(a)
+		start, err2 := strconv.ParseUint(b, 10, 64)
+		if err1 != nil || err2 != nil || pid <= 0 {
+			continue
+		}
+		p := proto.Proc{PID: pid, StartTicks: start}
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out, sc.Err()
+}
+
+func formatProcSet(procs []proto.Proc) []byte {
+	var b strings.Builder
+	for _, p := range procs {
+		b.WriteString(strconv.Itoa(p.PID))
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatUint(p.StartTicks, 10))
+		b.WriteByte('\n')
+	}
+	return []byte(b.String())
+}
+
+// remember appends processes to the launch's known set.
+func (l *Launch) remember(procs []proto.Proc) error {
+	if len(procs) == 0 {
+		return nil
+	}
+	f, err := os.OpenFile(l.path(proto.KnownFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("record known processes: %w", err)
+	}
+	_, werr := f.Write(formatProcSet(procs))
+	return errors.Join(werr, f.Close())
+}

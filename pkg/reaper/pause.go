@@ -1,0 +1,343 @@
+package reaper
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// Pause budgets of the contract.
+const (
+	// StopBudget is how long a pause waits for every process to stop.
+	StopBudget = 5 * time.Second
+	// UninterruptibleBudget is how long it keeps waiting while the only
+	// processes left are in an uninterruptible call (state D): they take
+	// the pending SIGSTOP when the call returns.
+	UninterruptibleBudget = 30 * time.Second
+)
+
+// PauseOptions tunes a pause. The zero value is the contract's behaviour.
+type PauseOptions struct {
+	// StopBudget and UninterruptibleBudget override the contract's budgets
+	// when non-zero (tests use short ones).
+	StopBudget, UninterruptibleBudget time.Duration
+	// NoCgroup skips the cgroup freeze, so signals alone do the pause (the
+	// benchmark compares both).
+	NoCgroup bool
+}
+
+// Pause stops every process of the launch in dir and confirms each one is
+// stopped or dead. It creates dir/pause first, so a launch that has not
+// started waits. The exit code is the contract's: 0 paused, 3 the launch had
+// already ended (nothing paused, its result kept), 4 not confirmed (what was
+// stopped is continued again, so a failed pause leaves the launch running).
+func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
+	begin := time.Now()
+	res := proto.PauseResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
+	l, err := OpenLaunch(dir, true)
+	if err != nil {
+		return res, proto.ExitUsage, err
+	}
+	unlock, err := l.Lock()
+	if err != nil {
+		return res, proto.ExitInternal, err
+	}
+	defer unlock()
+	// Re-read under the lock: the run may have started meanwhile.
+	if err := l.Reload(); err != nil && l.Receipt != nil {
+		return res, proto.ExitUsage, err
+	}
+	created, err := touch(l.path(proto.PauseFile), strconv.FormatInt(time.Now().UnixNano(), 10))
+	if err != nil {
+		return res, proto.ExitInternal, err
+	}
+	done := func() (proto.PauseResult, int, error) {
+		res.ElapsedMS = ms(time.Since(begin))
+		return res, proto.ExitOK, nil
+	}
+	if l.Receipt == nil || !l.Receipt.Started {
+		if l.Receipt != nil && l.Receipt.Ended {
+			return l.pauseEnded(res, created, begin)
+		}
+		// Not started: the pause file holds the run until continue.
+		res.Paused = true
+		res.Supervised = l.Supervised
+		return done()
+	}
+	if l.Receipt.Ended {
+		return l.pauseEnded(res, created, begin)
+	}
+	p, err := newPauser(l, opt)
+	if err != nil {
+		return res, proto.ExitInternal, err
+	}
+	res.Supervised = l.Supervised
+	ok := p.run()
+	res.Method = p.f.method(p.frozen)
+	res.Passes = p.passes
+	res.Gone = p.gone
+	// A harness that ended while we paused keeps its result: undo the pause.
+	if l.Reload() == nil && l.Receipt.Ended {
+		p.undo()
+		return l.pauseEnded(res, created, begin)
+	}
+	if !ok {
+		res.Pending = p.pending
+		res.Error = p.failure
+		p.undo()
+		os.Remove(l.path(proto.PauseFile))
+		res.ElapsedMS = ms(time.Since(begin))
+		return res, proto.ExitNotConfirmed, nil
+	}
+	held := p.held()
+	// Keep what an earlier pause of the same hold recorded, if still alive.
+	if prev, _ := readProcSet(l.path(proto.PausedFile)); len(prev) > 0 && !created {
+		for _, q := range prev {
+			if !slices.Contains(held, q) && l.FS.Alive(q) {
+				held = append(held, q)
+			}
+		}
+	}
+	if err := proto.WriteFileAtomic(l.path(proto.PausedFile), formatProcSet(held), 0o644); err != nil {
+		p.undo()
+		os.Remove(l.path(proto.PauseFile))
+		return res, proto.ExitInternal, err
+	}
+	if err := l.remember(p.fresh); err != nil {
+		fmt.Fprintf(os.Stderr, "ngsup: %v\n", err)
+	}
+	res.Paused = true
+	res.Processes = len(held)
+	return done()
+}
+
+func (l *Launch) pauseEnded(res proto.PauseResult, created bool, begin time.Time) (proto.PauseResult, int, error) {
+	if created {
+		os.Remove(l.path(proto.PauseFile))
+	}
+	res.Paused = false
+	res.Ended = true
+	res.Error = "the launch had already ended; its result is kept"
+	res.ElapsedMS = ms(time.Since(begin))
+	return res, proto.ExitEnded, nil
+}
+
+// pauser holds the state of one pause.
+type pauser struct {
+	l       *Launch
+	f       *finder
+	opt     PauseOptions
+	frozen  bool         // the cgroup held the launch while it was signalled
+	stopped map[int]Stat // everything found, by pid, with its latest stat
+	fresh   []proto.Proc // found for the first time (for the known set)
+	passes  int
+	gone    int
+	pending []proto.Pending
+	failure string
+}
+
+func newPauser(l *Launch, opt PauseOptions) (*pauser, error) {
+	f, err := newFinder(l, false)
+	if err != nil {
+		return nil, err
+	}
+	if opt.StopBudget == 0 {
+		opt.StopBudget = StopBudget
+	}
+	if opt.UninterruptibleBudget == 0 {
+		opt.UninterruptibleBudget = UninterruptibleBudget
+	}
+	return &pauser{l: l, f: f, opt: opt, stopped: map[int]Stat{}}, nil
+}
+
+// run is the pause loop. Where the launch has a cgroup it is frozen first,
+// so that nothing can fork while every process is found and sent SIGSTOP;
+// then it is thawed and each process takes its pending SIGSTOP before it runs
+// another instruction of its own. Signals alone follow: the harness's group
+// (race-free against fork), then walk-and-stop passes until one finds nothing
+// new and every process found is confirmed stopped.
+func (p *pauser) run() bool {
+	begin := time.Now()
+	if p.l.Cgroup != nil && !p.opt.NoCgroup {
+		if err := p.l.Cgroup.Freeze(begin.Add(time.Second)); err == nil {
+			p.frozen = true
+			for p.step() > 0 && time.Since(begin) < p.opt.StopBudget {
+			}
+			if err := p.l.Cgroup.Thaw(); err != nil {
+				p.failure = err.Error()
+				return false
+			}
+		}
+	}
+	p.l.signalGroup(unix.SIGSTOP)
+	wait := 200 * time.Microsecond
+	for {
+		news := p.step()
+		p.pending = p.confirm()
+		if news == 0 && len(p.pending) == 0 {
+			return true
+		}
+		elapsed := time.Since(begin)
+		if elapsed > p.opt.StopBudget {
+			if !allUninterruptible(p.pending) {
+				p.failure = fmt.Sprintf("%d processes not stopped after %s", len(p.pending), p.opt.StopBudget)
+				return false
+			}
+			if elapsed > p.opt.UninterruptibleBudget {
+				p.failure = fmt.Sprintf("%d processes still in an uninterruptible call after %s", len(p.pending), p.opt.UninterruptibleBudget)
+				return false
+			}
+		}
+		if news == 0 {
+			time.Sleep(wait)
+			wait = min(wait*2, 10*time.Millisecond)
+		}
+	}
+}
+
+// step is one pass: every process found is sent SIGSTOP unless it is
+// stopped already; processes found before but not reached (exited, or
+// re-parented out of the walk) are read directly. It returns how many
+// processes were found for the first time.
+func (p *pauser) step() int {
+	p.passes++
+	found := p.f.pass(func(fd int, st Stat) {
+		if !isStopped(st.State) {
+			signalFD(fd, st.PID, unix.SIGSTOP)
+		}
+	})
+	news := 0
+	for pid, st := range found {
+		old, ok := p.stopped[pid]
+		if !ok || old.StartTicks != st.StartTicks {
+			news++
+			p.fresh = append(p.fresh, procOf(st))
+		}
+		p.stopped[pid] = st
+	}
+	for pid, st := range p.stopped {
+		if _, ok := found[pid]; ok {
+			continue
+		}
+		now, err := p.l.FS.ReadStat(pid)
+		if err != nil || now.StartTicks != st.StartTicks {
+			delete(p.stopped, pid)
+			p.gone++
+			continue
+		}
+		if !isStopped(now.State) {
+			p.l.FS.Signal(procOf(st), unix.SIGSTOP)
+		}
+		p.stopped[pid] = now
+	}
+	return news
+}
+
+func allUninterruptible(pending []proto.Pending) bool {
+	for _, q := range pending {
+		if q.State != "D" {
+			return false
+		}
+	}
+	return len(pending) > 0
+}
+
+// confirm checks every process found and returns the ones not yet stopped.
+func (p *pauser) confirm() []proto.Pending {
+	var out []proto.Pending
+	for pid, st := range p.stopped {
+		if state, ok := p.l.FS.stoppedState(st); !ok {
+			out = append(out, proto.Pending{PID: pid, State: string(state), Wchan: p.l.FS.Wchan(pid), Comm: st.Comm})
+		}
+	}
+	slices.SortFunc(out, func(a, b proto.Pending) int { return a.PID - b.PID })
+	return out
+}
+
+// stoppedState reports whether a process no longer runs user code: stopped
+// (T, t), dead (a zombie with no live thread), or in an uninterruptible call
+// with SIGSTOP pending (it stops when the call returns; a vfork parent sits
+// there until its child execs). A zombie leader whose threads live is judged
+// by its threads. It returns the state that decided.
+func (fs FS) stoppedState(st Stat) (byte, bool) {
+	switch {
+	case isStopped(st.State) && st.NumThreads <= 1:
+		return st.State, true
+	case st.State == 'Z' && st.NumThreads <= 1, st.State == 'X':
+		return st.State, true
+	case st.State == 'D' && st.NumThreads <= 1:
+		shd, sig, err := fs.Pending(st.PID, st.PID)
+		return st.State, err == nil && (shd|sig)&SigStop != 0
+	case st.NumThreads <= 1:
+		return st.State, false
+	}
+	// Several threads: every live one must be stopped.
+	tids, err := fs.Tasks(st.PID)
+	if err != nil {
+		return st.State, err == ErrNoProcess
+	}
+	var anyStopped bool
+	var inD []int
+	for _, tid := range tids {
+		ts, err := fs.ReadTaskStat(st.PID, tid)
+		if err != nil {
+			continue
+		}
+		switch {
+		case isStopped(ts.State):
+			anyStopped = true
+		case ts.State == 'Z' || ts.State == 'X':
+		case ts.State == 'D':
+			inD = append(inD, tid)
+		default:
+			return ts.State, false
+		}
+	}
+	for _, tid := range inD {
+		shd, sig, err := fs.Pending(st.PID, tid)
+		// In a group stop begun by another thread, the signal is already
+		// taken; the thread stops when its call returns.
+		if !anyStopped && (err != nil || (shd|sig)&SigStop == 0) {
+			return 'D', false
+		}
+	}
+	return 'T', true
+}
+
+// held lists the live processes the pause holds.
+func (p *pauser) held() []proto.Proc {
+	out := make([]proto.Proc, 0, len(p.stopped))
+	for _, st := range p.stopped {
+		if st.State != 'Z' || st.NumThreads > 1 {
+			out = append(out, procOf(st))
+		}
+	}
+	slices.SortFunc(out, func(a, b proto.Proc) int { return a.PID - b.PID })
+	return out
+}
+
+// undo continues what this pause stopped.
+func (p *pauser) undo() {
+	for _, st := range p.stopped {
+		p.l.FS.Signal(procOf(st), unix.SIGCONT)
+	}
+	p.l.signalGroup(unix.SIGCONT)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// parsePauseStamp reads the time a pause file was created.
+func parsePauseStamp(data []byte) (time.Time, bool) {
+	n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil || n <= 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, n), true
+}

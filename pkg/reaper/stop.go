@@ -1,0 +1,171 @@
+package reaper
+
+import (
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// DefaultGrace is how long stop waits after SIGINT before SIGKILL.
+const DefaultGrace = 10 * time.Second
+
+// killBudget bounds the SIGKILL sweeps after the grace.
+const killBudget = 5 * time.Second
+
+// Stop ends every process of the launch: it creates dir/stop (so a run that
+// has not started never starts), sends SIGINT to every process and SIGCONT so
+// the SIGINT lands on stopped ones, SIGKILL after the grace, then SIGKILL
+// again to anything still found, until a sweep finds nothing. Processes are
+// found through the supervisor's tree, the cgroup, the tag, and every process
+// an earlier pass recorded, with their descendants: a stop works on a launch
+// whose supervisor is gone. Exit 0 none left, 4 survivors listed.
+func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
+	begin := time.Now()
+	res := proto.StopResult{Method: proto.MethodNone, Survivors: []proto.Pending{}}
+	l, err := OpenLaunch(dir, true)
+	if err != nil {
+		return res, proto.ExitUsage, err
+	}
+	unlock, err := l.Lock()
+	if err != nil {
+		return res, proto.ExitInternal, err
+	}
+	defer unlock()
+	if err := l.Reload(); err != nil && l.Receipt != nil {
+		return res, proto.ExitUsage, err
+	}
+	if _, err := touch(l.path(proto.StopFile), ""); err != nil {
+		return res, proto.ExitInternal, err
+	}
+	res.Supervised = l.Supervised
+	if l.Receipt == nil {
+		res.Stopped = true
+		res.ElapsedMS = ms(time.Since(begin))
+		return res, proto.ExitOK, nil
+	}
+	f, err := newFinder(l, true)
+	if err != nil {
+		return res, proto.ExitInternal, err
+	}
+	res.Method = f.method(false)
+	if l.Cgroup != nil {
+		l.Cgroup.Thaw() // a frozen task cannot act on SIGINT
+	}
+	// Everything found is recorded, so that once the supervisor exits its
+	// orphans are still found by pid and start time.
+	interrupted := map[proto.Proc]bool{}
+	interrupt := func() map[int]Stat {
+		found := f.pass(func(fd int, st Stat) {
+			p := procOf(st)
+			if !interrupted[p] {
+				interrupted[p] = true
+				signalFD(fd, st.PID, unix.SIGINT)
+				signalFD(fd, st.PID, unix.SIGCONT)
+			}
+		})
+		f.learn(found)
+		return found
+	}
+	l.signalGroup(unix.SIGINT)
+	l.signalGroup(unix.SIGCONT)
+	found := interrupt()
+	deadline := begin.Add(grace)
+	wait := time.Millisecond
+	for len(live(found)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(wait)
+		wait = min(wait*2, 50*time.Millisecond)
+		found = interrupt()
+	}
+	res.Interrupted = len(interrupted)
+	killed := map[proto.Proc]bool{}
+	killDeadline := time.Now().Add(killBudget)
+	for {
+		found = f.pass(func(fd int, st Stat) {
+			if st.State != 'Z' || st.NumThreads > 1 {
+				killed[procOf(st)] = true
+				signalFD(fd, st.PID, unix.SIGKILL)
+			}
+		})
+		f.learn(found)
+		if l.Cgroup != nil {
+			l.Cgroup.Kill() // anything in the cgroup the walk missed
+		}
+		if len(live(found)) == 0 || time.Now().After(killDeadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	res.Killed = len(killed)
+	// The supervisor records the harness's end and exits by itself once the
+	// harness is gone; give it a moment, then end it too.
+	l.settleSupervisor(2 * time.Second)
+	// Confirm: one more sweep, this time touching nothing.
+	l.Supervised = l.FS.Alive(l.supervisor())
+	found = f.pass(nil)
+	for _, st := range live(found) {
+		res.Survivors = append(res.Survivors, proto.Pending{PID: st.PID, State: string(st.State), Comm: st.Comm, Wchan: l.FS.Wchan(st.PID)})
+	}
+	slices.SortFunc(res.Survivors, func(a, b proto.Pending) int { return a.PID - b.PID })
+	if l.Cgroup != nil && len(res.Survivors) == 0 {
+		l.Cgroup.Remove()
+	}
+	res.Stopped = len(res.Survivors) == 0
+	res.ElapsedMS = ms(time.Since(begin))
+	if !res.Stopped {
+		return res, proto.ExitNotConfirmed, nil
+	}
+	return res, proto.ExitOK, nil
+}
+
+// live keeps the processes that still run code (not zombies).
+func live(found map[int]Stat) []Stat {
+	var out []Stat
+	for _, st := range found {
+		if st.State != 'Z' && st.State != 'X' || st.NumThreads > 1 {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// learn adds found processes to the finder's known set and the launch's.
+func (f *finder) learn(found map[int]Stat) {
+	var fresh []proto.Proc
+	for _, st := range found {
+		p := procOf(st)
+		if !slices.Contains(f.known, p) {
+			f.known = append(f.known, p)
+			fresh = append(fresh, p)
+		}
+	}
+	f.l.remember(fresh)
+}
+
+// settleSupervisor waits up to d for the supervisor to record the end and
+// exit. If it is still there it is killed, and the end is recorded here, so
+// that wait and status report an ended launch.
+func (l *Launch) settleSupervisor(d time.Duration) {
+	sup := l.supervisor()
+	deadline := time.Now().Add(d)
+	for l.FS.Alive(sup) && time.Now().Before(deadline) {
+		if st, err := l.FS.ReadStat(sup.PID); err == nil && st.State == 'Z' {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st, err := l.FS.ReadStat(sup.PID); err == nil && st.StartTicks == sup.StartTicks && st.State != 'Z' {
+		l.FS.Signal(sup, unix.SIGKILL)
+	}
+	if err := l.Reload(); err != nil || l.Receipt.Ended {
+		return
+	}
+	r := *l.Receipt
+	r.Ended = true
+	r.EndedAt = time.Now()
+	r.ExitCode = -1
+	r.Error = "the launch was stopped and its supervisor ended before recording the harness's exit"
+	proto.WriteReceipt(l.Dir, &r)
+}

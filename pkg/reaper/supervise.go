@@ -1,0 +1,464 @@
+package reaper
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// RunOptions describes one launch for Supervise.
+type RunOptions struct {
+	// Dir is the launch folder (absolute); ID the launch id.
+	Dir, ID string
+	// Command is the harness's argv.
+	Command []string
+	// Timeout, when non-zero, ends the harness after that much running time
+	// (time spent paused does not count): SIGINT to its group, then SIGKILL
+	// after Grace.
+	Timeout, Grace time.Duration
+	// Detached sends the harness's output to Dir/stdout and Dir/stderr and
+	// its input from /dev/null; otherwise it inherits ngsup's stdio.
+	Detached bool
+	// Ready, if set, is written "ok\n" (or the error) and closed once the
+	// first receipt is on disk: the detaching parent waits for it.
+	Ready *os.File
+	// NoCgroup skips making a cgroup for the launch.
+	NoCgroup bool
+	// Log receives the supervisor's own messages.
+	Log func(format string, args ...any)
+}
+
+// pollStart is how often a run held by a pause file looks again.
+const pollStart = 20 * time.Millisecond
+
+// forwarded are the signals the supervisor passes on to the harness's group.
+var forwarded = []os.Signal{unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2}
+
+// Supervise runs a launch to its end, as the child subreaper of everything
+// the harness starts, and returns the harness's exit code (128+N for signal
+// N; 127/126 when the command cannot be run). Each setup step returns an
+// error; then one loop waits for signals and reaps.
+func Supervise(opt RunOptions) (code int, err error) {
+	s, err := newSupervisor(opt)
+	if err != nil {
+		if opt.Ready != nil {
+			fmt.Fprintf(opt.Ready, "%v\n", err)
+			opt.Ready.Close()
+		}
+		return proto.ExitUsage, err
+	}
+	if opt.Ready != nil {
+		fmt.Fprintln(opt.Ready, "ok")
+		opt.Ready.Close()
+	}
+	defer signal.Stop(s.sigs)
+	started, err := s.waitToStart()
+	if err != nil || !started {
+		return s.receipt.ExitCode, err
+	}
+	s.loop()
+	return s.finish()
+}
+
+type supervisor struct {
+	opt     RunOptions
+	receipt proto.Receipt
+	sigs    chan os.Signal
+	cg      *Cgroup
+	begin   time.Time
+	status  unix.WaitStatus
+	exited  bool
+}
+
+// newSupervisor checks the options, becomes a child subreaper, and writes the
+// first receipt.
+func newSupervisor(opt RunOptions) (*supervisor, error) {
+	dir, err := proto.ValidateDir(opt.Dir)
+	if err != nil {
+		return nil, err
+	}
+	opt.Dir = dir
+	if err := proto.ValidateID(opt.ID); err != nil {
+		return nil, err
+	}
+	if len(opt.Command) == 0 {
+		return nil, errors.New("run: no command given after --")
+	}
+	if opt.Grace <= 0 {
+		opt.Grace = DefaultGrace
+	}
+	if opt.Log == nil {
+		opt.Log = func(string, ...any) {}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("%w: create %s: %v", proto.ErrBadDir, dir, err)
+	}
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if exists(filepath.Join(dir, proto.ReceiptFile)) {
+		return nil, fmt.Errorf("%w: %s (use a new folder for each launch)", proto.ErrLaunchExists, dir)
+	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return nil, fmt.Errorf("become child subreaper: %w", err)
+	}
+	self, err := ProcFS.Identify(os.Getpid())
+	if err != nil {
+		return nil, fmt.Errorf("read own start time: %w", err)
+	}
+	s := &supervisor{opt: opt, sigs: make(chan os.Signal, 64)}
+	signal.Notify(s.sigs, append([]os.Signal{unix.SIGCHLD}, forwarded...)...)
+	s.receipt = proto.Receipt{
+		ID:                   opt.ID,
+		Command:              opt.Command,
+		SupervisorPID:        self.PID,
+		SupervisorStartTicks: self.StartTicks,
+		ExitCode:             -1,
+	}
+	if err := s.write(); err != nil {
+		signal.Stop(s.sigs)
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *supervisor) write() error {
+	return proto.WriteReceipt(s.opt.Dir, &s.receipt)
+}
+
+func (s *supervisor) path(name string) string { return filepath.Join(s.opt.Dir, name) }
+
+// waitToStart starts the harness unless a stop file says never, waiting while
+// a pause file is present. The check and the start happen under the launch
+// folder's lock, so a pause or stop lands either before (held) or after
+// (the harness is there to pause or stop).
+func (s *supervisor) waitToStart() (bool, error) {
+	for {
+		unlock, err := lockDir(s.opt.Dir)
+		if err != nil {
+			return false, err
+		}
+		switch {
+		case exists(s.path(proto.StopFile)):
+			unlock()
+			return false, s.endUnstarted("a stop file was present before the harness started; nothing was started")
+		case exists(s.path(proto.PauseFile)):
+			unlock()
+		default:
+			err := s.start()
+			unlock()
+			return err == nil, err
+		}
+		select {
+		case sig := <-s.sigs:
+			if sig != unix.SIGCHLD {
+				return false, s.endUnstarted(fmt.Sprintf("received %v before the harness started; nothing was started", sig))
+			}
+		case <-time.After(pollStart):
+		}
+	}
+}
+
+func (s *supervisor) endUnstarted(why string) error {
+	s.receipt.Ended = true
+	s.receipt.EndedAt = time.Now()
+	s.receipt.ExitCode = -1
+	s.receipt.CleanupConfirmed = true
+	s.receipt.Error = why
+	s.opt.Log("ngsup: launch %s: %s", s.opt.ID, why)
+	return s.write()
+}
+
+// start forks the harness into its own process group (and the launch's
+// cgroup where one can be made), with the launch's tag in its environment.
+func (s *supervisor) start() error {
+	argv := s.opt.Command
+	path, code, err := lookCommand(argv[0])
+	if err != nil {
+		return s.failStart(code, err)
+	}
+	files, closeFiles, err := s.stdio()
+	if err != nil {
+		return s.failStart(proto.ExitInternal, err)
+	}
+	defer closeFiles()
+	attr := &syscall.ProcAttr{
+		Env:   taggedEnv(os.Environ(), s.opt.ID),
+		Files: files,
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	if !s.opt.NoCgroup {
+		s.cg, _ = CreateCgroup("ngsup-" + s.opt.ID + "-" + strconv.Itoa(os.Getpid()))
+	}
+	pid, err := s.fork(path, argv, attr)
+	if err != nil {
+		code := proto.ExitExecNotRunnable
+		if errors.Is(err, unix.ENOENT) {
+			code = proto.ExitExecNotFound
+		}
+		return s.failStart(code, fmt.Errorf("start %s: %w", argv[0], err))
+	}
+	s.begin = time.Now()
+	s.receipt.Started = true
+	s.receipt.StartedAt = s.begin
+	s.receipt.HarnessPID = pid
+	s.receipt.HarnessPGID = pid
+	if st, err := ProcFS.ReadStat(pid); err == nil {
+		s.receipt.HarnessStartTicks = st.StartTicks
+	}
+	if s.cg != nil {
+		s.receipt.Cgroup = s.cg.Path
+		s.receipt.CgroupVersion = s.cg.Version
+	}
+	return s.write()
+}
+
+// fork starts the harness, born inside the launch's cgroup when there is
+// one: v2 through clone3's CLONE_INTO_CGROUP, v1 by forking from inside it.
+func (s *supervisor) fork(path string, argv []string, attr *syscall.ProcAttr) (int, error) {
+	if s.cg != nil && s.cg.Version == 2 {
+		fd, err := unix.Open(s.cg.Path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = true, fd
+			pid, err := syscall.ForkExec(path, argv, attr)
+			unix.Close(fd)
+			if err == nil {
+				return pid, nil
+			}
+			attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = false, 0
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOEXEC) {
+				s.dropCgroup()
+				return 0, err
+			}
+		}
+		s.dropCgroup()
+	}
+	if s.cg != nil && s.cg.Version == 1 {
+		if restore, err := s.cg.AddSelf(); err == nil {
+			pid, err := syscall.ForkExec(path, argv, attr)
+			if rerr := restore(); rerr != nil {
+				s.opt.Log("ngsup: %v", rerr)
+			}
+			if err != nil {
+				s.dropCgroup()
+			}
+			return pid, err
+		}
+		s.dropCgroup()
+	}
+	return syscall.ForkExec(path, argv, attr)
+}
+
+func (s *supervisor) dropCgroup() {
+	if s.cg != nil {
+		s.cg.Remove()
+		s.cg = nil
+	}
+}
+
+func (s *supervisor) failStart(code int, err error) error {
+	s.receipt.Ended = true
+	s.receipt.EndedAt = time.Now()
+	s.receipt.ExitCode = code
+	s.receipt.CleanupConfirmed = true
+	s.receipt.Error = err.Error()
+	s.opt.Log("ngsup: launch %s: %v", s.opt.ID, err)
+	if werr := s.write(); werr != nil {
+		return errors.Join(err, werr)
+	}
+	return nil
+}
+
+// lookCommand resolves argv[0] as a shell would, and says which exit code a
+// failure gets: 127 not found, 126 found but not runnable.
+func lookCommand(name string) (string, int, error) {
+	path, err := exec.LookPath(name)
+	if err == nil {
+		return path, 0, nil
+	}
+	if errors.Is(err, fs.ErrPermission) {
+		return "", proto.ExitExecNotRunnable, fmt.Errorf("start %s: permission denied", name)
+	}
+	if strings.Contains(name, "/") {
+		if fi, serr := os.Stat(name); serr == nil && !fi.IsDir() {
+			return "", proto.ExitExecNotRunnable, fmt.Errorf("start %s: not executable", name)
+		}
+	}
+	return "", proto.ExitExecNotFound, fmt.Errorf("start %s: command not found", name)
+}
+
+// taggedEnv returns env with the launch tag set to id (replacing any tag
+// inherited from an enclosing launch).
+func taggedEnv(env []string, id string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, proto.TagEnv+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, proto.TagEnv+"="+id)
+}
+
+func (s *supervisor) stdio() ([]uintptr, func(), error) {
+	if !s.opt.Detached {
+		return []uintptr{0, 1, 2}, func() {}, nil
+	}
+	in, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, nil, err
+	}
+	out, err := os.OpenFile(s.path(proto.StdoutFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		in.Close()
+		return nil, nil, err
+	}
+	errf, err := os.OpenFile(s.path(proto.StderrFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		in.Close()
+		out.Close()
+		return nil, nil, err
+	}
+	return []uintptr{in.Fd(), out.Fd(), errf.Fd()}, func() { in.Close(); out.Close(); errf.Close() }, nil
+}
+
+// loop is the supervisor's one loop: wait for a signal, reap everything,
+// forward what is meant for the harness, until the harness has exited.
+func (s *supervisor) loop() {
+	pgid := s.receipt.HarnessPGID
+	var timeout, kill <-chan time.Time
+	if s.opt.Timeout > 0 {
+		timeout = time.After(s.opt.Timeout)
+	}
+	// The harness may have exited before the signal handler saw it.
+	if s.reap() {
+		return
+	}
+	for {
+		select {
+		case sig := <-s.sigs:
+			if sig == unix.SIGCHLD {
+				if s.reap() {
+					return
+				}
+				continue
+			}
+			unix.Kill(-pgid, sig.(unix.Signal))
+		case <-timeout:
+			timeout = nil
+			if left := s.runningTimeLeft(); left > 0 {
+				timeout = time.After(left)
+				continue
+			}
+			s.receipt.TimedOut = true
+			s.opt.Log("ngsup: launch %s: timed out after %s; interrupting the harness", s.opt.ID, s.opt.Timeout)
+			unix.Kill(-pgid, unix.SIGINT)
+			unix.Kill(-pgid, unix.SIGCONT)
+			kill = time.After(s.opt.Grace)
+		case <-kill:
+			kill = nil
+			unix.Kill(-pgid, unix.SIGKILL)
+		}
+	}
+}
+
+// runningTimeLeft is how much of the timeout is left once the time spent
+// paused is taken out; while a pause holds the launch it is at least a
+// second.
+func (s *supervisor) runningTimeLeft() time.Duration {
+	if exists(s.path(proto.PauseFile)) {
+		return time.Second
+	}
+	l := &Launch{Dir: s.opt.Dir}
+	ran := time.Since(s.begin) - l.pausedTotal()
+	return s.opt.Timeout - ran
+}
+
+// reap collects every exited child. When the harness has exited, what is
+// left in its process group is killed first, while the harness's zombie still
+// holds the group id, so the id cannot have been reused. It reports whether
+// the harness has exited.
+func (s *supervisor) reap() bool {
+	hpid := s.receipt.HarnessPID
+	if !s.exited {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PID, hpid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		if err == nil && siginfoPID(&info) == hpid {
+			unix.Kill(-s.receipt.HarnessPGID, unix.SIGKILL)
+			if s.cg != nil && s.cg.Version == 1 {
+				// A SIGKILLed task frozen under v1 dies only once thawed.
+				s.cg.Thaw()
+			}
+		}
+	}
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			break
+		}
+		if pid == hpid && !s.exited {
+			s.exited = true
+			s.status = ws
+		}
+	}
+	return s.exited
+}
+
+// finish waits (briefly) for the harness's process group to empty, reaping,
+// then records the end.
+func (s *supervisor) finish() (int, error) {
+	pgid := s.receipt.HarnessPGID
+	deadline := time.Now().Add(2 * time.Second)
+	confirmed := false
+	for {
+		s.reap()
+		if err := unix.Kill(-pgid, 0); err == unix.ESRCH {
+			confirmed = true
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		unix.Kill(-pgid, unix.SIGKILL)
+		time.Sleep(5 * time.Millisecond)
+	}
+	code := -1
+	switch {
+	case s.status.Exited():
+		code = s.status.ExitStatus()
+	case s.status.Signaled():
+		s.receipt.Signal = int(s.status.Signal())
+		code = proto.ExitSignalBase + int(s.status.Signal())
+	}
+	s.receipt.Ended = true
+	s.receipt.EndedAt = time.Now()
+	s.receipt.ExitCode = code
+	s.receipt.CleanupConfirmed = confirmed
+	if !confirmed {
+		s.receipt.Error = "processes were left in the harness's process group after it exited"
+	}
+	if s.cg != nil {
+		s.cg.Remove() // stays while detached processes live in it
+	}
+	if err := s.write(); err != nil {
+		return code, err
+	}
+	return code, nil
+}
