@@ -172,6 +172,17 @@ func WriteReceipt(dir string, r *Receipt) error {
 // file or the whole new one, and a crash leaves one of them on disk: a temp
 // file in the same folder, fsync, rename, fsync of the folder.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	return replaceFile(path, data, perm, true)
+}
+
+// ReplaceFile is WriteFileAtomic without the fsyncs: readers still see the
+// old file or the new one whole, but a machine crash may lose the change. For
+// files only a live sandbox needs.
+func ReplaceFile(path string, data []byte, perm os.FileMode) error {
+	return replaceFile(path, data, perm, false)
+}
+
+func replaceFile(path string, data []byte, perm os.FileMode, durable bool) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -189,8 +200,10 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	if err := tmp.Chmod(perm); err != nil {
 		return fail(err)
 	}
-	if err := tmp.Sync(); err != nil {
-		return fail(err)
+	if durable {
+		if err := tmp.Sync(); err != nil {
+			return fail(err)
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		os.Remove(name)
@@ -199,6 +212,9 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	if err := os.Rename(name, path); err != nil {
 		os.Remove(name)
 		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if !durable {
+		return nil
 	}
 	return SyncDir(dir)
 }

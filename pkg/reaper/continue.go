@@ -59,23 +59,31 @@ func Continue(dir string) (proto.ContinueResult, int, error) {
 			l.Cgroup.Thaw() // a pause interrupted between freeze and thaw
 		}
 	}
+	// The harness's group in one call, then each process the pause recorded
+	// that is outside it, checked by pid and start time.
+	group := l.signalGroup(unix.SIGCONT)
 	for _, p := range paused {
-		if _, err := l.FS.Signal(p, unix.SIGCONT); err != nil {
+		st, err := l.FS.ReadStat(p.PID)
+		switch {
+		case err != nil || st.StartTicks != p.StartTicks:
 			res.Skipped++
-		} else {
+		case group && st.PGID == l.Receipt.HarnessPGID:
 			res.Continued++
+		case l.FS.Signal(p, unix.SIGCONT) == nil:
+			res.Continued++
+		default:
+			res.Skipped++
 		}
 	}
-	l.signalGroup(unix.SIGCONT)
 	// Anything of the launch still stopped (a process the pause found after
 	// it recorded the set, or that was stopped twice) is continued too.
 	wait := 500 * time.Microsecond
 	deadline := begin.Add(ContinueBudget)
 	for {
 		var pending []proto.Pending
-		found := f.pass(func(fd int, st Stat) {
-			if isStopped(st.State) {
-				if signalFD(fd, st.PID, unix.SIGCONT) == nil && !slices.Contains(paused, procOf(st)) {
+		found := f.pass(func(t *target) {
+			if t.State == 'T' {
+				if t.Signal(unix.SIGCONT) == nil && !slices.Contains(paused, procOf(t.Stat)) {
 					res.Continued++
 				}
 			}
@@ -109,7 +117,7 @@ func (l *Launch) endPause() error {
 	}
 	if at, ok := parsePauseStamp(data); ok {
 		total := l.pausedTotal() + time.Since(at)
-		if err := proto.WriteFileAtomic(l.path(proto.PausedTimeFile), []byte(strconv.FormatInt(int64(total), 10)), 0o644); err != nil {
+		if err := proto.ReplaceFile(l.path(proto.PausedTimeFile), []byte(strconv.FormatInt(int64(total), 10)), 0o644); err != nil {
 			return err
 		}
 	}
@@ -117,7 +125,7 @@ func (l *Launch) endPause() error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return proto.SyncDir(l.Dir)
+	return nil
 }
 
 // pausedTotal is the time the launch spent paused in earlier holds.

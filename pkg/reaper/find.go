@@ -2,7 +2,6 @@ package reaper
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"path/filepath"
 
@@ -34,8 +33,65 @@ type candidate struct {
 }
 
 // visitFunc acts on a process as soon as it is found and checked, before its
-// children are read. fd is a pidfd of it, or -1 where pidfds are missing.
-type visitFunc func(fd int, st Stat)
+// children are read.
+type visitFunc func(t *target)
+
+// target is a process reached by a pass. Its pidfd is opened only when it is
+// signalled, and the start time is checked again through it, so a pid reused
+// after the check cannot receive what was meant for the process checked.
+type target struct {
+	Stat
+	fs FS
+	fd int
+}
+
+// Signal sends sig to the target if it is still the process that was
+// checked. ErrNoProcess: gone; ErrNotSameProcess: its pid was reused.
+func (t *target) Signal(sig unix.Signal) error {
+	if t.fd < 0 && !noPidfd.Load() {
+		fd, err := unix.PidfdOpen(t.PID, 0)
+		switch {
+		case err == nil:
+			t.fd = fd
+		case err == unix.ESRCH:
+			return ErrNoProcess
+		case err == unix.ENOSYS:
+			noPidfd.Store(true)
+		}
+		if t.fd >= 0 {
+			if _, err := t.fs.checkIdentity(procOf(t.Stat)); err != nil {
+				return err
+			}
+		}
+	}
+	if t.fd < 0 {
+		// No pidfd (old kernel, or a zombie leader): check, then kill.
+		if _, err := t.fs.checkIdentity(procOf(t.Stat)); err != nil {
+			return err
+		}
+		return kill(t.PID, sig)
+	}
+	err := unix.PidfdSendSignal(t.fd, sig, nil, 0)
+	if err == unix.ESRCH {
+		return ErrNoProcess
+	}
+	return err
+}
+
+func (t *target) close() {
+	if t.fd >= 0 {
+		unix.Close(t.fd)
+		t.fd = -1
+	}
+}
+
+func kill(pid int, sig unix.Signal) error {
+	err := unix.Kill(pid, sig)
+	if err == unix.ESRCH {
+		return ErrNoProcess
+	}
+	return err
+}
 
 // finder finds the processes of a launch: the supervisor's subtree, the
 // launch's cgroup, and (as the fallback, or when sweep is set) every process
@@ -93,87 +149,80 @@ func (f *finder) method(frozen bool) string {
 // returns them by pid.
 func (f *finder) pass(visit visitFunc) map[int]Stat {
 	seen := map[int]Stat{}
-	var queue []candidate
 	l := f.l
-	// The supervisor is checked on every pass: it may exit during a stop.
+	var kids []int
+	// drain visits the queued candidates and all their descendants.
+	drain := func(queue []candidate) {
+		for len(queue) > 0 {
+			c := queue[0]
+			queue = queue[1:]
+			if f.exclude[c.pid] {
+				continue
+			}
+			if _, ok := seen[c.pid]; ok {
+				continue
+			}
+			st, ok := f.check(c, visit)
+			if !ok {
+				continue
+			}
+			seen[c.pid] = st
+			threads := st.NumThreads
+			if st.State == 'Z' {
+				threads = 0 // a zombie leader's live threads still have children
+			}
+			kids, _ = l.FS.Children(c.pid, threads, kids[:0])
+			for _, k := range kids {
+				queue = append(queue, candidate{pid: k, parent: c.pid, src: fromChild})
+			}
+		}
+	}
+	// The supervisor's tree first: it holds every process while the
+	// supervisor lives. It is checked on every pass: it may exit mid-stop.
 	l.Supervised = l.Receipt != nil && l.FS.Alive(l.supervisor())
 	if l.Supervised {
 		sup := l.Receipt.SupervisorPID
-		var kids []int
-		kids, _ = l.FS.Children(sup, 0, kids)
+		var queue []candidate
+		kids, _ = l.FS.Children(sup, 0, kids[:0])
 		for _, k := range kids {
 			queue = append(queue, candidate{pid: k, parent: sup, src: fromChild})
 		}
+		drain(queue)
 	}
+	// Then what the tree may have missed, each with its descendants.
+	var queue []candidate
 	if h := l.harness(); h.PID > 0 {
 		queue = append(queue, candidate{pid: h.PID, start: h.StartTicks, src: fromKnown})
 	}
 	if l.Cgroup != nil {
 		if pids, err := l.Cgroup.Procs(); err == nil {
 			for _, p := range pids {
-				queue = append(queue, candidate{pid: p, src: fromCgroup})
+				if _, ok := seen[p]; !ok {
+					queue = append(queue, candidate{pid: p, src: fromCgroup})
+				}
 			}
 		}
 	}
 	for _, p := range f.known {
-		queue = append(queue, candidate{pid: p.PID, start: p.StartTicks, src: fromKnown})
+		if _, ok := seen[p.PID]; !ok {
+			queue = append(queue, candidate{pid: p.PID, start: p.StartTicks, src: fromKnown})
+		}
 	}
 	if f.tag != "" && (f.sweep || !l.Supervised) {
 		if pids, err := l.FS.PIDs(); err == nil {
 			for _, p := range pids {
-				if !f.exclude[p] && l.FS.HasEnv(p, f.tag) {
+				if _, ok := seen[p]; !ok && !f.exclude[p] && l.FS.HasEnv(p, f.tag) {
 					queue = append(queue, candidate{pid: p, src: fromTag})
 				}
 			}
 		}
 	}
-	var kids []int
-	for len(queue) > 0 {
-		c := queue[0]
-		queue = queue[1:]
-		if f.exclude[c.pid] {
-			continue
-		}
-		if _, ok := seen[c.pid]; ok {
-			continue
-		}
-		st, ok := f.check(c, visit)
-		if !ok {
-			continue
-		}
-		seen[c.pid] = st
-		threads := st.NumThreads
-		if st.State == 'Z' {
-			threads = 0 // a zombie leader's live threads still have children
-		}
-		kids, _ = l.FS.Children(c.pid, threads, kids[:0])
-		for _, k := range kids {
-			queue = append(queue, candidate{pid: k, parent: c.pid, src: fromChild})
-		}
-	}
+	drain(queue)
 	return seen
 }
 
-// check opens a pidfd of c, confirms c is what its source says, and visits
-// it. The pidfd is opened before the check, so a pid reused after the check
-// cannot receive what was meant for the process checked.
+// check confirms c is what its source says, and visits it.
 func (f *finder) check(c candidate, visit visitFunc) (Stat, bool) {
-	fd := -1
-	if !noPidfd.Load() {
-		var err error
-		fd, err = unix.PidfdOpen(c.pid, 0)
-		switch {
-		case err == nil:
-			defer unix.Close(fd)
-		case err == unix.ESRCH:
-			return Stat{}, false
-		case err == unix.ENOSYS:
-			noPidfd.Store(true)
-			fd = -1
-		default:
-			fd = -1
-		}
-	}
 	st, err := f.l.FS.ReadStat(c.pid)
 	if err != nil {
 		return st, false
@@ -197,7 +246,9 @@ func (f *finder) check(c candidate, visit visitFunc) (Stat, bool) {
 		}
 	}
 	if visit != nil {
-		visit(fd, st)
+		t := target{Stat: st, fs: f.l.FS, fd: -1}
+		visit(&t)
+		t.close()
 	}
 	return st, true
 }
@@ -216,21 +267,6 @@ func (f *finder) inCgroup(pid int) bool {
 		}
 	}
 	return false
-}
-
-// signalFD sends sig through a pidfd, or by pid where pidfds are missing (the
-// identity was checked just before).
-func signalFD(fd, pid int, sig unix.Signal) error {
-	var err error
-	if fd >= 0 {
-		err = unix.PidfdSendSignal(fd, sig, nil, 0)
-	} else {
-		err = unix.Kill(pid, sig)
-	}
-	if errors.Is(err, unix.ESRCH) {
-		return ErrNoProcess
-	}
-	return err
 }
 
 // signalGroup signals the harness's process group, but only while the

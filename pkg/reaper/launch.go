@@ -123,8 +123,9 @@ func exists(path string) bool {
 	return err == nil
 }
 
-// touch creates path if it does not exist, with content, and makes the
-// creation durable. It reports whether it created the file.
+// touch creates path if it does not exist, with content. It reports
+// whether it created the file. The pause and stop files matter to a live
+// sandbox only, so they are not fsynced.
 func touch(path string, content string) (bool, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if errors.Is(err, fs.ErrExist) {
@@ -134,12 +135,10 @@ func touch(path string, content string) (bool, error) {
 		return false, fmt.Errorf("create %s: %w", path, err)
 	}
 	_, werr := f.WriteString(content)
-	serr := f.Sync()
-	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
+	if err := errors.Join(werr, f.Close()); err != nil {
 		return true, fmt.Errorf("create %s: %w", path, err)
 	}
-	return true, proto.SyncDir(filepath.Dir(path))
+	return true, nil
 }
 
 // readProcSet reads a file of "pid start" lines. A missing file is empty.

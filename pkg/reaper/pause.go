@@ -105,7 +105,7 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 			}
 		}
 	}
-	if err := proto.WriteFileAtomic(l.path(proto.PausedFile), formatProcSet(held), 0o644); err != nil {
+	if err := proto.ReplaceFile(l.path(proto.PausedFile), formatProcSet(held), 0o644); err != nil {
 		p.undo()
 		os.Remove(l.path(proto.PauseFile))
 		return res, proto.ExitInternal, err
@@ -161,14 +161,21 @@ func newPauser(l *Launch, opt PauseOptions) (*pauser, error) {
 // so that nothing can fork while every process is found and sent SIGSTOP;
 // then it is thawed and each process takes its pending SIGSTOP before it runs
 // another instruction of its own. Signals alone follow: the harness's group
-// (race-free against fork), then walk-and-stop passes until one finds nothing
-// new and every process found is confirmed stopped.
+// (race-free against fork), then walk-and-stop passes until a pass finds
+// every process already stopped when it was reached. Such a pass is complete:
+// a process read as stopped before its children were listed cannot have
+// forked one the listing missed.
 func (p *pauser) run() bool {
 	begin := time.Now()
 	if p.l.Cgroup != nil && !p.opt.NoCgroup {
 		if err := p.l.Cgroup.Freeze(begin.Add(time.Second)); err == nil {
 			p.frozen = true
-			for p.step() > 0 && time.Since(begin) < p.opt.StopBudget {
+			// While frozen no member can fork or exit, so the pids listed
+			// are the members themselves: signal them by pid.
+			if pids, err := p.l.Cgroup.Procs(); err == nil {
+				for _, pid := range pids {
+					kill(pid, unix.SIGSTOP)
+				}
 			}
 			if err := p.l.Cgroup.Thaw(); err != nil {
 				p.failure = err.Error()
@@ -176,12 +183,12 @@ func (p *pauser) run() bool {
 			}
 		}
 	}
-	p.l.signalGroup(unix.SIGSTOP)
+	if !p.frozen {
+		p.l.signalGroup(unix.SIGSTOP)
+	}
 	wait := 200 * time.Microsecond
 	for {
-		news := p.step()
-		p.pending = p.confirm()
-		if news == 0 && len(p.pending) == 0 {
+		if len(p.step()) == 0 {
 			return true
 		}
 		elapsed := time.Since(begin)
@@ -195,29 +202,32 @@ func (p *pauser) run() bool {
 				return false
 			}
 		}
-		if news == 0 {
-			time.Sleep(wait)
-			wait = min(wait*2, 10*time.Millisecond)
-		}
+		time.Sleep(wait)
+		wait = min(wait*2, 10*time.Millisecond)
 	}
 }
 
-// step is one pass: every process found is sent SIGSTOP unless it is
-// stopped already; processes found before but not reached (exited, or
-// re-parented out of the walk) are read directly. It returns how many
-// processes were found for the first time.
-func (p *pauser) step() int {
+// step is one pass. Every process reached is checked; one not stopped yet is
+// sent SIGSTOP (unless it is in T already, with threads still stopping) and
+// counted unsettled. Processes found before but not reached (exited, or
+// re-parented out of the walk) are read directly. It returns the processes
+// not confirmed stopped, and keeps them in p.pending.
+func (p *pauser) step() []proto.Pending {
 	p.passes++
-	found := p.f.pass(func(fd int, st Stat) {
-		if !isStopped(st.State) {
-			signalFD(fd, st.PID, unix.SIGSTOP)
+	var pending []proto.Pending
+	unsettled := func(st Stat, state byte) {
+		pending = append(pending, proto.Pending{PID: st.PID, State: string(state), Comm: st.Comm})
+	}
+	found := p.f.pass(func(t *target) {
+		if state, ok := p.l.FS.stoppedState(t.Stat); !ok {
+			if !isStopped(t.State) {
+				t.Signal(unix.SIGSTOP)
+			}
+			unsettled(t.Stat, state)
 		}
 	})
-	news := 0
 	for pid, st := range found {
-		old, ok := p.stopped[pid]
-		if !ok || old.StartTicks != st.StartTicks {
-			news++
+		if old, ok := p.stopped[pid]; !ok || old.StartTicks != st.StartTicks {
 			p.fresh = append(p.fresh, procOf(st))
 		}
 		p.stopped[pid] = st
@@ -232,12 +242,20 @@ func (p *pauser) step() int {
 			p.gone++
 			continue
 		}
-		if !isStopped(now.State) {
-			p.l.FS.Signal(procOf(st), unix.SIGSTOP)
-		}
 		p.stopped[pid] = now
+		if state, ok := p.l.FS.stoppedState(now); !ok {
+			if !isStopped(now.State) {
+				p.l.FS.Signal(procOf(now), unix.SIGSTOP)
+			}
+			unsettled(now, state)
+		}
 	}
-	return news
+	for i := range pending {
+		pending[i].Wchan = p.l.FS.Wchan(pending[i].PID)
+	}
+	slices.SortFunc(pending, func(a, b proto.Pending) int { return a.PID - b.PID })
+	p.pending = pending
+	return pending
 }
 
 func allUninterruptible(pending []proto.Pending) bool {
@@ -247,18 +265,6 @@ func allUninterruptible(pending []proto.Pending) bool {
 		}
 	}
 	return len(pending) > 0
-}
-
-// confirm checks every process found and returns the ones not yet stopped.
-func (p *pauser) confirm() []proto.Pending {
-	var out []proto.Pending
-	for pid, st := range p.stopped {
-		if state, ok := p.l.FS.stoppedState(st); !ok {
-			out = append(out, proto.Pending{PID: pid, State: string(state), Wchan: p.l.FS.Wchan(pid), Comm: st.Comm})
-		}
-	}
-	slices.SortFunc(out, func(a, b proto.Pending) int { return a.PID - b.PID })
-	return out
 }
 
 // stoppedState reports whether a process no longer runs user code: stopped

@@ -18,48 +18,12 @@ var noPidfd atomic.Bool
 
 // Signal sends sig to p only if the process living at p.PID still has
 // p.StartTicks. It opens a pidfd first, checks the start time, then signals
-// through the pidfd, so the process checked is the process signalled. It
-// returns the stat read during the check. ErrNoProcess: gone;
-// ErrNotSameProcess: the pid was reused.
-func (fs FS) Signal(p proto.Proc, sig unix.Signal) (Stat, error) {
-	if !noPidfd.Load() {
-		fd, err := unix.PidfdOpen(p.PID, 0)
-		switch {
-		case err == nil:
-			defer unix.Close(fd)
-			st, err := fs.checkIdentity(p)
-			if err != nil {
-				return st, err
-			}
-			if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil {
-				if err == unix.ESRCH {
-					return st, ErrNoProcess
-				}
-				return st, err
-			}
-			return st, nil
-		case err == unix.ESRCH:
-			return Stat{}, ErrNoProcess
-		case err == unix.ENOSYS:
-			noPidfd.Store(true)
-		case err == unix.EINVAL:
-			// A pid that is not a thread-group leader (or an old kernel):
-			// fall back to the checked kill below.
-		default:
-			return Stat{}, err
-		}
-	}
-	st, err := fs.checkIdentity(p)
-	if err != nil {
-		return st, err
-	}
-	if err := unix.Kill(p.PID, sig); err != nil {
-		if err == unix.ESRCH {
-			return st, ErrNoProcess
-		}
-		return st, err
-	}
-	return st, nil
+// through the pidfd, so the process checked is the process signalled.
+// ErrNoProcess: gone; ErrNotSameProcess: the pid was reused.
+func (fs FS) Signal(p proto.Proc, sig unix.Signal) error {
+	t := target{Stat: Stat{PID: p.PID, StartTicks: p.StartTicks}, fs: fs, fd: -1}
+	defer t.close()
+	return t.Signal(sig)
 }
 
 func (fs FS) checkIdentity(p proto.Proc) (Stat, error) {

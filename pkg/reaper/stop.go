@@ -58,12 +58,12 @@ func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 	// orphans are still found by pid and start time.
 	interrupted := map[proto.Proc]bool{}
 	interrupt := func() map[int]Stat {
-		found := f.pass(func(fd int, st Stat) {
-			p := procOf(st)
+		found := f.pass(func(t *target) {
+			p := procOf(t.Stat)
 			if !interrupted[p] {
 				interrupted[p] = true
-				signalFD(fd, st.PID, unix.SIGINT)
-				signalFD(fd, st.PID, unix.SIGCONT)
+				t.Signal(unix.SIGINT)
+				t.Signal(unix.SIGCONT)
 			}
 		})
 		f.learn(found)
@@ -83,10 +83,10 @@ func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 	killed := map[proto.Proc]bool{}
 	killDeadline := time.Now().Add(killBudget)
 	for {
-		found = f.pass(func(fd int, st Stat) {
-			if st.State != 'Z' || st.NumThreads > 1 {
-				killed[procOf(st)] = true
-				signalFD(fd, st.PID, unix.SIGKILL)
+		found = f.pass(func(t *target) {
+			if t.State != 'Z' || t.NumThreads > 1 {
+				killed[procOf(t.Stat)] = true
+				t.Signal(unix.SIGKILL)
 			}
 		})
 		f.learn(found)
