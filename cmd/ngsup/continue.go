@@ -7,7 +7,7 @@ import (
 )
 
 func newContinueCmd() *cobra.Command {
-	var dir string
+	var dir, id string
 	c := &cobra.Command{
 		Use:   "continue --dir D",
 		Short: "Resume exactly what the last pause stopped",
@@ -16,9 +16,10 @@ pause stopped (same pid AND start time), plus anything of the launch still
 stopped, then remove D/pause. Exit 0, or 4 if something stays stopped.`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, args []string) error {
-			return result(reaper.Continue(dir))
+			return result(reaper.ContinueLaunch(dir, id))
 		},
 	}
 	addDirFlag(c, &dir)
+	c.Flags().StringVar(&id, "id", "", "the launch id, for a launch run without a supervisor (no receipt): found by its tag")
 	return c
 }

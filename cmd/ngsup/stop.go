@@ -9,7 +9,7 @@ import (
 )
 
 func newStopCmd() *cobra.Command {
-	var dir string
+	var dir, id string
 	var grace time.Duration
 	c := &cobra.Command{
 		Use:   "stop --dir D [--grace 10s]",
@@ -25,10 +25,11 @@ Exit 0 none left, 4 survivors listed.`,
 			if grace < 0 {
 				return usagef("--grace %s is negative", grace)
 			}
-			return result(reaper.Stop(dir, grace))
+			return result(reaper.StopLaunch(dir, id, grace))
 		},
 	}
 	addDirFlag(c, &dir)
 	c.Flags().DurationVar(&grace, "grace", reaper.DefaultGrace, "time between SIGINT and SIGKILL")
+	c.Flags().StringVar(&id, "id", "", "the launch id, for a launch run without a supervisor (no receipt): found by its tag")
 	return c
 }

@@ -21,9 +21,18 @@ const ContinueBudget = 2 * time.Second
 // thaws the launch's cgroup, sends SIGCONT to anything of the launch still
 // stopped, and removes dir/pause. Exit 0, or 4 if something stays stopped.
 func Continue(dir string) (proto.ContinueResult, int, error) {
+	return ContinueLaunch(dir, "")
+}
+
+// ContinueLaunch is Continue for a launch named by id when it has no receipt
+// (it runs without a supervisor).
+func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 	begin := time.Now()
 	res := proto.ContinueResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
-	l, err := OpenLaunch(dir, false)
+	l, err := OpenLaunch(dir, id != "")
+	if err == nil {
+		err = l.Adopt(id)
+	}
 	if err != nil {
 		return res, proto.ExitUsage, err
 	}
@@ -42,7 +51,7 @@ func Continue(dir string) (proto.ContinueResult, int, error) {
 		res.ElapsedMS = ms(time.Since(begin))
 		return res, code, nil
 	}
-	if l.Receipt == nil || !l.Receipt.Started {
+	if l.unstarted() {
 		return finish(proto.ExitOK)
 	}
 	paused, err := readProcSet(l.path(proto.PausedFile))
@@ -67,7 +76,7 @@ func Continue(dir string) (proto.ContinueResult, int, error) {
 		switch {
 		case err != nil || st.StartTicks != p.StartTicks:
 			res.Skipped++
-		case group && st.PGID == l.Receipt.HarnessPGID:
+		case group && l.Receipt != nil && st.PGID == l.Receipt.HarnessPGID:
 			res.Continued++
 		case l.FS.Signal(p, unix.SIGCONT) == nil:
 			res.Continued++

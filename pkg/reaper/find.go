@@ -108,8 +108,10 @@ type finder struct {
 
 func newFinder(l *Launch, sweep bool) (*finder, error) {
 	f := &finder{l: l, exclude: map[int]bool{0: true, 1: true}, sweep: sweep}
+	if l.ID != "" {
+		f.tag = proto.TagEnv + "=" + l.ID
+	}
 	if l.Receipt != nil {
-		f.tag = proto.TagEnv + "=" + l.Receipt.ID
 		f.exclude[l.Receipt.SupervisorPID] = true
 	}
 	// Never act on ourselves or whoever runs us.

@@ -19,6 +19,10 @@ import (
 type Launch struct {
 	// Dir is the launch folder.
 	Dir string
+	// ID is the launch id: the receipt's, or the one given for a launch
+	// that runs without a supervisor (and so has no receipt), whose
+	// processes are found by their tag.
+	ID string
 	// FS is where /proc is read.
 	FS FS
 	// Receipt is the launch's receipt, nil when none was written yet.
@@ -61,10 +65,36 @@ func OpenLaunch(dir string, create bool) (*Launch, error) {
 	}
 	if err == nil {
 		l.Receipt = r
+		l.ID = r.ID
 		l.Supervised = l.FS.Alive(l.supervisor())
 		l.Cgroup = OpenCgroup(r.Cgroup, r.CgroupVersion)
 	}
 	return l, nil
+}
+
+// Adopt names the launch when it has no receipt: an unsupervised launch,
+// found by its tag. With a receipt, id must match it (or be empty).
+func (l *Launch) Adopt(id string) error {
+	if id == "" {
+		return nil
+	}
+	if err := proto.ValidateID(id); err != nil {
+		return err
+	}
+	if l.Receipt != nil && l.Receipt.ID != id {
+		return fmt.Errorf("%w: the launch in %s is %q, not %q", proto.ErrBadID, l.Dir, l.Receipt.ID, id)
+	}
+	l.ID = id
+	return nil
+}
+
+// unstarted reports a launch with nothing to act on yet: no receipt and no
+// id to search by, or a receipt whose harness has not started.
+func (l *Launch) unstarted() bool {
+	if l.Receipt == nil {
+		return l.ID == ""
+	}
+	return !l.Receipt.Started
 }
 
 // Reload re-reads the receipt (the supervisor may have written the end).
@@ -74,6 +104,7 @@ func (l *Launch) Reload() error {
 		return err
 	}
 	l.Receipt = r
+	l.ID = r.ID
 	l.Supervised = l.FS.Alive(l.supervisor())
 	return nil
 }

@@ -31,6 +31,9 @@ type PauseOptions struct {
 	// NoCgroup skips the cgroup freeze, so signals alone do the pause (the
 	// benchmark compares both).
 	NoCgroup bool
+	// ID names a launch that runs without a supervisor (no receipt): its
+	// processes are found by their tag.
+	ID string
 }
 
 // Pause stops every process of the launch in dir and confirms each one is
@@ -42,6 +45,9 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	begin := time.Now()
 	res := proto.PauseResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
 	l, err := OpenLaunch(dir, true)
+	if err == nil {
+		err = l.Adopt(opt.ID)
+	}
 	if err != nil {
 		return res, proto.ExitUsage, err
 	}
@@ -62,7 +68,7 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 		res.ElapsedMS = ms(time.Since(begin))
 		return res, proto.ExitOK, nil
 	}
-	if l.Receipt == nil || !l.Receipt.Started {
+	if l.unstarted() {
 		if l.Receipt != nil && l.Receipt.Ended {
 			return l.pauseEnded(res, created, begin)
 		}
@@ -71,7 +77,7 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 		res.Supervised = l.Supervised
 		return done()
 	}
-	if l.Receipt.Ended {
+	if l.Receipt != nil && l.Receipt.Ended {
 		return l.pauseEnded(res, created, begin)
 	}
 	p, err := newPauser(l, opt)
@@ -84,7 +90,7 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	res.Passes = p.passes
 	res.Gone = p.gone
 	// A harness that ended while we paused keeps its result: undo the pause.
-	if l.Reload() == nil && l.Receipt.Ended {
+	if l.Receipt != nil && l.Reload() == nil && l.Receipt.Ended {
 		p.undo()
 		return l.pauseEnded(res, created, begin)
 	}

@@ -23,9 +23,18 @@ const killBudget = 5 * time.Second
 // an earlier pass recorded, with their descendants: a stop works on a launch
 // whose supervisor is gone. Exit 0 none left, 4 survivors listed.
 func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
+	return StopLaunch(dir, "", grace)
+}
+
+// StopLaunch is Stop for a launch named by id when it has no receipt (it
+// runs without a supervisor): its processes are found by their tag.
+func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, error) {
 	begin := time.Now()
 	res := proto.StopResult{Method: proto.MethodNone, Survivors: []proto.Pending{}}
 	l, err := OpenLaunch(dir, true)
+	if err == nil {
+		err = l.Adopt(id)
+	}
 	if err != nil {
 		return res, proto.ExitUsage, err
 	}
@@ -41,7 +50,7 @@ func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 		return res, proto.ExitInternal, err
 	}
 	res.Supervised = l.Supervised
-	if l.Receipt == nil {
+	if l.Receipt == nil && l.ID == "" {
 		res.Stopped = true
 		res.ElapsedMS = ms(time.Since(begin))
 		return res, proto.ExitOK, nil
@@ -148,6 +157,9 @@ func (f *finder) learn(found map[int]Stat) {
 // exit. If it is still there it is killed, and the end is recorded here, so
 // that wait and status report an ended launch.
 func (l *Launch) settleSupervisor(d time.Duration) {
+	if l.Receipt == nil {
+		return // unsupervised: nothing to record
+	}
 	sup := l.supervisor()
 	deadline := time.Now().Add(d)
 	for l.FS.Alive(sup) && time.Now().Before(deadline) {
