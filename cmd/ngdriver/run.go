@@ -1,0 +1,306 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
+	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+)
+
+type runFlags struct {
+	taskFile     string
+	task         string
+	check        string
+	rollout      string
+	adapter      string
+	steps        int
+	step         time.Duration
+	ignoreSIGINT bool
+	checkpointAt string
+	crashAt      string
+	hold         time.Duration
+	pause        bool
+	stateDir     string
+	keep         bool
+	ngsupDir     string
+	isolation    string
+	unsupervised bool
+}
+
+func newRunCmd() *cobra.Command {
+	var f runFlags
+	c := &cobra.Command{
+		Use:   "run [flags]",
+		Short: "Run one rollout end to end on local sandboxes",
+		Long: `Run one rollout end to end on the embedded default: a local sandbox (a folder
+on this machine, seen at /sandbox in a mount namespace of its own) lent by an
+embedded local owner, with the fake adapter unless told otherwise. Progress
+(stage, launch, pause, continue, stop, relaunch) goes to stderr; the result
+JSON, with the launch log ng_harness_launches, goes to stdout.
+
+--checkpoint-at opens a checkpoint at each given time: the run parks (its
+harness paused in place, or stopped with --pause=false), the owner snapshots
+the sandbox, and the run goes on. --crash-at abandons the run at that time as
+if the driver had died, then restores the last committed checkpoint: the owner
+forks the snapshot and the run continues from its bookmark in the fork.`,
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("run takes no arguments, got %q", args)
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error { return runRollout(c.Context(), f) },
+	}
+	fl := c.Flags()
+	fl.StringVar(&f.taskFile, "task-file", "", "JSON run body (task, check, files, fake options); flags below fill what it lacks")
+	fl.StringVar(&f.task, "task", "count to the end, one step at a time", "the task text given to the harness")
+	fl.StringVar(&f.check, "check", "", "shell command the owner runs in the workdir to verify (exit 0 = reward 1); default: every step is in ./progress")
+	fl.StringVar(&f.rollout, "rollout-id", "demo-1", "the rollout id")
+	fl.StringVar(&f.adapter, "adapter", "fake", "the harness adapter (fake)")
+	fl.IntVar(&f.steps, "steps", 12, "fake adapter: steps the harness takes")
+	fl.DurationVar(&f.step, "step", 500*time.Millisecond, "fake adapter: time per step")
+	fl.BoolVar(&f.ignoreSIGINT, "ignore-sigint", false, "fake adapter: the harness ignores SIGINT")
+	fl.StringVar(&f.checkpointAt, "checkpoint-at", "", "open a checkpoint at these times since start (e.g. 3s,8s)")
+	fl.StringVar(&f.crashAt, "crash-at", "", "crash the driver at this time and restore the last committed checkpoint")
+	fl.DurationVar(&f.hold, "hold", time.Second, "how long each checkpoint holds the run parked")
+	fl.BoolVar(&f.pause, "pause", true, "pause the harness in place at checkpoints (false: stop and relaunch)")
+	fl.StringVar(&f.stateDir, "state-dir", "", "folder for the local sandboxes and snapshots (default: a new temp folder)")
+	fl.BoolVar(&f.keep, "keep", false, "keep the state folder afterwards")
+	fl.StringVar(&f.ngsupDir, "ngsup-dir", "", "folder holding ngsup-linux-amd64/arm64 (default: beside ngdriver)")
+	fl.StringVar(&f.isolation, "isolation", "auto", "local sandboxes: auto, namespace or none")
+	fl.BoolVar(&f.unsupervised, "unsupervised", false, "launch harnesses tagged only, without ngsup run (the fallback path)")
+	return c
+}
+
+// parseTimes reads "3s,8s" into sorted durations.
+func parseTimes(flag, s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		d, err := time.ParseDuration(part)
+		if err != nil || d < 0 {
+			return nil, usagef("--%s: %q is not a duration like 3s", flag, part)
+		}
+		out = append(out, d)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// buildBody makes the run body from --task-file and the flags.
+func buildBody(f runFlags) (json.RawMessage, error) {
+	body := map[string]any{}
+	if f.taskFile != "" {
+		data, err := os.ReadFile(f.taskFile)
+		if err != nil {
+			return nil, usagef("--task-file: %v", err)
+		}
+		if err := json.Unmarshal(data, &body); err != nil {
+			return nil, usagef("--task-file %s is not a JSON object: %v", f.taskFile, err)
+		}
+	}
+	setDefault := func(k string, v any) {
+		if _, ok := body[k]; !ok {
+			body[k] = v
+		}
+	}
+	setDefault("rollout_id", f.rollout)
+	setDefault("task", f.task)
+	if f.check == "" {
+		f.check = fmt.Sprintf(`test "$(grep -c '^step' progress)" -ge %d`, f.steps)
+	}
+	setDefault("check", f.check)
+	setDefault("fake", map[string]any{"steps": f.steps, "step_s": f.step.Seconds(), "ignore_sigint": f.ignoreSIGINT})
+	return json.Marshal(body)
+}
+
+func newLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey && len(groups) == 0 {
+				return slog.String("time", a.Value.Time().Format("15:04:05.000"))
+			}
+			return a
+		},
+	}))
+}
+
+func runRollout(ctx context.Context, f runFlags) error {
+	if f.adapter != "fake" {
+		return usagef("--adapter %q: this build runs the fake adapter with `run`", f.adapter)
+	}
+	checkpoints, err := parseTimes("checkpoint-at", f.checkpointAt)
+	if err != nil {
+		return err
+	}
+	crashes, err := parseTimes("crash-at", f.crashAt)
+	if err != nil {
+		return err
+	}
+	if len(crashes) > 1 {
+		return usagef("--crash-at takes one time")
+	}
+	body, err := buildBody(f)
+	if err != nil {
+		return err
+	}
+	var meta struct {
+		RolloutID string `json:"rollout_id"`
+	}
+	json.Unmarshal(body, &meta)
+	if meta.RolloutID == "" {
+		return usagef("the run body has no rollout_id")
+	}
+	log := newLogger()
+	stateDir := f.stateDir
+	if stateDir == "" {
+		stateDir, err = os.MkdirTemp("", "ngdriver-run-")
+		if err != nil {
+			return err
+		}
+	}
+	stateDir, _ = filepath.Abs(stateDir)
+	if !f.keep && f.stateDir == "" {
+		defer os.RemoveAll(stateDir)
+	}
+	backend, err := local.New(stateDir, local.Options{Isolation: f.isolation})
+	if err != nil {
+		return err
+	}
+	binaries := driver.DefaultBinaries(f.ngsupDir)
+	if len(binaries) == 0 {
+		return fmt.Errorf("no ngsup binary found (looked for ngsup-linux-amd64/arm64 beside ngdriver; build with `make build` or pass --ngsup-dir)")
+	}
+	ng := &driver.Ngsup{Binaries: binaries, Log: log}
+	own := localowner.New(localowner.Options{
+		Backend:     backend,
+		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandbox(ctx, sb) },
+		Logger:      log,
+	})
+	pause := f.pause
+	newRunner := func() *driver.Runner {
+		return &driver.Runner{
+			Adapter:            &fake.Adapter{Pause: true},
+			Owner:              own,
+			Backends:           map[string]sandbox.Backend{backend.Name(): backend},
+			Ngsup:              ng,
+			Participant:        driver.NewParticipant(0),
+			Log:                log,
+			PauseAtCheckpoints: &pause,
+			Unsupervised:       f.unsupervised,
+		}
+	}
+	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+
+	type outcome struct {
+		result json.RawMessage
+		err    error
+	}
+	start := time.Now()
+	attempt := 1
+	rn := newRunner()
+	runCtx, cancelRun := context.WithCancelCause(ctx)
+	done := make(chan outcome, 1)
+	launch := func(rn *driver.Runner, runCtx context.Context, attempt int) {
+		go func() {
+			res, err := rn.Run(runCtx, driver.RunRequest{RolloutID: meta.RolloutID, Attempt: attempt, Body: body})
+			done <- outcome{res, err}
+		}()
+	}
+	launch(rn, runCtx, attempt)
+	var last *driver.Committed
+	type event struct {
+		at    time.Duration
+		crash bool
+	}
+	var events []event
+	for _, d := range checkpoints {
+		events = append(events, event{at: d})
+	}
+	for _, d := range crashes {
+		events = append(events, event{at: d, crash: true})
+	}
+	slices.SortStableFunc(events, func(a, b event) int { return int(a.at - b.at) })
+	for i := 0; ; {
+		var timer <-chan time.Time
+		if i < len(events) {
+			timer = time.After(time.Until(start.Add(events[i].at)))
+		}
+		select {
+		case out := <-done:
+			cancelRun(nil)
+			if out.err != nil {
+				return fmt.Errorf("rollout %s: %w", meta.RolloutID, out.err)
+			}
+			os.Stdout.Write(append(indent(out.result), '\n'))
+			return nil
+		case <-ctx.Done():
+			cancelRun(context.Canceled)
+			<-done
+			return errors.New("interrupted")
+		case <-timer:
+			ev := events[i]
+			i++
+			if !ev.crash {
+				id := fmt.Sprintf("ckpt-%d", i)
+				c, err := driver.Checkpoint(ctx, rn.Participant, own, id, f.hold, log)
+				if err != nil {
+					log.Warn("checkpoint failed", "checkpoint", id, "error", err.Error())
+					continue
+				}
+				last = &c
+				continue
+			}
+			log.Warn("crash: the driver is abandoned with nothing cleaned up")
+			cancelRun(driver.ErrCrashed)
+			<-done
+			attempt++
+			rn = newRunner()
+			if last != nil {
+				if err := own.Restore(ctx, last.ID); err != nil {
+					return fmt.Errorf("restore %s: %w", last.ID, err)
+				}
+				if err := rn.Participant.Restore(last.ID, last.Records); err != nil {
+					return err
+				}
+				log.Info("restored", "checkpoint", last.ID, "records", len(last.Records))
+			} else {
+				log.Info("no checkpoint was committed before the crash: the rollout starts over")
+			}
+			runCtx, cancelRun = context.WithCancelCause(ctx)
+			launch(rn, runCtx, attempt)
+		}
+	}
+}
+
+func indent(data json.RawMessage) []byte {
+	var v any
+	if err := json.Unmarshal(data, &v); err != nil {
+		return data
+	}
+	out, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return data
+	}
+	return out
+}

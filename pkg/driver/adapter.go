@@ -1,0 +1,131 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+)
+
+// Outcome says how a launch ended.
+type Outcome string
+
+// Launch outcomes.
+const (
+	// OutcomeFinished: the harness exited 0.
+	OutcomeFinished Outcome = "finished"
+	// OutcomeInterrupted: a checkpoint, a stop or a crash ended or held it.
+	OutcomeInterrupted Outcome = "interrupted"
+	// OutcomeFailed: the harness exited non-zero, or could not be launched.
+	OutcomeFailed Outcome = "failed"
+	// OutcomeRunning: still running (only in a bookmark taken while paused).
+	OutcomeRunning Outcome = "running"
+)
+
+// LaunchRecord is one launch of a run, as ng_harness_launches reports it.
+type LaunchRecord struct {
+	// ID is the launch id (ngsup's --id).
+	ID string `json:"id"`
+	// SandboxID is the sandbox it ran in.
+	SandboxID string `json:"sandbox_id"`
+	// Resumed says it continued a saved session; Reason says why or why not.
+	Resumed bool   `json:"resumed"`
+	Reason  string `json:"reason"`
+	// DurationS is how long it ran (paused time included), in seconds.
+	DurationS float64 `json:"duration_s"`
+	// Outcome is how it ended.
+	Outcome Outcome `json:"outcome"`
+	// ExitCode is the harness's exit code (-1 unknown).
+	ExitCode int `json:"exit_code"`
+	// Pauses counts the checkpoints that paused it in place.
+	Pauses int `json:"pauses"`
+	// Supervised says ngsup supervised it (else it ran tagged only).
+	Supervised bool `json:"supervised"`
+	// Error is why it failed or was interrupted, when known.
+	Error string `json:"error,omitempty"`
+	// StartedAt is when it was launched.
+	StartedAt time.Time `json:"started_at"`
+}
+
+// LentSandbox is the sandbox the owner lent the run, connected.
+type LentSandbox struct {
+	sandbox.Sandbox
+	// Descriptor is what /sandbox_access named.
+	Descriptor sandbox.Descriptor
+}
+
+// Decision is an adapter's answer on continuing a saved session.
+type Decision struct {
+	// Resume: continue the saved session; otherwise start over in a fresh
+	// state (State).
+	Resume bool
+	// Reason is recorded in the launch record.
+	Reason string
+	// State replaces the adapter's state when starting over (a fresh
+	// folder); nil keeps it.
+	State json.RawMessage
+}
+
+// LaunchSpec is the harness command an adapter wants run under ngsup.
+type LaunchSpec struct {
+	// Argv is the command; Env is added to its environment; Dir is its
+	// working folder (the sandbox's workdir when empty).
+	Argv []string
+	Env  map[string]string
+	Dir  string
+	// Timeout bounds the harness's running time (paused time not counted);
+	// 0 for none.
+	Timeout time.Duration
+}
+
+// LaunchContext is what an adapter gets for one launch.
+type LaunchContext struct {
+	// RolloutID and Attempt identify the run.
+	RolloutID string
+	Attempt   int
+	// Input is the run body (the task).
+	Input json.RawMessage
+	// Sandbox is the lent sandbox.
+	Sandbox LentSandbox
+	// State is the adapter's state (after the resume decision).
+	State json.RawMessage
+	// Resume says this launch continues a saved session.
+	Resume bool
+	// LaunchID and LaunchDir name the launch inside the sandbox.
+	LaunchID, LaunchDir string
+}
+
+// Outcome of a finished harness, handed to Verify.
+type HarnessResult struct {
+	// ExitCode is the harness's exit code.
+	ExitCode int
+	// Stdout and Stderr are (the tails of) its output.
+	Stdout, Stderr []byte
+}
+
+// Adapter is everything harness-specific. The driver never knows which
+// harness it runs.
+type Adapter interface {
+	// Name names the adapter in logs and config.
+	Name() string
+	// NewState returns where the harness keeps its session for a new run:
+	// opaque JSON the driver stores in the harness bookmark.
+	NewState(rolloutID string, attempt int, sb LentSandbox) (json.RawMessage, error)
+	// ResumeDecision says whether the saved session in state can be
+	// continued in sb; if not, it returns a fresh state.
+	ResumeDecision(ctx context.Context, sb LentSandbox, state json.RawMessage, rolloutID string, attempt int) (Decision, error)
+	// Launch prepares the sandbox (uploads, config) and returns the command.
+	Launch(ctx context.Context, lc LaunchContext) (LaunchSpec, error)
+	// Response collects what verify needs from a finished harness (the final
+	// response, the session export): JSON placed under "response".
+	Response(ctx context.Context, sb LentSandbox, state json.RawMessage, res HarnessResult) (json.RawMessage, error)
+}
+
+// PausesAtCheckpoints is the optional opt-in of an adapter whose harness can
+// be paused in place at a checkpoint (SIGSTOP, then SIGCONT to the same
+// processes). Without it, or when it returns false, a checkpoint stops the
+// launch and the run relaunches after it.
+type PausesAtCheckpoints interface {
+	PausesAtCheckpoints() bool
+}

@@ -1,0 +1,177 @@
+// Package fake is the fake adapter: a scripted harness (harness.sh) that
+// forks, detaches a daemon, writes files, and can be told to ignore SIGINT.
+// It is the second user of the driver, and drives most of its tests and the
+// demo. Each step of the script stands for a model turn and is recorded in
+// the saved session, so a relaunch continues after the last one.
+package fake
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+)
+
+//go:embed harness.sh
+var script []byte
+
+// Options is the fake harness's default behaviour; a task may override it
+// with a "fake" object of the same fields.
+type Options struct {
+	Steps        int     `json:"steps"`
+	StepSeconds  float64 `json:"step_s"`
+	InstallS     float64 `json:"install_s"`
+	IgnoreSIGINT bool    `json:"ignore_sigint"`
+	Child        *bool   `json:"child,omitempty"`
+	OwnSession   *bool   `json:"own_session,omitempty"`
+	Daemon       *bool   `json:"daemon,omitempty"`
+	Untagged     *bool   `json:"untagged,omitempty"`
+	ExitCode     int     `json:"exit_code"`
+}
+
+// Adapter is the fake adapter.
+type Adapter struct {
+	// Defaults apply where a task says nothing.
+	Defaults Options
+	// Pause opts in to pausing at checkpoints.
+	Pause bool
+}
+
+// State is where the fake harness keeps its session.
+type State struct {
+	SessionDir string `json:"session_dir"`
+}
+
+// Name implements driver.Adapter.
+func (a *Adapter) Name() string { return "fake" }
+
+// PausesAtCheckpoints implements driver.PausesAtCheckpoints.
+func (a *Adapter) PausesAtCheckpoints() bool { return a.Pause }
+
+func sessionDir(sb driver.LentSandbox, rollout string, attempt, n int) string {
+	clean := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, rollout)
+	return path.Join(sb.Root(), "state", "fake", fmt.Sprintf("%s-a%d-%d", clean, attempt, n))
+}
+
+// NewState implements driver.Adapter.
+func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
+	return json.Marshal(State{SessionDir: sessionDir(sb, rollout, attempt, time.Now().Nanosecond())})
+}
+
+func parseState(raw json.RawMessage) (State, error) {
+	var s State
+	if err := json.Unmarshal(raw, &s); err != nil || s.SessionDir == "" || !path.IsAbs(s.SessionDir) {
+		return s, fmt.Errorf("the fake adapter's state %s names no absolute session folder", raw)
+	}
+	return s, nil
+}
+
+// ResumeDecision implements driver.Adapter: a saved session can be continued
+// when it holds at least one completed step.
+func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, rollout string, attempt int) (driver.Decision, error) {
+	st, err := parseState(raw)
+	if err != nil {
+		return driver.Decision{}, err
+	}
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(st.SessionDir, "steps")}, Timeout: 30 * time.Second})
+	if err != nil {
+		return driver.Decision{}, fmt.Errorf("read the saved session: %w", err)
+	}
+	steps := 0
+	if res.ExitCode == 0 {
+		steps = strings.Count(string(res.Stdout), "\n")
+	}
+	if steps > 0 {
+		return driver.Decision{Resume: true, Reason: fmt.Sprintf("the saved session holds %d completed steps", steps)}, nil
+	}
+	fresh, _ := json.Marshal(State{SessionDir: sessionDir(sb, rollout, attempt, time.Now().Nanosecond())})
+	return driver.Decision{Resume: false, Reason: "the saved session holds no completed step; starting over", State: fresh}, nil
+}
+
+// task is the part of a run body the fake adapter reads.
+type task struct {
+	Task string          `json:"task"`
+	Fake json.RawMessage `json:"fake"`
+}
+
+// Launch implements driver.Adapter: it uploads the script and runs it.
+func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+	st, err := parseState(lc.State)
+	if err != nil {
+		return driver.LaunchSpec{}, err
+	}
+	var t task
+	if err := json.Unmarshal(lc.Input, &t); err != nil {
+		return driver.LaunchSpec{}, fmt.Errorf("read the task: %w", err)
+	}
+	opt := a.Defaults
+	if len(t.Fake) > 0 {
+		if err := json.Unmarshal(t.Fake, &opt); err != nil {
+			return driver.LaunchSpec{}, fmt.Errorf("read the task's fake options: %w", err)
+		}
+	}
+	if opt.Steps <= 0 {
+		opt.Steps = 6
+	}
+	if opt.StepSeconds <= 0 {
+		opt.StepSeconds = 0.5
+	}
+	bin := path.Join(lc.Sandbox.Root(), "bin", "fake-harness.sh")
+	if err := lc.Sandbox.Upload(ctx, bin, script, 0o755); err != nil {
+		return driver.LaunchSpec{}, fmt.Errorf("upload the fake harness: %w", err)
+	}
+	flag := func(p *bool) string {
+		if p == nil || *p {
+			return "1"
+		}
+		return "0"
+	}
+	env := map[string]string{
+		"FAKE_STEPS":         strconv.Itoa(opt.Steps),
+		"FAKE_STEP_S":        strconv.FormatFloat(opt.StepSeconds, 'f', -1, 64),
+		"FAKE_INSTALL_S":     strconv.FormatFloat(opt.InstallS, 'f', -1, 64),
+		"FAKE_IGNORE_SIGINT": map[bool]string{true: "1", false: "0"}[opt.IgnoreSIGINT],
+		"FAKE_CHILD":         flag(opt.Child),
+		"FAKE_OWN_SESSION":   flag(opt.OwnSession),
+		"FAKE_DAEMON":        flag(opt.Daemon),
+		"FAKE_UNTAGGED":      flag(opt.Untagged),
+		"FAKE_EXIT_CODE":     strconv.Itoa(opt.ExitCode),
+	}
+	argv := []string{"/bin/sh", bin, st.SessionDir, lc.Sandbox.Workdir()}
+	if t.Task != "" {
+		argv = append(argv, t.Task)
+	}
+	return driver.LaunchSpec{Argv: argv, Env: env}, nil
+}
+
+// Response implements driver.Adapter: the last JSON line the harness printed.
+func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+	lines := strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
+	last := strings.TrimSpace(lines[len(lines)-1])
+	if res.ExitCode != 0 || !json.Valid([]byte(last)) || last == "" {
+		out, _ := json.Marshal(map[string]any{"error": fmt.Sprintf("the fake harness exited %d", res.ExitCode), "stderr": tail(string(res.Stderr), 2000)})
+		return out, nil
+	}
+	return json.RawMessage(last), nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+var _ driver.Adapter = (*Adapter)(nil)

@@ -1,0 +1,421 @@
+package driver
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// Budgets of the commands that control a launch.
+const (
+	// ControlTimeout bounds a pause or continue command.
+	ControlTimeout = 120 * time.Second
+	// WaitChunk is how long one `ngsup wait` blocks, so no exec stays open
+	// for the whole harness.
+	WaitChunk = 10 * time.Second
+	// StopGrace is the time between SIGINT and SIGKILL of a stop.
+	StopGrace = 10 * time.Second
+	// outputTail bounds how much of the harness's output is read back.
+	outputTail = 1 << 20
+)
+
+// Ngsup drives ngsup inside sandboxes: it uploads the binary once per
+// sandbox, for the sandbox's architecture, to a path named by its hash, and
+// runs its verbs through exec.
+type Ngsup struct {
+	// Binaries maps an architecture (GOARCH: amd64, arm64) to the host path
+	// of the static ngsup built for it.
+	Binaries map[string]string
+	// Log receives what went wrong and how long it took.
+	Log *slog.Logger
+
+	mu       sync.Mutex
+	images   map[string]ngsupImage // by arch
+	uploaded map[string]string     // sandbox id -> path of ngsup in it
+}
+
+type ngsupImage struct {
+	data []byte
+	sum  string
+}
+
+// ErrNoNgsup means no ngsup binary is configured for the sandbox's
+// architecture.
+var ErrNoNgsup = errors.New("no ngsup binary for this architecture")
+
+// DefaultBinaries finds bin/ngsup-linux-<arch> beside the running program,
+// or in dir when it is not empty.
+func DefaultBinaries(dir string) map[string]string {
+	if dir == "" {
+		if exe, err := os.Executable(); err == nil {
+			dir = path.Dir(exe)
+		}
+	}
+	out := map[string]string{}
+	for _, arch := range []string{"amd64", "arm64"} {
+		p := path.Join(dir, "ngsup-linux-"+arch)
+		if _, err := os.Stat(p); err == nil {
+			out[arch] = p
+		}
+	}
+	return out
+}
+
+func (n *Ngsup) log() *slog.Logger {
+	if n.Log == nil {
+		return slog.Default()
+	}
+	return n.Log
+}
+
+// Ensure returns the path of ngsup inside sb, uploading it if it is not
+// there yet: once per sandbox, skipped when the file with that hash exists.
+func (n *Ngsup) Ensure(ctx context.Context, sb sandbox.Sandbox) (string, error) {
+	n.mu.Lock()
+	if p, ok := n.uploaded[sb.ID()]; ok {
+		n.mu.Unlock()
+		return p, nil
+	}
+	n.mu.Unlock()
+	arch, err := Arch(ctx, sb)
+	if err != nil {
+		return "", err
+	}
+	img, err := n.image(arch)
+	if err != nil {
+		return "", err
+	}
+	dst := path.Join(sb.Root(), "bin", "ngsup-"+img.sum[:16])
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"test", "-x", dst}, Timeout: 30 * time.Second})
+	if err != nil {
+		return "", fmt.Errorf("look for ngsup in %s: %w", sb.ID(), err)
+	}
+	if res.ExitCode != 0 {
+		if err := sb.Upload(ctx, dst, img.data, 0o755); err != nil {
+			return "", fmt.Errorf("upload ngsup to %s: %w", sb.ID(), err)
+		}
+	}
+	n.mu.Lock()
+	if n.uploaded == nil {
+		n.uploaded = map[string]string{}
+	}
+	n.uploaded[sb.ID()] = dst
+	n.mu.Unlock()
+	return dst, nil
+}
+
+func (n *Ngsup) image(arch string) (ngsupImage, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if img, ok := n.images[arch]; ok {
+		return img, nil
+	}
+	p, ok := n.Binaries[arch]
+	if !ok {
+		return ngsupImage{}, fmt.Errorf("%w: %s (build it with `make ngsup`)", ErrNoNgsup, arch)
+	}
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return ngsupImage{}, fmt.Errorf("read ngsup for %s: %w", arch, err)
+	}
+	sum := sha256.Sum256(data)
+	img := ngsupImage{data: data, sum: hex.EncodeToString(sum[:])}
+	if n.images == nil {
+		n.images = map[string]ngsupImage{}
+	}
+	n.images[arch] = img
+	return img, nil
+}
+
+// Arch asks the sandbox for its machine and names it as Go does.
+func Arch(ctx context.Context, sb sandbox.Sandbox) (string, error) {
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"uname", "-m"}, Timeout: 30 * time.Second})
+	if err != nil {
+		return "", fmt.Errorf("ask %s for its architecture: %w", sb.ID(), err)
+	}
+	m := strings.TrimSpace(string(res.Stdout))
+	switch m {
+	case "x86_64", "amd64":
+		return "amd64", nil
+	case "aarch64", "arm64":
+		return "arm64", nil
+	}
+	return "", fmt.Errorf("%w: the sandbox %s says its machine is %q", ErrNoNgsup, sb.ID(), m)
+}
+
+// verb runs one ngsup verb and decodes its one line of JSON into out. It
+// returns the exit code; an error means the outcome is unknown or the
+// output was not what the contract promises.
+func (n *Ngsup) verb(ctx context.Context, sb sandbox.Sandbox, bin string, timeout time.Duration, out any, args ...string) (int, sandbox.ExecResult, error) {
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: append([]string{bin}, args...), Timeout: timeout})
+	if err != nil {
+		return -1, res, fmt.Errorf("run ngsup %s in %s: %w", args[0], sb.ID(), err)
+	}
+	line := bytes.TrimSpace(res.Stdout)
+	if out != nil && len(line) > 0 {
+		if i := bytes.LastIndexByte(line, '\n'); i >= 0 {
+			line = line[i+1:]
+		}
+		if err := json.Unmarshal(line, out); err != nil {
+			return res.ExitCode, res, fmt.Errorf("ngsup %s in %s printed %q: %w", args[0], sb.ID(), truncateBytes(line, 200), err)
+		}
+	}
+	return res.ExitCode, res, nil
+}
+
+func truncateBytes(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "..."
+	}
+	return string(b)
+}
+
+// stderrLine is the last line of a command's stderr, for error messages.
+func stderrLine(res sandbox.ExecResult) string {
+	s := strings.TrimSpace(string(res.Stderr))
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	if s == "" {
+		return "no message"
+	}
+	return s
+}
+
+// Start launches spec under ngsup run --detach and returns once the
+// supervisor has recorded itself.
+func (n *Ngsup) Start(ctx context.Context, sb sandbox.Sandbox, bin string, ref LaunchRef, spec LaunchSpec) error {
+	args := []string{"run", "--dir", ref.Dir, "--id", ref.ID, "--detach"}
+	if spec.Timeout > 0 {
+		args = append(args, "--timeout", spec.Timeout.String())
+	}
+	args = append(append(args, "--"), spec.Argv...)
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: append([]string{bin}, args...), Env: spec.Env, Dir: spec.Dir, Timeout: 60 * time.Second})
+	if err != nil {
+		return fmt.Errorf("%w: ngsup run in %s: %v", ErrLaunch, sb.ID(), err)
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("%w: ngsup run in %s exited %d: %s", ErrLaunch, sb.ID(), res.ExitCode, stderrLine(res))
+	}
+	var d proto.DetachResult
+	if err := json.Unmarshal(bytes.TrimSpace(res.Stdout), &d); err != nil || d.ID != ref.ID || d.PID <= 0 {
+		return fmt.Errorf("%w: ngsup run in %s printed %q", ErrLaunch, sb.ID(), truncateBytes(res.Stdout, 200))
+	}
+	return nil
+}
+
+// Wait blocks up to chunk for the launch to end and returns its receipt and
+// whether it ended.
+func (n *Ngsup) Wait(ctx context.Context, sb sandbox.Sandbox, bin string, ref LaunchRef, chunk time.Duration) (*proto.Receipt, bool, error) {
+	var r proto.Receipt
+	code, res, err := n.verb(ctx, sb, bin, chunk+30*time.Second, &r, "wait", "--dir", ref.Dir, "--timeout", chunk.String())
+	if err != nil {
+		return nil, false, err
+	}
+	switch code {
+	case proto.ExitOK:
+		return &r, true, nil
+	case proto.ExitStillRunning:
+		return &r, false, nil
+	}
+	return nil, false, fmt.Errorf("%w: ngsup wait in %s exited %d: %s", ErrLaunch, sb.ID(), code, stderrLine(res))
+}
+
+// Status returns the launch's receipt.
+func (n *Ngsup) Status(ctx context.Context, sb sandbox.Sandbox, bin string, ref LaunchRef) (*proto.Receipt, error) {
+	var r proto.Receipt
+	code, res, err := n.verb(ctx, sb, bin, 60*time.Second, &r, "status", "--dir", ref.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if code != 0 {
+		return nil, fmt.Errorf("%w: ngsup status in %s exited %d: %s", ErrLaunch, sb.ID(), code, stderrLine(res))
+	}
+	return &r, nil
+}
+
+// PauseOutcome is what one pause of a launch came to.
+type PauseOutcome struct {
+	// Result is what ngsup printed.
+	Result proto.PauseResult
+	// Code is ngsup's exit code (0 paused, 3 ended, 4 not confirmed; -1
+	// when the command's outcome is unknown).
+	Code int
+	// Attempts is how many pause commands ran (an empty answer is retried
+	// once).
+	Attempts int
+	// Elapsed is the wall time of the whole pause.
+	Elapsed time.Duration
+	// Err is why the pause failed, when it did.
+	Err error
+}
+
+// Paused reports a confirmed pause.
+func (o PauseOutcome) Paused() bool { return o.Code == proto.ExitOK && o.Result.Paused && o.Err == nil }
+
+// Ended reports a launch that had already ended: its result is kept.
+func (o PauseOutcome) Ended() bool { return o.Code == proto.ExitEnded }
+
+// Pause pauses the launch. A pause that printed nothing though it ended
+// within its budget is run once more. Every failure is logged with the
+// rollout, the exit code, the error, how long it took and the attempt.
+func (n *Ngsup) Pause(ctx context.Context, sb sandbox.Sandbox, bin string, ref LaunchRef, rollout string) PauseOutcome {
+	begin := time.Now()
+	var out PauseOutcome
+	for out.Attempts < 2 {
+		out.Attempts++
+		start := time.Now()
+		var r proto.PauseResult
+		code, res, err := n.verb(ctx, sb, bin, ControlTimeout, &r, n.withID(ref, "pause")...)
+		out.Result, out.Code, out.Err = r, code, err
+		took := time.Since(start)
+		empty := err == nil && len(bytes.TrimSpace(res.Stdout)) == 0
+		switch {
+		case err == nil && (code == proto.ExitOK || code == proto.ExitEnded || code == proto.ExitNotConfirmed) && !empty:
+			if code == proto.ExitNotConfirmed {
+				out.Err = fmt.Errorf("pause not confirmed: %s (pending %s)", r.Error, pendingText(r.Pending))
+				n.log().Warn("pause failed", "rollout", rollout, "launch", ref.ID, "exit_code", code,
+					"error", out.Err.Error(), "took_ms", took.Milliseconds(), "attempt", out.Attempts)
+			}
+			out.Elapsed = time.Since(begin)
+			return out
+		case empty && took < ControlTimeout:
+			out.Err = fmt.Errorf("ngsup pause printed nothing (exit %d, stderr: %s)", code, stderrLine(res))
+		case err == nil:
+			out.Err = fmt.Errorf("ngsup pause exited %d: %s", code, stderrLine(res))
+		}
+		n.log().Warn("pause failed", "rollout", rollout, "launch", ref.ID, "exit_code", code,
+			"error", out.Err.Error(), "took_ms", took.Milliseconds(), "attempt", out.Attempts)
+		if !empty || ctx.Err() != nil {
+			break
+		}
+	}
+	out.Elapsed = time.Since(begin)
+	if out.Code == proto.ExitOK {
+		out.Code = -1 // nothing confirmed
+	}
+	return out
+}
+
+func pendingText(ps []proto.Pending) string {
+	if len(ps) == 0 {
+		return "none listed"
+	}
+	var parts []string
+	for i, p := range ps {
+		if i == 8 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(ps)-i))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%d:%s:%s", p.PID, p.State, p.Wchan))
+	}
+	return strings.Join(parts, " ")
+}
+
+// Continue continues a paused launch. It returns an error unless every
+// process it stopped runs again.
+func (n *Ngsup) Continue(ctx context.Context, sb sandbox.Sandbox, bin string, ref LaunchRef) (proto.ContinueResult, error) {
+	var r proto.ContinueResult
+	code, res, err := n.verb(ctx, sb, bin, ControlTimeout, &r, n.withID(ref, "continue")...)
+	if err != nil {
+		return r, err
+	}
+	if code != 0 {
+		return r, fmt.Errorf("ngsup continue in %s exited %d: %s (pending %s)", sb.ID(), code, stderrLine(res), pendingText(r.Pending))
+	}
+	return r, nil
+}
+
+// Stop ends the launch: SIGINT, SIGKILL after the grace, until none is left.
+func (n *Ngsup) Stop(ctx context.Context, sb sandbox.Sandbox, bin string, ref LaunchRef, grace time.Duration) (proto.StopResult, error) {
+	var r proto.StopResult
+	args := append(n.withID(ref, "stop"), "--grace", grace.String())
+	code, res, err := n.verb(ctx, sb, bin, grace+ControlTimeout, &r, args...)
+	if err != nil {
+		return r, err
+	}
+	if code != 0 {
+		return r, fmt.Errorf("ngsup stop in %s exited %d: %s (survivors %s)", sb.ID(), code, stderrLine(res), pendingText(r.Survivors))
+	}
+	return r, nil
+}
+
+// withID is a control verb's arguments; an unsupervised launch has no
+// receipt, so ngsup is told its id to find it by its tag.
+func (n *Ngsup) withID(ref LaunchRef, verb string) []string {
+	args := []string{verb, "--dir", ref.Dir}
+	if !ref.Supervised {
+		args = append(args, "--id", ref.ID)
+	}
+	return args
+}
+
+// Output reads the tails of the launch's stdout and stderr.
+func Output(ctx context.Context, sb sandbox.Sandbox, ref LaunchRef) (stdout, stderr []byte, err error) {
+	read := func(name string) ([]byte, error) {
+		res, err := sb.Exec(ctx, sandbox.ExecRequest{
+			Argv:    []string{"tail", "-c", strconv.Itoa(outputTail), path.Join(ref.Dir, name)},
+			Timeout: 60 * time.Second,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read the harness's %s in %s: %w", name, sb.ID(), err)
+		}
+		if res.ExitCode != 0 {
+			return nil, nil // nothing written
+		}
+		return res.Stdout, nil
+	}
+	if stdout, err = read(proto.StdoutFile); err != nil {
+		return nil, nil, err
+	}
+	stderr, err = read(proto.StderrFile)
+	return stdout, stderr, err
+}
+
+// StopSandbox ends every launch in the sandbox (each launch folder under its
+// root), then stops the sandbox itself where its backend can.
+func (n *Ngsup) StopSandbox(ctx context.Context, sb sandbox.Sandbox) error {
+	bin, err := n.Ensure(ctx, sb)
+	if err != nil {
+		return err
+	}
+	dir := path.Join(sb.Root(), "launches")
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"ls", "-1", dir}, Timeout: 30 * time.Second})
+	if err != nil {
+		return fmt.Errorf("list the launches in %s: %w", sb.ID(), err)
+	}
+	var errs []error
+	for _, name := range strings.Fields(string(res.Stdout)) {
+		if proto.ValidateID(name) != nil {
+			continue
+		}
+		ref := LaunchRef{ID: name, Dir: path.Join(dir, name), Supervised: true}
+		if _, err := n.Stop(ctx, sb, bin, ref, 2*time.Second); err != nil {
+			// An unsupervised launch has no receipt: find it by its tag.
+			ref.Supervised = false
+			if _, err2 := n.Stop(ctx, sb, bin, ref, 2*time.Second); err2 != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if s, ok := sb.(sandbox.Stopper); ok {
+		if err := s.Stop(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,658 @@
+package localowner
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ngharness/ngharness/pkg/driver/owner"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+)
+
+// fixture is an owner on a fresh backend (namespace isolation when running
+// as root, none otherwise) whose StopSandbox records the sandboxes it
+// stopped and kills the test process whose pid a test left in the
+// sandbox's .ngharness/test.pid (held by a pidfd, checked by its tag).
+type fixture struct {
+	t       *testing.T
+	b       *local.Backend
+	o       *Owner
+	tag     string
+	mu      sync.Mutex
+	stopped []string
+}
+
+const tagVar = "NGH_LOCALOWNER_TEST_TAG"
+
+func newFixture(t *testing.T, opt Options) *fixture {
+	t.Helper()
+	bopt := local.Options{Isolation: local.IsolationNone}
+	if os.Geteuid() == 0 {
+		bopt = local.Options{Isolation: local.IsolationNamespace, MountPoint: filepath.Join(t.TempDir(), "mnt")}
+	} else {
+		t.Log("not root: the owner runs on a backend without namespace isolation")
+	}
+	b, err := local.New(t.TempDir(), bopt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tb [8]byte
+	_, _ = rand.Read(tb[:])
+	f := &fixture{t: t, b: b, tag: hex.EncodeToString(tb[:])}
+	opt.Backend = b
+	opt.StopSandbox = f.stop
+	opt.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	f.o = New(opt)
+	return f
+}
+
+// testWriter sends the owner's log to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func (f *fixture) stop(ctx context.Context, sb sandbox.Sandbox) error {
+	f.mu.Lock()
+	f.stopped = append(f.stopped, sb.ID())
+	f.mu.Unlock()
+	b, err := os.ReadFile(filepath.Join(f.b.HostPath(sb.ID()), ".ngharness", "test.pid"))
+	if err != nil {
+		return nil // nothing of the test's runs there
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return err
+	}
+	p, err := open(pid, f.tag)
+	if err != nil {
+		return nil // already gone
+	}
+	defer unix.Close(p)
+	_ = unix.PidfdSendSignal(p, unix.SIGKILL, nil, 0)
+	if !waitExit(p, 10*time.Second) {
+		return fmt.Errorf("pid %d survived SIGKILL", pid)
+	}
+	return nil
+}
+
+func (f *fixture) stoppedIDs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.stopped...)
+}
+
+// open takes a pidfd on pid if it carries the tag (one of this test's
+// processes).
+func open(pid int, tag string) (int, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, err
+	}
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil || !bytes.Contains(env, []byte(tagVar+"="+tag+"\x00")) {
+		unix.Close(fd)
+		return -1, fmt.Errorf("pid %d is not one of this test's processes", pid)
+	}
+	return fd, nil
+}
+
+func waitExit(fd int, d time.Duration) bool {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, int(d/time.Millisecond))
+		if err == unix.EINTR {
+			continue
+		}
+		return err == nil && n > 0
+	}
+}
+
+// startBackground starts a tagged process in sb that outlives the exec and
+// records its pid where the fixture's StopSandbox finds it; the test kills
+// it when it ends, whatever happens.
+func (f *fixture) startBackground(sb sandbox.Sandbox) int {
+	t := f.t
+	t.Helper()
+	res, err := sb.Exec(context.Background(), sandbox.ExecRequest{
+		Argv: []string{"sh", "-c", `setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "$1"; echo $!`, "sh", filepath.Join(sb.Root(), "test.pid")},
+		Env:  map[string]string{tagVar: f.tag}, Timeout: time.Minute,
+	})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("start a background process: %v %q", err, res.Stderr)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := open(pid, f.tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		waitExit(fd, 10*time.Second)
+		unix.Close(fd)
+	})
+	return fd
+}
+
+func (f *fixture) seed(body any) owner.SeedReply {
+	f.t.Helper()
+	raw, err := json.Marshal(body)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	r, err := f.o.SeedSession(context.Background(), raw)
+	if err != nil {
+		f.t.Fatalf("seed: %v", err)
+	}
+	return r
+}
+
+func (f *fixture) connect(c owner.Cookies) sandbox.Sandbox {
+	f.t.Helper()
+	a, err := f.o.SandboxAccess(context.Background(), c)
+	if err != nil {
+		f.t.Fatalf("access: %v", err)
+	}
+	sb, err := f.b.Connect(context.Background(), a.Connection.Descriptor)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return sb
+}
+
+func (f *fixture) sh(sb sandbox.Sandbox, script string) string {
+	f.t.Helper()
+	res, err := sb.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"sh", "-c", script}, Timeout: time.Minute})
+	if err != nil || res.ExitCode != 0 {
+		f.t.Fatalf("sh -c %q: %v exit %d %q", script, err, res.ExitCode, res.Stderr)
+	}
+	return string(res.Stdout)
+}
+
+func (f *fixture) verify(c owner.Cookies, body map[string]any) (owner.VerifyReply, map[string]any) {
+	f.t.Helper()
+	raw, _ := json.Marshal(body)
+	r, err := f.o.Verify(context.Background(), c, raw)
+	if err != nil {
+		f.t.Fatalf("verify: %v", err)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(r.Body, &out); err != nil {
+		f.t.Fatalf("verify reply body %q: %v", r.Body, err)
+	}
+	return r, out
+}
+
+func (f *fixture) sandboxCount() int {
+	entries, err := os.ReadDir(filepath.Join(f.b.Base(), "sandboxes"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return len(entries)
+}
+
+func TestSeedAccessVerifyPassingCheck(t *testing.T) {
+	f := newFixture(t, Options{})
+	body := map[string]any{
+		"rollout_id": "r-1",
+		"task":       "write the answer",
+		"check":      `test "$(cat greeting.txt)" = 'hello "world"' && test -f sub/dir/x`,
+		"files":      map[string]string{"greeting.txt": `hello "world"`, "sub/dir/x": "deep"},
+		"extra":      map[string]any{"kept": true},
+	}
+	r := f.seed(body)
+	sid := r.Cookies[CookieName]
+	if len(sid) != 24 || r.Restart || r.VerifyMode != "" {
+		t.Fatalf("seed reply %+v", r)
+	}
+	var sbody struct {
+		Handle  string `json:"sandbox_handle"`
+		Workdir string `json:"workdir"`
+	}
+	if err := json.Unmarshal(r.Body, &sbody); err != nil {
+		t.Fatal(err)
+	}
+	if sbody.Handle != "sb-"+sid+"-0" || sbody.Workdir == "" {
+		t.Fatalf("seed body %s", r.Body)
+	}
+
+	a, err := f.o.SandboxAccess(context.Background(), r.Cookies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := a.Connection.Descriptor
+	if a.Connection.Kind != "direct" || d.Provider != "local" || d.SandboxID != sbody.Handle || d.Workdir != sbody.Workdir || a.Workdir != sbody.Workdir {
+		t.Fatalf("access %+v", a)
+	}
+	sb := f.connect(r.Cookies)
+	if got := f.sh(sb, "cat greeting.txt; echo; pwd"); got != `hello "world"`+"\n"+sbody.Workdir+"\n" {
+		t.Fatalf("the seed's files in the workdir: %q", got)
+	}
+
+	body["response"] = map[string]any{"output": "done"}
+	vr, out := f.verify(r.Cookies, body)
+	if vr.Reward != 1 || vr.FailureKind != "" || vr.MaskSample {
+		t.Fatalf("verify %+v", vr)
+	}
+	if out["reward"] != 1.0 || out["mask_sample"] != false || out["rollout_id"] != "r-1" || out["response"] == nil || out["extra"] == nil {
+		t.Fatalf("verify body %v", out)
+	}
+	if _, ok := out["failure_kind"]; ok {
+		t.Errorf("failure_kind on a pass: %v", out)
+	}
+	if got := f.stoppedIDs(); len(got) != 1 || got[0] != sbody.Handle {
+		t.Errorf("StopSandbox calls %v", got)
+	}
+	info, err := f.o.Session(r.Cookies)
+	if err != nil || !info.Closed || !info.Verified || info.SandboxID != sbody.Handle || info.RolloutID != "r-1" {
+		t.Fatalf("session %+v %v", info, err)
+	}
+
+	// The session has ended.
+	if _, err := f.o.SandboxAccess(context.Background(), r.Cookies); !errors.Is(err, owner.ErrClosed) {
+		t.Errorf("access after verify: want ErrClosed, got %v", err)
+	}
+	raw, _ := json.Marshal(body)
+	if _, err := f.o.Verify(context.Background(), r.Cookies, raw); !errors.Is(err, owner.ErrClosed) {
+		t.Errorf("second verify: want ErrClosed, got %v", err)
+	}
+	if err := f.o.CloseSession(context.Background(), r.Cookies); err != nil {
+		t.Errorf("close after verify: %v", err)
+	}
+	// A late seed for the closed session does not recreate it.
+	n := f.sandboxCount()
+	if _, err := f.o.SeedSessionWith(context.Background(), r.Cookies, raw); !errors.Is(err, owner.ErrClosed) {
+		t.Errorf("late seed: want ErrClosed, got %v", err)
+	}
+	if f.sandboxCount() != n {
+		t.Errorf("a late seed made a sandbox")
+	}
+	if got := f.stoppedIDs(); len(got) != 1 {
+		t.Errorf("StopSandbox calls after the end: %v", got)
+	}
+}
+
+func TestVerifyFailingCheckNamesItsOutput(t *testing.T) {
+	f := newFixture(t, Options{})
+	r := f.seed(map[string]any{"task": "t", "check": `echo "the answer is wrong: $(cat a)" >&2; exit 3`, "files": map[string]string{"a": "41"}})
+	vr, out := f.verify(r.Cookies, map[string]any{"task": "t", "response": "x"})
+	if vr.Reward != 0 || vr.FailureKind != FailureCheckFailed {
+		t.Fatalf("verify %+v", vr)
+	}
+	for _, want := range []string{"the answer is wrong: 41", "code 3"} {
+		if !strings.Contains(vr.FailureReason, want) {
+			t.Errorf("failure reason %q does not name %q", vr.FailureReason, want)
+		}
+	}
+	if out["reward"] != 0.0 || out["failure_kind"] != FailureCheckFailed || out["failure_reason"] != vr.FailureReason {
+		t.Errorf("verify body %v", out)
+	}
+	if info, _ := f.o.Session(r.Cookies); !info.Closed || !info.Verified {
+		t.Errorf("session %+v", info)
+	}
+
+	// Stdout is used when the check writes nothing on stderr.
+	r = f.seed(map[string]any{"check": "echo only stdout; false"})
+	vr, _ = f.verify(r.Cookies, map[string]any{})
+	if !strings.Contains(vr.FailureReason, "only stdout") {
+		t.Errorf("failure reason %q", vr.FailureReason)
+	}
+}
+
+func TestVerifyCheckTimeout(t *testing.T) {
+	f := newFixture(t, Options{CheckTimeout: 500 * time.Millisecond})
+	r := f.seed(map[string]any{"check": "echo started >&2; exec sleep 300"})
+	vr, _ := f.verify(r.Cookies, map[string]any{})
+	if vr.Reward != 0 || vr.FailureKind != FailureCheckTimeout || !strings.Contains(vr.FailureReason, "started") {
+		t.Fatalf("verify %+v", vr)
+	}
+}
+
+func TestVerifyWithoutCheckRewardsOne(t *testing.T) {
+	f := newFixture(t, Options{})
+	r := f.seed(map[string]any{"task": "anything"})
+	if vr, _ := f.verify(r.Cookies, map[string]any{}); vr.Reward != 1 {
+		t.Fatalf("verify %+v", vr)
+	}
+}
+
+func TestCloseIsIdempotent(t *testing.T) {
+	f := newFixture(t, Options{})
+	r := f.seed(map[string]any{"task": "t"})
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		if err := f.o.CloseSession(ctx, r.Cookies); err != nil {
+			t.Fatalf("close %d: %v", i, err)
+		}
+	}
+	if got := f.stoppedIDs(); len(got) != 1 {
+		t.Errorf("StopSandbox calls %v, want one", got)
+	}
+	if _, err := f.o.SandboxAccess(ctx, r.Cookies); !errors.Is(err, owner.ErrClosed) {
+		t.Errorf("access after close: want ErrClosed, got %v", err)
+	}
+	if _, err := f.o.Verify(ctx, r.Cookies, json.RawMessage(`{}`)); !errors.Is(err, owner.ErrClosed) {
+		t.Errorf("verify after close: want ErrClosed, got %v", err)
+	}
+	if info, _ := f.o.Session(r.Cookies); !info.Closed || info.Verified {
+		t.Errorf("session %+v", info)
+	}
+}
+
+func TestCloseStopsTheSandboxProcesses(t *testing.T) {
+	f := newFixture(t, Options{RemoveUnused: true})
+	r := f.seed(map[string]any{"task": "t"})
+	sb := f.connect(r.Cookies)
+	fd := f.startBackground(sb)
+	if err := f.o.CloseSession(context.Background(), r.Cookies); err != nil {
+		t.Fatal(err)
+	}
+	if !waitExit(fd, 0) {
+		t.Error("the sandbox's process survived the close")
+	}
+	if _, err := f.b.Open(sb.ID()); !errors.Is(err, sandbox.ErrGone) {
+		t.Errorf("RemoveUnused: the closed session's sandbox is still there (%v)", err)
+	}
+}
+
+func TestRestartAndNoSandboxFlags(t *testing.T) {
+	f := newFixture(t, Options{})
+	ctx := context.Background()
+	r := f.seed(map[string]any{"task": "t", "restart": true, "verify_mode": "replay"})
+	if !r.Restart || r.VerifyMode != "replay" {
+		t.Errorf("seed reply %+v", r)
+	}
+	if _, err := f.o.SandboxAccess(ctx, r.Cookies); err != nil {
+		t.Errorf("a restart session still lends its sandbox: %v", err)
+	}
+
+	n := f.sandboxCount()
+	r = f.seed(map[string]any{"task": "t", "no_sandbox": true, "check": "test \"$(cat f)\" = seeded", "files": map[string]string{"f": "seeded"}})
+	if f.sandboxCount() != n {
+		t.Errorf("a no_sandbox seed made a sandbox")
+	}
+	if string(r.Body) != "{}" {
+		t.Errorf("no_sandbox seed body %s", r.Body)
+	}
+	if _, err := f.o.SandboxAccess(ctx, r.Cookies); !errors.Is(err, owner.ErrNoSandbox) {
+		t.Errorf("access: want ErrNoSandbox, got %v", err)
+	}
+	// Its check runs in a scratch sandbox holding the seed's files, removed
+	// afterwards.
+	if vr, _ := f.verify(r.Cookies, map[string]any{}); vr.Reward != 1 {
+		t.Errorf("verify %+v", vr)
+	}
+	if f.sandboxCount() != n {
+		t.Errorf("the scratch sandbox was left behind")
+	}
+	if info, _ := f.o.Session(r.Cookies); !info.NoSandbox || info.SandboxID != "" || !info.Closed {
+		t.Errorf("session %+v", info)
+	}
+}
+
+func TestBadBodiesAndCookies(t *testing.T) {
+	f := newFixture(t, Options{})
+	ctx := context.Background()
+	for _, body := range []string{
+		`[]`, `"text"`, `null`, `not json`, ``, `42`,
+		`{"task": 5}`, `{"task": {"x": 1}}`, `{"check": []}`, `{"rollout_id": 7}`,
+		`{"files": {"../escape": "x"}}`, `{"files": {"/abs": "x"}}`, `{"files": {".": "x"}}`, `{"files": {"a": 1}}`, `{"files": []}`,
+		`{"verify_mode": "fast"}`, `{"restart": "yes"}`, `{"no_sandbox": 1}`,
+	} {
+		if _, err := f.o.SeedSession(ctx, json.RawMessage(body)); err == nil {
+			t.Errorf("seed accepted %s", body)
+		} else {
+			t.Logf("%s: %v", body, err)
+		}
+	}
+	if n := f.sandboxCount(); n != 0 {
+		t.Errorf("bad seeds made %d sandboxes", n)
+	}
+	// Unknown fields and a null task are fine.
+	f.seed(map[string]any{"task": nil, "responses_create_params": map[string]any{"input": []any{}}})
+
+	unknown := owner.Cookies{CookieName: "feedface"}
+	if _, err := f.o.SandboxAccess(ctx, unknown); !errors.Is(err, ErrUnknownSession) || !strings.Contains(err.Error(), "feedface") {
+		t.Errorf("unknown session: %v", err)
+	}
+	if err := f.o.CloseSession(ctx, owner.Cookies{}); !errors.Is(err, ErrUnknownSession) {
+		t.Errorf("no cookie: %v", err)
+	}
+	if _, err := f.o.Verify(ctx, unknown, json.RawMessage(`{}`)); !errors.Is(err, ErrUnknownSession) {
+		t.Errorf("verify of an unknown session: %v", err)
+	}
+	r := f.seed(map[string]any{"task": "t"})
+	if _, err := f.o.Verify(ctx, r.Cookies, json.RawMessage(`[1]`)); err == nil {
+		t.Error("verify accepted a body that is not an object")
+	}
+	if info, _ := f.o.Session(r.Cookies); info.Closed {
+		t.Error("a rejected verify closed the session")
+	}
+	// A seed whose cookies name an open session answers with it again.
+	again, err := f.o.SeedSessionWith(ctx, r.Cookies, json.RawMessage(`{"task": "t"}`))
+	if err != nil || again.Cookies[CookieName] != r.Cookies[CookieName] || string(again.Body) != string(r.Body) {
+		t.Errorf("re-seed of an open session: %+v %v", again, err)
+	}
+}
+
+func TestHostileTaskTextIsNeverExecuted(t *testing.T) {
+	f := newFixture(t, Options{})
+	marker := filepath.Join(t.TempDir(), "pwned")
+	task := "$(touch " + marker + ") `touch " + marker + "` '; touch " + marker + "; ' \"; touch " + marker + "; \" \n touch " + marker
+	content := `it's "quoted" $(touch ` + marker + `) and \back`
+	body := map[string]any{
+		"task":  task,
+		"check": `test "$(cat q.txt)" = 'it'"'"'s "quoted" $(touch ` + marker + `) and \back'`,
+		"files": map[string]string{"q.txt": content, "it's $(x)/\"odd\" name": task},
+	}
+	r := f.seed(body)
+	sb := f.connect(r.Cookies)
+	res, err := sb.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"cat", "it's $(x)/\"odd\" name"}})
+	if err != nil || string(res.Stdout) != task {
+		t.Fatalf("the hostile file: %q %v", res.Stdout, err)
+	}
+	body["response"] = task
+	vr, out := f.verify(r.Cookies, body)
+	if vr.Reward != 1 {
+		t.Fatalf("the quoted check failed: %+v", vr)
+	}
+	if out["task"] != task || out["response"] != task {
+		t.Errorf("the task text changed on its way through: %v", out)
+	}
+	if _, err := os.Lstat(marker); err == nil {
+		t.Fatal("the task text was executed")
+	}
+}
+
+func TestSnapshotRestoreRetire(t *testing.T) {
+	f := newFixture(t, Options{})
+	ctx := context.Background()
+	r1 := f.seed(map[string]any{"task": "one", "check": "test \"$(cat state)\" = at-checkpoint"})
+	r2 := f.seed(map[string]any{"task": "two"})
+	r3 := f.seed(map[string]any{"task": "closed before the checkpoint"})
+	if err := f.o.CloseSession(ctx, r3.Cookies); err != nil {
+		t.Fatal(err)
+	}
+	sb1, sb2 := f.connect(r1.Cookies), f.connect(r2.Cookies)
+	f.sh(sb1, "echo at-checkpoint > state; mkdir -p .opencode && echo session > .opencode/db")
+	f.sh(sb2, "echo two-at-checkpoint > state")
+	old1 := sb1.ID()
+
+	ck := "ckpt/7: step 100"
+	snaps, err := f.o.Snapshot(ctx, ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, s2 := r1.Cookies[CookieName], r2.Cookies[CookieName]
+	if len(snaps) != 2 || snaps[s1] == "" || snaps[s2] == "" {
+		t.Fatalf("snapshots %v (the closed session must not be in it)", snaps)
+	}
+	for _, id := range snaps {
+		if !f.b.HasSnapshot(id) {
+			t.Errorf("snapshot %s missing", id)
+		}
+	}
+	// Again: nothing is copied twice, the same map comes back.
+	again, err := f.o.Snapshot(ctx, ck)
+	if err != nil || len(again) != 2 || again[s1] != snaps[s1] {
+		t.Fatalf("second snapshot %v %v", again, err)
+	}
+
+	// After the checkpoint the run goes on: files change, a process runs,
+	// and the session of run 1 even ends.
+	f.sh(sb1, "echo after > state; echo new > later")
+	fd := f.startBackground(sb1)
+	if _, out := f.verify(r1.Cookies, map[string]any{}); out["reward"] != 0.0 {
+		t.Fatalf("the changed state should fail the check: %v", out)
+	}
+
+	if err := f.o.Restore(ctx, ck); err != nil {
+		t.Fatal(err)
+	}
+	info1, _ := f.o.Session(r1.Cookies)
+	if info1.SandboxID == old1 || info1.SandboxID != "sb-"+s1+"-1" || info1.Closed || info1.Verified {
+		t.Fatalf("restored session %+v (old sandbox %s)", info1, old1)
+	}
+	if !waitExit(fd, 0) {
+		t.Error("the restore did not stop the old sandbox's process")
+	}
+	stopped := strings.Join(f.stoppedIDs(), " ")
+	if !strings.Contains(stopped, old1) || !strings.Contains(stopped, sb2.ID()) {
+		t.Errorf("StopSandbox calls %s", stopped)
+	}
+	fork1 := f.connect(r1.Cookies)
+	if fork1.ID() != info1.SandboxID {
+		t.Fatalf("access names %s, session %s", fork1.ID(), info1.SandboxID)
+	}
+	if f.b.Isolation() == local.IsolationNamespace && fork1.Workdir() != sb1.Workdir() {
+		t.Errorf("the fork's workdir %s differs from the original's %s", fork1.Workdir(), sb1.Workdir())
+	}
+	if got := f.sh(fork1, "cat state .opencode/db; test -e later || echo no-later"); got != "at-checkpoint\nsession\nno-later\n" {
+		t.Errorf("the fork holds %q, not the snapshot's files", got)
+	}
+	// The old sandbox is left as it was (kept for inspection).
+	if got := f.sh(sb1, "cat state"); got != "after\n" {
+		t.Errorf("the old sandbox changed: %q", got)
+	}
+	if info3, _ := f.o.Session(r3.Cookies); !info3.Closed {
+		t.Error("a session outside the checkpoint was reopened")
+	}
+	// The reopened session verifies on the fork.
+	if vr, _ := f.verify(r1.Cookies, map[string]any{}); vr.Reward != 1 {
+		t.Errorf("verify on the fork %+v", vr)
+	}
+
+	// A second restore forks again, under yet another id.
+	if err := f.o.Restore(ctx, ck); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := f.o.Session(r1.Cookies); info.SandboxID != "sb-"+s1+"-2" || info.Closed {
+		t.Errorf("second restore %+v", info)
+	}
+
+	if err := f.o.Retire(ctx, ck); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range snaps {
+		if f.b.HasSnapshot(id) {
+			t.Errorf("snapshot %s survived retire", id)
+		}
+	}
+	if info, _ := f.o.Session(r2.Cookies); len(info.Snapshots) != 0 {
+		t.Errorf("session still lists snapshots %v", info.Snapshots)
+	}
+	if err := f.o.Retire(ctx, ck); err != nil {
+		t.Errorf("second retire: %v", err)
+	}
+	if err := f.o.Restore(ctx, ck); !errors.Is(err, ErrUnknownCheckpoint) {
+		t.Errorf("restore of a retired checkpoint: want ErrUnknownCheckpoint, got %v", err)
+	}
+	if _, err := f.o.Snapshot(ctx, ""); err == nil {
+		t.Error("empty checkpoint id accepted")
+	}
+}
+
+func TestRestoreRemovesReplacedSandboxWhenAsked(t *testing.T) {
+	f := newFixture(t, Options{RemoveUnused: true})
+	ctx := context.Background()
+	r := f.seed(map[string]any{"task": "t"})
+	old := f.connect(r.Cookies).ID()
+	if _, err := f.o.Snapshot(ctx, "ck1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.o.Restore(ctx, "ck1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.b.Open(old); !errors.Is(err, sandbox.ErrGone) {
+		t.Errorf("the replaced sandbox %s is still there (%v)", old, err)
+	}
+	if sb := f.connect(r.Cookies); sb.ID() == old {
+		t.Error("access still names the old sandbox")
+	}
+}
+
+func TestConcurrentRuns(t *testing.T) {
+	f := newFixture(t, Options{})
+	ctx := context.Background()
+	const runs = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, runs*2)
+	for i := 0; i < runs; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			raw, _ := json.Marshal(map[string]any{"task": fmt.Sprint(i), "check": fmt.Sprintf("test \"$(cat n)\" = %d", i), "files": map[string]string{"n": fmt.Sprint(i)}})
+			r, err := f.o.SeedSession(ctx, raw)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if _, err := f.o.SandboxAccess(ctx, r.Cookies); err != nil {
+				errs <- err
+				return
+			}
+			vr, err := f.o.Verify(ctx, r.Cookies, raw)
+			if err != nil || vr.Reward != 1 {
+				errs <- fmt.Errorf("run %d: %+v %v", i, vr, err)
+			}
+			if err := f.o.CloseSession(ctx, r.Cookies); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if _, err := f.o.Snapshot(ctx, "concurrent"); err != nil {
+			errs <- err
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err := f.o.Retire(ctx, "concurrent"); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,606 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver/owner"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+)
+
+// Runner runs rollouts: the stage machine of the seed's
+// SandboxedHarnessAgent.
+type Runner struct {
+	// Adapter is what is harness-specific.
+	Adapter Adapter
+	// Owner lends the sandboxes.
+	Owner owner.Owner
+	// Backends connect to sandboxes, by provider name.
+	Backends map[string]sandbox.Backend
+	// Ngsup uploads and drives ngsup.
+	Ngsup *Ngsup
+	// Participant registers runs for checkpoints.
+	Participant *Participant
+	// Log receives one line per stage, launch, pause, continue and stop,
+	// each naming the rollout and the launch.
+	Log *slog.Logger
+	// PauseAtCheckpoints overrides the adapter's opt-in when set (false:
+	// stop and relaunch at every checkpoint).
+	PauseAtCheckpoints *bool
+	// Unsupervised launches harnesses tagged only, without ngsup run (the
+	// fallback path; tests force it).
+	Unsupervised bool
+	// StopGrace is the SIGINT-to-SIGKILL grace of a stop (StopGrace if 0).
+	StopGrace time.Duration
+	// CancelBudget bounds the kill of a cancelled run's launch.
+	CancelBudget time.Duration
+	// OwnSandbox makes a sandbox of the driver's own for a run the owner
+	// lends none (such a run is a restart). Nil: those runs fail.
+	OwnSandbox func(ctx context.Context, rolloutID string) (LentSandbox, error)
+}
+
+// RunRequest is one rollout to run (one attempt).
+type RunRequest struct {
+	// RolloutID names the rollout; a restored record of the same id is
+	// continued.
+	RolloutID string
+	// Attempt is the attempt number (1 for the first).
+	Attempt int
+	// Body is the run body: the task, as the framework sends it.
+	Body json.RawMessage
+}
+
+func (rn *Runner) log() *slog.Logger {
+	if rn.Log == nil {
+		return slog.Default()
+	}
+	return rn.Log
+}
+
+func (rn *Runner) pauses() bool {
+	if rn.PauseAtCheckpoints != nil && !*rn.PauseAtCheckpoints {
+		return false
+	}
+	p, ok := rn.Adapter.(PausesAtCheckpoints)
+	return ok && p.PausesAtCheckpoints()
+}
+
+// attemptState is the run's progress in memory.
+type attemptState struct {
+	req  RunRequest
+	r    *run
+	bm   Bookmark
+	log  *slog.Logger
+	sb   *LentSandbox // the sandbox of the current launch
+	own  *LentSandbox // the driver's own sandbox, when none is lent
+	live *liveLaunch  // the launch running or paused now
+}
+
+type liveLaunch struct {
+	ref    LaunchRef
+	bin    string
+	record int // index in bm.Launches
+	begin  time.Time
+}
+
+// Run runs one rollout from its bookmark to its result: seed, harness,
+// verify, return, recording a bookmark before each step. The result is the
+// owner's verify reply plus ng_harness_launches.
+func (rn *Runner) Run(ctx context.Context, req RunRequest) (json.RawMessage, error) {
+	if req.RolloutID == "" {
+		return nil, fmt.Errorf("%w: no rollout id", ErrBadRequest)
+	}
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal(req.Body, &probe); err != nil {
+		return nil, fmt.Errorf("%w: the body is not a JSON object: %v", ErrBadRequest, err)
+	}
+	if req.Attempt <= 0 {
+		req.Attempt = 1
+	}
+	r, err := rn.Participant.register(req.RolloutID, req.Attempt)
+	if err != nil {
+		return nil, err
+	}
+	defer rn.Participant.unregister(r)
+	st := &attemptState{req: req, r: r, bm: r.bookmark.Clone()}
+	st.log = rn.log().With("rollout", req.RolloutID, "attempt", r.attempt)
+	if err := st.bm.Validate(); err != nil {
+		return nil, fmt.Errorf("continue rollout %s: %w", req.RolloutID, err)
+	}
+	if st.bm.Next != StageSeed {
+		st.log.Info("continuing from bookmark", "next", st.bm.Next, "launches", len(st.bm.Launches))
+	}
+	if err := rn.Participant.acquire(ctx, r); err != nil {
+		return nil, err
+	}
+	defer rn.Participant.release()
+	result, err := rn.stages(ctx, st)
+	rn.leave(ctx, st, err)
+	return result, err
+}
+
+// stages runs the steps from the bookmark on.
+func (rn *Runner) stages(ctx context.Context, st *attemptState) (json.RawMessage, error) {
+	for {
+		if err := context.Cause(ctx); err != nil {
+			return nil, err
+		}
+		switch st.bm.Next {
+		case StageSeed:
+			st.log.Info("stage", "stage", StageSeed)
+			rn.Participant.record(st.r, st.bm, runReplay)
+			if err := rn.seed(ctx, st); err != nil {
+				return nil, err
+			}
+		case StageHarness:
+			st.log.Info("stage", "stage", StageHarness)
+			if err := rn.harness(ctx, st); err != nil {
+				return nil, err
+			}
+		case StageVerify:
+			st.log.Info("stage", "stage", StageVerify)
+			rn.Participant.record(st.r, st.bm, runReplay)
+			if err := rn.verify(ctx, st); err != nil {
+				return nil, err
+			}
+		case StageReturn:
+			rn.Participant.record(st.r, st.bm, runReplay)
+			st.log.Info("stage", "stage", StageReturn)
+			return st.bm.Result, nil
+		}
+	}
+}
+
+func (rn *Runner) seed(ctx context.Context, st *attemptState) error {
+	reply, err := rn.Owner.SeedSession(ctx, st.req.Body)
+	if err != nil {
+		return fmt.Errorf("seed the session of %s: %w", st.req.RolloutID, err)
+	}
+	next := Bookmark{V: BookmarkVersion, Next: StageHarness, Cookies: reply.Cookies, VerifyMode: reply.VerifyMode, Restart: reply.Restart}
+	if reply.Restart {
+		st.log.Info("the owner cannot capture this session: the run is a restart")
+	}
+	lent, err := rn.connect(ctx, st, next.Cookies)
+	if errors.Is(err, owner.ErrNoSandbox) {
+		next.Restart = true
+		st.log.Info("no sandbox is lent: the run is a restart in a sandbox of the driver's own")
+		if rn.OwnSandbox == nil {
+			return fmt.Errorf("start rollout %s: %w, and this driver has no sandboxes of its own", st.req.RolloutID, err)
+		}
+		own, oerr := rn.OwnSandbox(ctx, st.req.RolloutID)
+		if oerr != nil {
+			return fmt.Errorf("make a sandbox for %s: %w", st.req.RolloutID, oerr)
+		}
+		st.own, lent, err = &own, own, nil
+	}
+	if err != nil {
+		return err
+	}
+	state, err := rn.Adapter.NewState(st.req.RolloutID, st.r.attempt, lent)
+	if err != nil {
+		return fmt.Errorf("make the %s state of %s: %w", rn.Adapter.Name(), st.req.RolloutID, err)
+	}
+	next.State = state
+	next.SandboxHint = lent.ID()
+	st.bm = next
+	return nil
+}
+
+// connect asks the owner which sandbox is current and connects to it.
+func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies) (LentSandbox, error) {
+	if st.own != nil {
+		return *st.own, nil
+	}
+	acc, err := rn.Owner.SandboxAccess(ctx, c)
+	if err != nil {
+		return LentSandbox{}, fmt.Errorf("ask the owner for the sandbox of %s: %w", st.req.RolloutID, err)
+	}
+	d := acc.Connection.Descriptor
+	if d.Workdir == "" {
+		d.Workdir = acc.Workdir
+	}
+	b, ok := rn.Backends[d.Provider]
+	if !ok {
+		return LentSandbox{}, fmt.Errorf("connect to sandbox %s: no backend %q configured", d.SandboxID, d.Provider)
+	}
+	sb, err := b.Connect(ctx, d)
+	if err != nil {
+		return LentSandbox{}, fmt.Errorf("connect to sandbox %s: %w", d.SandboxID, err)
+	}
+	return LentSandbox{Sandbox: sb, Descriptor: d}, nil
+}
+
+// harness is the one long wait step: launch, follow, park at checkpoints,
+// relaunch after a stop, until the harness has finished.
+func (rn *Runner) harness(ctx context.Context, st *attemptState) error {
+	for {
+		// Before every launch: a bookmark; parks here during a checkpoint.
+		st.bm.Paused = nil
+		rn.Participant.record(st.r, st.bm, runWaiting)
+		if rn.Participant.parking(st.r) {
+			st.log.Info("parked before launching")
+			if _, err := rn.Participant.park(ctx, st.r, st.bm, nil, nil); err != nil {
+				return err
+			}
+			continue
+		}
+		lent, err := rn.connect(ctx, st, st.bm.Cookies)
+		if err != nil {
+			return err
+		}
+		st.sb = &lent
+		st.bm.SandboxHint = lent.ID()
+		if err := rn.launch(ctx, st); err != nil {
+			return err
+		}
+		done, err := rn.follow(ctx, st)
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		// Stopped at a checkpoint: relaunch on the saved session.
+	}
+}
+
+// launch decides on resuming, uploads ngsup and starts the harness.
+func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
+	lent := *st.sb
+	rec := LaunchRecord{SandboxID: lent.ID(), Outcome: OutcomeRunning, ExitCode: -1, StartedAt: time.Now().UTC()}
+	if st.bm.Resume {
+		if st.bm.Paused != nil {
+			st.log.Info("the paused launch is gone; relaunching on its saved session", "launch", st.bm.Paused.ID)
+		}
+		d, err := rn.Adapter.ResumeDecision(ctx, lent, st.bm.State, st.req.RolloutID, st.r.attempt)
+		if err != nil {
+			return fmt.Errorf("decide whether %s can resume: %w", st.req.RolloutID, err)
+		}
+		rec.Resumed, rec.Reason = d.Resume, d.Reason
+		if !d.Resume && d.State != nil {
+			st.bm.State = d.State
+		}
+		st.bm.Resume = d.Resume
+	} else {
+		rec.Reason = "first launch"
+		if len(st.bm.Launches) > 0 {
+			rec.Reason = "no saved session to continue"
+		}
+	}
+	n := len(st.bm.Launches) + 1
+	rec.ID = launchID(st.req.RolloutID, st.r.attempt, n)
+	ref := LaunchRef{ID: rec.ID, Dir: path.Join(lent.Root(), "launches", rec.ID), SandboxID: lent.ID(), Supervised: !rn.Unsupervised}
+	rec.Supervised = ref.Supervised
+	bin, err := rn.Ngsup.Ensure(ctx, lent)
+	if err != nil {
+		return err
+	}
+	spec, err := rn.Adapter.Launch(ctx, LaunchContext{
+		RolloutID: st.req.RolloutID, Attempt: st.r.attempt, Input: st.req.Body,
+		Sandbox: lent, State: st.bm.State, Resume: st.bm.Resume, LaunchID: ref.ID, LaunchDir: ref.Dir,
+	})
+	if err != nil {
+		return fmt.Errorf("prepare the %s launch of %s: %w", rn.Adapter.Name(), st.req.RolloutID, err)
+	}
+	if spec.Dir == "" {
+		spec.Dir = lent.Workdir()
+	}
+	if ref.Supervised {
+		err = rn.Ngsup.Start(ctx, lent, bin, ref, spec)
+	} else {
+		err = rn.Ngsup.StartUnsupervised(ctx, lent, ref, spec)
+	}
+	if err != nil {
+		rec.Outcome, rec.Error = OutcomeFailed, err.Error()
+		st.bm.Launches = append(st.bm.Launches, rec)
+		return err
+	}
+	st.bm.Launches = append(st.bm.Launches, rec)
+	st.live = &liveLaunch{ref: ref, bin: bin, record: len(st.bm.Launches) - 1, begin: time.Now()}
+	st.log.Info("launched", "launch", ref.ID, "sandbox", lent.ID(), "resumed", rec.Resumed, "reason", rec.Reason, "supervised", ref.Supervised)
+	return nil
+}
+
+// launchID names a launch: rollout, attempt and launch number, in ngsup's
+// id alphabet.
+func launchID(rollout string, attempt, n int) string {
+	clean := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			return r
+		}
+		return '_'
+	}, rollout)
+	clean = strings.TrimLeft(clean, ".")
+	if len(clean) > 120 {
+		clean = clean[:120]
+	}
+	return fmt.Sprintf("%s-a%d-l%d", clean, attempt, n)
+}
+
+// follow waits on the live launch with short `ngsup wait` calls, parks at
+// checkpoints (pause in place, or stop), and returns done when the harness
+// has ended and the response is collected.
+func (rn *Runner) follow(ctx context.Context, st *attemptState) (done bool, err error) {
+	lv := st.live
+	keepResult := false // the launch ended before a park: no more parks
+	for {
+		parkCh := rn.Participant.parkRequested(st.r)
+		if keepResult {
+			parkCh = nil
+		}
+		waitCtx, cancelWait := context.WithCancel(ctx)
+		type waited struct {
+			ended    bool
+			exitCode int
+			err      error
+		}
+		ch := make(chan waited, 1)
+		go func() {
+			var w waited
+			if lv.ref.Supervised {
+				r, ended, err := rn.Ngsup.Wait(waitCtx, st.sb, lv.bin, lv.ref, WaitChunk)
+				w.ended, w.err = ended, err
+				if r != nil {
+					w.exitCode = r.ExitCode
+				}
+			} else {
+				r, ended, err := rn.Ngsup.WaitUnsupervised(waitCtx, st.sb, lv.ref, WaitChunk)
+				w.ended, w.err = ended, err
+				if r != nil {
+					w.exitCode = r.ExitCode
+				}
+			}
+			ch <- w
+		}()
+		select {
+		case w := <-ch:
+			cancelWait()
+			if w.err != nil {
+				return false, rn.failLaunch(st, fmt.Errorf("follow launch %s: %w", lv.ref.ID, w.err))
+			}
+			if w.ended {
+				return true, rn.finished(ctx, st, w.exitCode)
+			}
+		case <-parkCh:
+			cancelWait()
+			<-ch
+			relaunch, ended, err := rn.parkLaunch(ctx, st)
+			if err != nil {
+				return false, err
+			}
+			if relaunch {
+				return false, nil
+			}
+			keepResult = ended
+		case <-ctx.Done():
+			cancelWait()
+			<-ch
+			return false, context.Cause(ctx)
+		}
+	}
+}
+
+// finished records the end of the live launch and collects the response.
+func (rn *Runner) finished(ctx context.Context, st *attemptState, exitCode int) error {
+	lv := st.live
+	rec := &st.bm.Launches[lv.record]
+	rec.DurationS = time.Since(lv.begin).Seconds()
+	rec.ExitCode = exitCode
+	rec.Outcome = OutcomeFinished
+	if exitCode != 0 {
+		rec.Outcome = OutcomeFailed
+		rec.Error = fmt.Sprintf("the harness exited %d", exitCode)
+	}
+	st.log.Info("launch ended", "launch", lv.ref.ID, "exit_code", exitCode, "outcome", rec.Outcome)
+	stdout, stderr, err := Output(ctx, st.sb, lv.ref)
+	if err != nil {
+		return err
+	}
+	resp, err := rn.Adapter.Response(ctx, *st.sb, st.bm.State, HarnessResult{ExitCode: exitCode, Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		return fmt.Errorf("collect the response of %s: %w", st.req.RolloutID, err)
+	}
+	st.live = nil
+	st.bm.Next = StageVerify
+	st.bm.Response = resp
+	st.bm.Resume = false
+	st.bm.Paused = nil
+	return nil
+}
+
+func (rn *Runner) failLaunch(st *attemptState, err error) error {
+	if st.live != nil {
+		rec := &st.bm.Launches[st.live.record]
+		rec.Outcome, rec.Error = OutcomeFailed, err.Error()
+		rec.DurationS = time.Since(st.live.begin).Seconds()
+	}
+	return err
+}
+
+// parkLaunch parks the run at a checkpoint with its launch paused in place
+// (continued on open), or stopped (relaunched on open). A launch that ended
+// before the park keeps its result: nothing is paused, the wait goes on and
+// returns at once. It reports whether the run must relaunch, and whether the
+// launch had ended.
+func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, ended bool, err error) {
+	lv := st.live
+	rec := &st.bm.Launches[lv.record]
+	if rn.pauses() {
+		out := rn.Ngsup.Pause(ctx, st.sb, lv.bin, lv.ref, st.req.RolloutID)
+		switch {
+		case out.Ended():
+			st.log.Info("the launch had already ended; keeping its result", "launch", lv.ref.ID)
+			return false, true, nil
+		case out.Paused():
+			rec.Pauses++
+			st.log.Info("paused", "launch", lv.ref.ID, "processes", out.Result.Processes,
+				"elapsed_ms", out.Result.ElapsedMS, "method", out.Result.Method, "pauses", rec.Pauses)
+			bm := st.bm.Clone()
+			bm.Resume = true
+			ref := lv.ref
+			bm.Paused = &ref
+			bm.Launches[lv.record].Outcome = OutcomeInterrupted
+			bm.Launches[lv.record].DurationS = time.Since(lv.begin).Seconds()
+			bm.Launches[lv.record].Error = "paused at a checkpoint; gone if the driver crashed"
+			stopper := func(ctx context.Context) error {
+				_, err := rn.Ngsup.Stop(ctx, st.sb, lv.bin, lv.ref, rn.grace())
+				return err
+			}
+			killed, err := rn.Participant.park(ctx, st.r, bm, &ref, stopper)
+			if err != nil {
+				return false, false, err
+			}
+			if killed {
+				st.log.Info("the paused launch was stopped by the commit; relaunching", "launch", lv.ref.ID)
+				rn.interrupted(st, "stopped at a checkpoint commit")
+				return true, false, nil
+			}
+			res, err := rn.Ngsup.Continue(ctx, st.sb, lv.bin, lv.ref)
+			if err == nil {
+				st.log.Info("continued", "launch", lv.ref.ID, "processes", res.Continued, "elapsed_ms", res.ElapsedMS)
+				return false, false, nil
+			}
+			st.log.Warn("the paused launch could not be continued; stopping it and relaunching", "launch", lv.ref.ID, "error", err.Error())
+			return true, false, rn.stopAndRelaunch(ctx, st, "could not be continued: "+err.Error(), false)
+		default:
+			st.log.Warn("pause not confirmed; falling back to stop", "launch", lv.ref.ID, "error", errText(out.Err), "exit_code", out.Code)
+			return true, false, rn.stopAndRelaunch(ctx, st, "pause not confirmed: "+errText(out.Err), true)
+		}
+	}
+	return true, false, rn.stopAndRelaunch(ctx, st, "stopped at a checkpoint", true)
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "no reason given"
+	}
+	return err.Error()
+}
+
+func (rn *Runner) grace() time.Duration {
+	if rn.StopGrace > 0 {
+		return rn.StopGrace
+	}
+	return StopGrace
+}
+
+// stopAndRelaunch stops the live launch, records it interrupted, and (when
+// park is set, i.e. at a checkpoint) parks the run at a bookmark that
+// relaunches on the saved session. A launch that ended meanwhile keeps its
+// result: the caller's wait returns it.
+func (rn *Runner) stopAndRelaunch(ctx context.Context, st *attemptState, why string, park bool) error {
+	lv := st.live
+	res, err := rn.Ngsup.Stop(ctx, st.sb, lv.bin, lv.ref, rn.grace())
+	if err != nil {
+		return fmt.Errorf("stop launch %s: %w", lv.ref.ID, err)
+	}
+	st.log.Info("stopped", "launch", lv.ref.ID, "interrupted", res.Interrupted, "killed", res.Killed, "elapsed_ms", res.ElapsedMS, "why", why)
+	rn.interrupted(st, why)
+	if !park {
+		return nil
+	}
+	rn.Participant.record(st.r, st.bm, runWaiting)
+	_, err = rn.Participant.park(ctx, st.r, st.bm, nil, nil)
+	return err
+}
+
+// interrupted records the live launch as interrupted and sets the bookmark
+// to relaunch on the saved session.
+func (rn *Runner) interrupted(st *attemptState, why string) {
+	lv := st.live
+	rec := &st.bm.Launches[lv.record]
+	rec.Outcome = OutcomeInterrupted
+	rec.Error = why
+	rec.DurationS = time.Since(lv.begin).Seconds()
+	st.bm.Resume = true
+	st.bm.Paused = nil
+	st.live = nil
+}
+
+func (rn *Runner) verify(ctx context.Context, st *attemptState) error {
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(st.req.Body, &body); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	body["response"] = st.bm.Response
+	data, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("build the verify request of %s: %w", st.req.RolloutID, err)
+	}
+	reply, err := rn.Owner.Verify(ctx, st.bm.Cookies, data)
+	if err != nil {
+		return fmt.Errorf("verify %s: %w", st.req.RolloutID, err)
+	}
+	st.log.Info("verified", "reward", reply.Reward, "failure_kind", reply.FailureKind)
+	var result map[string]json.RawMessage
+	if err := json.Unmarshal(reply.Body, &result); err != nil || result == nil {
+		result = map[string]json.RawMessage{}
+		for k, v := range body {
+			result[k] = v
+		}
+		result["reward"], _ = json.Marshal(reply.Reward)
+	}
+	launches := st.bm.Launches
+	if launches == nil {
+		launches = []LaunchRecord{}
+	}
+	result["ng_harness_launches"], _ = json.Marshal(launches)
+	out, err := json.Marshal(result)
+	if err != nil {
+		return fmt.Errorf("build the result of %s: %w", st.req.RolloutID, err)
+	}
+	st.bm.Next = StageReturn
+	st.bm.Result = out
+	return nil
+}
+
+// leave applies the seed's table "Leaving the sandbox" once the run ends.
+func (rn *Runner) leave(ctx context.Context, st *attemptState, runErr error) {
+	cause := context.Cause(ctx)
+	if errors.Is(runErr, ErrCrashed) || errors.Is(cause, ErrCrashed) {
+		return // a crash cleans nothing up
+	}
+	if errors.Is(cause, ErrShuttingDown) && runErr != nil {
+		return // parked or not, the checkpoint holds the run
+	}
+	verified := runErr == nil
+	// Shielded from the cancellation and time-limited.
+	budget := rn.CancelBudget
+	if budget <= 0 {
+		budget = rn.grace() + 30*time.Second
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
+	defer cancel()
+	if !verified && st.live != nil {
+		lv := st.live
+		res, err := rn.Ngsup.Stop(cctx, st.sb, lv.bin, lv.ref, min(rn.grace(), 2*time.Second))
+		if err != nil {
+			st.log.Warn("could not kill the launch of a failed run", "launch", lv.ref.ID, "error", err.Error())
+		} else {
+			st.log.Info("killed the launch of a failed run", "launch", lv.ref.ID, "killed", res.Killed)
+		}
+		rn.failLaunch(st, runErr)
+	}
+	checkpointed := !st.bm.Restart
+	switch {
+	case checkpointed && verified:
+		// The owner ended the session.
+	case checkpointed:
+		if len(st.bm.Cookies) > 0 {
+			if err := rn.Owner.CloseSession(cctx, st.bm.Cookies); err != nil {
+				st.log.Warn("could not close the session", "error", err.Error())
+			}
+		}
+	case st.sb != nil:
+		if err := rn.Ngsup.StopSandbox(cctx, st.sb.Sandbox); err != nil {
+			st.log.Warn("could not stop the sandbox of a restart run", "sandbox", st.sb.ID(), "error", err.Error())
+		}
+	}
+}

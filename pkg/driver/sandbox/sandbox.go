@@ -1,0 +1,87 @@
+// Package sandbox is how ngdriver reaches a sandbox: exec a command (argv,
+// environment, working folder, timeout) and upload a file. Every process
+// control the driver needs goes through ngsup run by exec, so this interface
+// stays small enough for any sandbox service to implement.
+//
+// Backends live in sub-packages (local, opensandbox, docker, kubectl). A
+// backend that runs commands through a shell builds the command line with
+// Quote, so no task text, id or path can inject a command.
+package sandbox
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// ExecRequest is one command to run in a sandbox.
+type ExecRequest struct {
+	// Argv is the command and its arguments. It is never given to a shell
+	// unquoted.
+	Argv []string
+	// Env is added to the sandbox's environment for this command.
+	Env map[string]string
+	// Dir is the working folder inside the sandbox ("" for the backend's
+	// default).
+	Dir string
+	// Timeout bounds the command inside the sandbox (0: the backend's
+	// default). It is enforced in the sandbox where the service cannot kill
+	// an exec itself.
+	Timeout time.Duration
+	// Stdin, if set, is the command's input.
+	Stdin io.Reader
+}
+
+// ExecResult is what a finished command left.
+type ExecResult struct {
+	// ExitCode is the command's exit code (128+N when killed by signal N).
+	ExitCode int
+	// Stdout and Stderr are the command's output.
+	Stdout, Stderr []byte
+	// Duration is how long the exec took, as the driver saw it.
+	Duration time.Duration
+}
+
+// Sandbox is one sandbox, reached through its backend.
+type Sandbox interface {
+	// ID names the sandbox for its backend and in logs.
+	ID() string
+	// Exec runs a command and waits for it. A non-zero exit code is not an
+	// error; an error means the command's outcome is unknown (classified with
+	// the sentinels of errors.go).
+	Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
+	// Upload writes data to path inside the sandbox with mode, creating the
+	// folders above it, replacing any file there.
+	Upload(ctx context.Context, path string, data []byte, mode uint32) error
+	// Root is a folder inside the sandbox, on the filesystem its snapshot
+	// carries, where ngharness keeps its own files (ngsup, launch folders,
+	// harness state).
+	Root() string
+	// Workdir is the task's working folder inside the sandbox.
+	Workdir() string
+}
+
+// Descriptor says which sandbox an owner lent: what /sandbox_access returns
+// under connection.descriptor.
+type Descriptor struct {
+	// Provider names the backend ("local", "opensandbox", "docker", "kubectl").
+	Provider string `json:"provider_config_ref"`
+	// SandboxID is the sandbox's id for that backend.
+	SandboxID string `json:"sandbox_id"`
+	// Workdir is the task's working folder inside it.
+	Workdir string `json:"workdir"`
+}
+
+// Backend connects to the sandboxes of one provider.
+type Backend interface {
+	// Name is the provider name descriptors use.
+	Name() string
+	// Connect returns a handle on the sandbox a descriptor names.
+	Connect(ctx context.Context, d Descriptor) (Sandbox, error)
+}
+
+// Stopper is implemented by sandboxes the driver may stop itself (a restart
+// run's sandbox, or one the driver created). Stop ends every process in it.
+type Stopper interface {
+	Stop(ctx context.Context) error
+}
