@@ -34,7 +34,7 @@ a fork of the sandbox's snapshot.`,
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err.Error()} })
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(newRunCmd())
+	root.AddCommand(newRunCmd(), newServeCmd(), newOwnerCmd())
 	root.SetArgs(args)
 	err := root.Execute()
 	if err == nil {

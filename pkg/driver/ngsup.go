@@ -267,6 +267,22 @@ type PauseOutcome struct {
 // Paused reports a confirmed pause.
 func (o PauseOutcome) Paused() bool { return o.Code == proto.ExitOK && o.Result.Paused && o.Err == nil }
 
+// Cause names why a pause did not confirm, for metrics: "" when it did,
+// "ended", "not_confirmed", "no_output" or "exec_error".
+func (o PauseOutcome) Cause() string {
+	switch {
+	case o.Paused():
+		return ""
+	case o.Ended():
+		return "ended"
+	case o.Code == proto.ExitNotConfirmed:
+		return "not_confirmed"
+	case o.Err != nil && strings.Contains(o.Err.Error(), "printed nothing"):
+		return "no_output"
+	}
+	return "exec_error"
+}
+
 // Ended reports a launch that had already ended: its result is kept.
 func (o PauseOutcome) Ended() bool { return o.Code == proto.ExitEnded }
 

@@ -26,7 +26,7 @@ const (
 var transitions = map[string][]Phase{
 	"prepare": {PhaseIdle, PhaseRestored},
 	"commit":  {PhasePrepared},
-	"resume":  {PhasePreparing, PhasePrepared, PhaseCommitted},
+	"resume":  {PhasePreparing, PhasePrepared, PhaseCommitted, PhaseRestored},
 	"restore": {PhaseIdle},
 	"retire":  {PhaseIdle, PhaseCommitted, PhaseRestored},
 }
@@ -521,4 +521,18 @@ func (p *Participant) Close() {
 	defer p.mu.Unlock()
 	p.closing = true
 	p.notify()
+}
+
+// Exported returns the records the prepare of checkpointID exported, for a
+// commit to write before it commits.
+func (p *Participant) Exported(checkpointID string) ([]Record, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.allowed("commit"); err != nil {
+		return nil, err
+	}
+	if checkpointID != p.current {
+		return nil, fmt.Errorf("%w: cannot commit %s while %s is prepared", ErrPhase, checkpointID, p.current)
+	}
+	return append([]Record(nil), p.exported...), nil
 }

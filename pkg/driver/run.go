@@ -40,6 +40,8 @@ type Runner struct {
 	StopGrace time.Duration
 	// CancelBudget bounds the kill of a cancelled run's launch.
 	CancelBudget time.Duration
+	// Observer is told about launches, pauses and continues (metrics).
+	Observer Observer
 	// OwnSandbox makes a sandbox of the driver's own for a run the owner
 	// lends none (such a run is a restart). Nil: those runs fail.
 	OwnSandbox func(ctx context.Context, rolloutID string) (LentSandbox, error)
@@ -61,6 +63,13 @@ func (rn *Runner) log() *slog.Logger {
 		return slog.Default()
 	}
 	return rn.Log
+}
+
+func (rn *Runner) obs() Observer {
+	if rn.Observer == nil {
+		return nopObserver{}
+	}
+	return rn.Observer
 }
 
 func (rn *Runner) pauses() bool {
@@ -302,6 +311,9 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 		return err
 	}
 	st.bm.Launches = append(st.bm.Launches, rec)
+	if len(st.bm.Launches) > 1 {
+		rn.obs().Relaunched(rec.Resumed)
+	}
 	st.live = &liveLaunch{ref: ref, bin: bin, record: len(st.bm.Launches) - 1, begin: time.Now()}
 	st.log.Info("launched", "launch", ref.ID, "sandbox", lent.ID(), "resumed", rec.Resumed, "reason", rec.Reason, "supervised", ref.Supervised)
 	return nil
@@ -399,6 +411,7 @@ func (rn *Runner) finished(ctx context.Context, st *attemptState, exitCode int) 
 		rec.Error = fmt.Sprintf("the harness exited %d", exitCode)
 	}
 	st.log.Info("launch ended", "launch", lv.ref.ID, "exit_code", exitCode, "outcome", rec.Outcome)
+	rn.obs().LaunchEnded(rec.Outcome)
 	stdout, stderr, err := Output(ctx, st.sb, lv.ref)
 	if err != nil {
 		return err
@@ -420,6 +433,7 @@ func (rn *Runner) failLaunch(st *attemptState, err error) error {
 		rec := &st.bm.Launches[st.live.record]
 		rec.Outcome, rec.Error = OutcomeFailed, err.Error()
 		rec.DurationS = time.Since(st.live.begin).Seconds()
+		rn.obs().LaunchEnded(OutcomeFailed)
 	}
 	return err
 }
@@ -434,6 +448,7 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 	rec := &st.bm.Launches[lv.record]
 	if rn.pauses() {
 		out := rn.Ngsup.Pause(ctx, st.sb, lv.bin, lv.ref, st.req.RolloutID)
+		rn.obs().Paused(out.Elapsed, out.Paused(), out.Cause())
 		switch {
 		case out.Ended():
 			st.log.Info("the launch had already ended; keeping its result", "launch", lv.ref.ID)
@@ -462,7 +477,9 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 				rn.interrupted(st, "stopped at a checkpoint commit")
 				return true, false, nil
 			}
+			began := time.Now()
 			res, err := rn.Ngsup.Continue(ctx, st.sb, lv.bin, lv.ref)
+			rn.obs().Continued(time.Since(began), err == nil)
 			if err == nil {
 				st.log.Info("continued", "launch", lv.ref.ID, "processes", res.Continued, "elapsed_ms", res.ElapsedMS)
 				return false, false, nil
@@ -518,6 +535,7 @@ func (rn *Runner) interrupted(st *attemptState, why string) {
 	rec := &st.bm.Launches[lv.record]
 	rec.Outcome = OutcomeInterrupted
 	rec.Error = why
+	rn.obs().LaunchEnded(OutcomeInterrupted)
 	rec.DurationS = time.Since(lv.begin).Seconds()
 	st.bm.Resume = true
 	st.bm.Paused = nil

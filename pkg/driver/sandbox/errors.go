@@ -59,27 +59,26 @@ func QuoteArgv(argv []string) string {
 }
 
 // CommandLine builds the shell command that runs req.Argv in req.Dir with
-// req.Env added: `cd DIR && exec env K=V ... ARGV`, every part quoted. Env
-// keys must be valid names (CheckEnv).
+// req.Env added: `cd -- DIR && K=V ... exec ARGV`, every part quoted. The
+// variables are shell assignments before exec (not env(1) operands), so an
+// argv[0] holding "=" is still the command. Env keys must be names.
 func CommandLine(req ExecRequest) (string, error) {
 	if len(req.Argv) == 0 {
 		return "", errors.New("exec: empty argv")
 	}
 	var b strings.Builder
 	if req.Dir != "" {
-		b.WriteString("cd " + Quote(req.Dir) + " && ")
+		b.WriteString("cd -- " + Quote(req.Dir) + " && ")
 	}
-	b.WriteString("exec ")
 	if len(req.Env) > 0 {
 		if err := CheckEnv(req.Env); err != nil {
 			return "", err
 		}
-		b.WriteString("env ")
 		for _, k := range sortedKeys(req.Env) {
-			b.WriteString(Quote(k+"="+req.Env[k]) + " ")
+			b.WriteString(k + "=" + Quote(req.Env[k]) + " ")
 		}
 	}
-	b.WriteString(QuoteArgv(req.Argv))
+	b.WriteString("exec " + QuoteArgv(req.Argv))
 	return b.String(), nil
 }
 

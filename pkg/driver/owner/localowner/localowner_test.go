@@ -106,12 +106,19 @@ func open(pid int, tag string) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-	if err != nil || !bytes.Contains(env, []byte(tagVar+"="+tag+"\x00")) {
-		unix.Close(fd)
-		return -1, fmt.Errorf("pid %d is not one of this test's processes", pid)
+	// The environment reads empty while the process is in the middle of an
+	// execve: look again until it carries the tag or the process is gone.
+	// Only this test's processes carry its tag.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err == nil && bytes.Contains(env, []byte(tagVar+"="+tag+"\x00")) {
+			return fd, nil
+		}
+		if waitExit(fd, 0) || time.Now().After(deadline) {
+			unix.Close(fd)
+			return -1, fmt.Errorf("pid %d is not one of this test's processes", pid)
+		}
 	}
-	return fd, nil
 }
 
 func waitExit(fd int, d time.Duration) bool {

@@ -118,12 +118,20 @@ func adopt(t *testing.T, pid int, tag string) *proc {
 	if err != nil {
 		t.Fatalf("pidfd_open %d: %v", pid, err)
 	}
-	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-	if err != nil || !bytes.Contains(env, []byte(tagVar+"="+tag+"\x00")) {
-		unix.Close(fd)
-		t.Fatalf("pid %d is not one of this test's processes (%v)", pid, err)
-	}
 	p := &proc{pid: pid, fd: fd}
+	// The environment reads empty while the process is in the middle of an
+	// execve: look again until it carries the tag or the process is gone.
+	// Only this test's processes carry its tag.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err == nil && bytes.Contains(env, []byte(tagVar+"="+tag+"\x00")) {
+			break
+		}
+		if !p.alive() || time.Now().After(deadline) {
+			unix.Close(fd)
+			t.Fatalf("pid %d is not one of this test's processes (%v)", pid, err)
+		}
+	}
 	t.Cleanup(func() {
 		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 		p.waitExit(10 * time.Second)

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/config"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
+	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/driver/serve"
+)
+
+func newServeCmd() *cobra.Command {
+	var cfgPath string
+	var over config.Config
+	c := &cobra.Command{
+		Use:   "serve --config FILE [--listen ADDR]",
+		Short: "Serve rollouts and the checkpoint control plane over HTTP",
+		Long: `Serve POST /run (one rollout per request, the result with ng_harness_launches),
+the checkpoint control plane POST /ng-control/v1/checkpoint/{prepare,commit,
+resume,restore,retire} (Authorization: Bearer <token>), GET /metrics and GET
+/healthz. The config file is YAML (see examples/ngdriver.yaml); flags override
+it. SIGTERM stops taking runs, lets running ones finish within
+shutdown_timeout, and leaves the rest to the checkpoint.`,
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("serve takes no arguments, got %q", args)
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			cfg := config.Default()
+			if cfgPath != "" {
+				var err error
+				if cfg, err = config.Load(cfgPath); err != nil {
+					return usageError{err.Error()}
+				}
+			}
+			fl := c.Flags()
+			if fl.Changed("listen") {
+				cfg.Listen = over.Listen
+			}
+			if fl.Changed("owner") {
+				cfg.Owner.URL = over.Owner.URL
+			}
+			if fl.Changed("max-runs") {
+				cfg.MaxRuns = over.MaxRuns
+			}
+			if fl.Changed("ngsup-dir") {
+				cfg.NgsupDir = over.NgsupDir
+			}
+			if fl.Changed("name") {
+				cfg.Name = over.Name
+			}
+			if fl.Changed("log-format") {
+				cfg.LogFormat = over.LogFormat
+			}
+			if err := cfg.Validate(); err != nil {
+				return usageError{err.Error()}
+			}
+			return runServe(c.Context(), cfg)
+		},
+	}
+	fl := c.Flags()
+	fl.StringVar(&cfgPath, "config", "", "the YAML config file")
+	fl.StringVar(&over.Listen, "listen", "", "address to serve on (overrides listen)")
+	fl.StringVar(&over.Owner.URL, "owner", "", "the sandbox owner's URL (overrides owner.url)")
+	fl.IntVar(&over.MaxRuns, "max-runs", 0, "runs in flight at most (overrides max_runs)")
+	fl.StringVar(&over.NgsupDir, "ngsup-dir", "", "folder of the ngsup binaries (overrides ngsup_dir)")
+	fl.StringVar(&over.Name, "name", "", "participant name in checkpoint records (overrides name)")
+	fl.StringVar(&over.LogFormat, "log-format", "", "json, text or auto (overrides log_format)")
+	return c
+}
+
+// logger writes JSON lines unless stderr is a terminal (or format says).
+func logger(format string) *slog.Logger {
+	if format == "auto" {
+		format = "json"
+		if _, err := unix.IoctlGetTermios(int(os.Stderr.Fd()), unix.TCGETS); err == nil {
+			format = "text"
+		}
+	}
+	if format == "text" {
+		return newLogger()
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, nil))
+}
+
+// buildRunner makes the driver's runner from the config.
+func buildRunner(cfg config.Config, log *slog.Logger) (*driver.Runner, error) {
+	if cfg.Owner.URL == "" {
+		return nil, usagef("no owner: set owner.url in the config or --owner")
+	}
+	backends := map[string]sandbox.Backend{}
+	if l := cfg.Backends.Local; l != nil {
+		if l.Base == "" {
+			return nil, usagef("backends.local.base is required")
+		}
+		b, err := local.New(l.Base, local.Options{MountPoint: l.MountPoint, Isolation: l.Isolation})
+		if err != nil {
+			return nil, err
+		}
+		backends[b.Name()] = b
+	}
+	if len(backends) == 0 {
+		return nil, usagef("no sandbox backend configured (backends.local)")
+	}
+	binaries := driver.DefaultBinaries(cfg.NgsupDir)
+	if len(binaries) == 0 {
+		return nil, fmt.Errorf("no ngsup binary found in %q (build with `make build`, or set ngsup_dir)", cfg.NgsupDir)
+	}
+	adapter, err := buildAdapter(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &driver.Runner{
+		Adapter: adapter,
+		Owner: &httpowner.Client{BaseURL: cfg.Owner.URL, Timeout: cfg.Owner.Timeout.D(),
+			VerifyTimeout: cfg.Owner.VerifyTimeout.D(), Retries: cfg.Owner.Retries},
+		Backends:           backends,
+		Ngsup:              &driver.Ngsup{Binaries: binaries, Log: log},
+		Participant:        driver.NewParticipant(cfg.MaxRuns),
+		Log:                log,
+		PauseAtCheckpoints: cfg.PauseAtCheckpoints,
+		StopGrace:          cfg.StopGrace.D(),
+	}, nil
+}
+
+func buildAdapter(cfg config.Config) (driver.Adapter, error) {
+	switch cfg.Adapter {
+	case "fake":
+		a := &fake.Adapter{Pause: true}
+		if err := remarshal(cfg.Fake, &a.Defaults); err != nil {
+			return nil, usagef("fake: %v", err)
+		}
+		return a, nil
+	}
+	return nil, usagef("adapter %q is not built into this ngdriver yet", cfg.Adapter)
+}
+
+func runServe(ctx context.Context, cfg config.Config) error {
+	log := logger(cfg.LogFormat).With("participant", cfg.Name)
+	rn, err := buildRunner(cfg, log)
+	if err != nil {
+		return err
+	}
+	token := cfg.ControlToken()
+	if token == "" {
+		log.Warn("no control token configured: every checkpoint call will be refused (set token or token_env)")
+	}
+	metrics := serve.NewMetrics(rn.Participant)
+	rn.Observer = metrics
+	srv := &serve.Server{Runner: rn, Name: cfg.Name, Token: token, Metrics: metrics, Log: log}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	log.Info("serving", "addr", ln.Addr().String(), "adapter", cfg.Adapter, "max_runs", cfg.MaxRuns)
+	fmt.Fprintf(os.Stdout, "listening on http://%s\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+	defer signal.Stop(sigs)
+	select {
+	case err := <-errc:
+		return err
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String(), "timeout", cfg.ShutdownTimeout.D().String())
+	case <-ctx.Done():
+	}
+	return shutdown(rn.Participant, srv, hs, cfg.ShutdownTimeout.D(), log)
+}
+
+// shutdown stops taking runs, waits for running ones within the bound,
+// then leaves what is left to the checkpoint and closes the server.
+func shutdown(p *driver.Participant, srv *serve.Server, hs *http.Server, bound time.Duration, log *slog.Logger) error {
+	p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	err := p.WaitFor(ctx, func(runs []driver.RunInfo) bool { return len(runs) == 0 })
+	if err != nil {
+		log.Warn("runs still in flight at the shutdown bound; leaving them to the checkpoint", "runs", len(p.Runs()))
+		srv.ParkAll()
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer scancel()
+	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}

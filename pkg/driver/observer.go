@@ -1,0 +1,25 @@
+package driver
+
+import "time"
+
+// Observer is told what the runs do, for metrics. Every method must be safe
+// for concurrent use and quick.
+type Observer interface {
+	// LaunchEnded: a launch ended (finished, interrupted or failed).
+	LaunchEnded(outcome Outcome)
+	// Paused: a pause ran; ok says it was confirmed; cause names why not
+	// ("not_confirmed", "no_output", "exec_error", "ended").
+	Paused(took time.Duration, ok bool, cause string)
+	// Continued: a continue ran.
+	Continued(took time.Duration, ok bool)
+	// Relaunched: a run launched again after a stop or a crash.
+	Relaunched(resumed bool)
+}
+
+// nopObserver observes nothing.
+type nopObserver struct{}
+
+func (nopObserver) LaunchEnded(Outcome)                {}
+func (nopObserver) Paused(time.Duration, bool, string) {}
+func (nopObserver) Continued(time.Duration, bool)      {}
+func (nopObserver) Relaunched(bool)                    {}

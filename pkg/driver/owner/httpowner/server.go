@@ -1,0 +1,209 @@
+package httpowner
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/owner"
+)
+
+// Server serves an owner over HTTP with the framework's shapes, and its
+// checkpoint side (snapshot at commit, fork at restore, drop at retire) on
+// the control plane, so tests and users run the same HTTP path a cluster
+// uses.
+type Server struct {
+	// Owner answers the session calls.
+	Owner owner.Owner
+	// Checkpoints answers the control plane (nil: no control plane).
+	Checkpoints driver.CheckpointOwner
+	// Token authenticates the control plane.
+	Token string
+	// Log receives a line per failed call.
+	Log *slog.Logger
+	// ClientError classifies an owner error as the caller's fault (HTTP
+	// 400), e.g. a malformed body or an unknown session.
+	ClientError func(error) bool
+}
+
+// Handler returns the routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /seed_session", s.seed)
+	mux.HandleFunc("POST /sandbox_access", s.access)
+	mux.HandleFunc("POST /verify", s.verify)
+	mux.HandleFunc("POST /close_session", s.close)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { reply(w, http.StatusOK, map[string]bool{"ok": true}) })
+	if s.Checkpoints != nil {
+		for _, call := range []string{"prepare", "commit", "resume", "restore", "retire"} {
+			mux.HandleFunc("POST /ng-control/v1/checkpoint/"+call, s.control(call))
+		}
+	}
+	return mux
+}
+
+func cookiesOf(r *http.Request) owner.Cookies {
+	c := owner.Cookies{}
+	for _, ck := range r.Cookies() {
+		c[ck.Name] = ck.Value
+	}
+	return c
+}
+
+func body(r *http.Request) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	if err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+func (s *Server) seed(w http.ResponseWriter, r *http.Request) {
+	data, err := body(r)
+	if err != nil {
+		s.fail(w, "seed_session", err)
+		return
+	}
+	var res owner.SeedReply
+	if sw, ok := s.Owner.(interface {
+		SeedSessionWith(context.Context, owner.Cookies, json.RawMessage) (owner.SeedReply, error)
+	}); ok {
+		res, err = sw.SeedSessionWith(r.Context(), cookiesOf(r), data)
+	} else {
+		res, err = s.Owner.SeedSession(r.Context(), data)
+	}
+	if err != nil {
+		s.fail(w, "seed_session", err)
+		return
+	}
+	for k, v := range res.Cookies {
+		http.SetCookie(w, &http.Cookie{Name: k, Value: v, Path: "/", HttpOnly: true})
+	}
+	if res.Restart {
+		w.Header().Set(HeaderRestart, "1")
+	}
+	if res.VerifyMode != "" {
+		w.Header().Set(HeaderVerify, res.VerifyMode)
+	}
+	out := res.Body
+	if len(out) == 0 {
+		out = json.RawMessage("{}")
+	}
+	raw(w, http.StatusOK, out)
+}
+
+func (s *Server) access(w http.ResponseWriter, r *http.Request) {
+	acc, err := s.Owner.SandboxAccess(r.Context(), cookiesOf(r))
+	if err != nil {
+		s.fail(w, "sandbox_access", err)
+		return
+	}
+	reply(w, http.StatusOK, acc)
+}
+
+func (s *Server) verify(w http.ResponseWriter, r *http.Request) {
+	data, err := body(r)
+	if err != nil {
+		s.fail(w, "verify", err)
+		return
+	}
+	res, err := s.Owner.Verify(r.Context(), cookiesOf(r), data)
+	if err != nil {
+		s.fail(w, "verify", err)
+		return
+	}
+	if len(res.Body) > 0 {
+		raw(w, http.StatusOK, res.Body)
+		return
+	}
+	reply(w, http.StatusOK, res)
+}
+
+func (s *Server) close(w http.ResponseWriter, r *http.Request) {
+	if err := s.Owner.CloseSession(r.Context(), cookiesOf(r)); err != nil {
+		s.fail(w, "close_session", err)
+		return
+	}
+	reply(w, http.StatusOK, map[string]bool{"closed": true})
+}
+
+func (s *Server) control(call string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || s.Token == "" || subtle.ConstantTimeCompare([]byte(got), []byte(s.Token)) != 1 {
+			reply(w, http.StatusUnauthorized, map[string]string{"error": "unauthorized: a bearer token is required and must match"})
+			return
+		}
+		var req struct {
+			CheckpointID string `json:"checkpoint_id"`
+		}
+		data, err := body(r)
+		if err == nil {
+			err = json.Unmarshal(data, &req)
+		}
+		if err != nil || req.CheckpointID == "" {
+			reply(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("%s needs a JSON body with checkpoint_id", call)})
+			return
+		}
+		out := map[string]any{"checkpoint_id": req.CheckpointID}
+		switch call {
+		case "commit":
+			var snaps map[string]string
+			snaps, err = s.Checkpoints.Snapshot(r.Context(), req.CheckpointID)
+			out["snapshots"] = len(snaps)
+		case "restore":
+			err = s.Checkpoints.Restore(r.Context(), req.CheckpointID)
+		case "retire":
+			err = s.Checkpoints.Retire(r.Context(), req.CheckpointID)
+		}
+		if err != nil {
+			s.fail(w, call, err)
+			return
+		}
+		reply(w, http.StatusOK, out)
+	}
+}
+
+// code maps an owner error class to its HTTP status, in one place.
+func (s *Server) code(err error) int {
+	switch {
+	case errors.Is(err, owner.ErrNoSandbox):
+		return http.StatusNotFound
+	case errors.Is(err, owner.ErrClosed):
+		return http.StatusGone
+	case errors.Is(err, context.Canceled):
+		return 499
+	case s.ClientError != nil && s.ClientError(err):
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+func (s *Server) fail(w http.ResponseWriter, call string, err error) {
+	code := s.code(err)
+	if s.Log != nil {
+		s.Log.Warn("owner "+call+" failed", "status", code, "error", err.Error())
+	}
+	reply(w, code, map[string]string{"error": err.Error()})
+}
+
+func reply(w http.ResponseWriter, code int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		code, data = http.StatusInternalServerError, []byte(`{"error":"encode reply"}`)
+	}
+	raw(w, code, data)
+}
+
+func raw(w http.ResponseWriter, code int, data []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(data)
+}
