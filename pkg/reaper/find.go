@@ -181,7 +181,7 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 	}
 	// The supervisor's tree first: it holds every process while the
 	// supervisor lives. It is checked on every pass: it may exit mid-stop.
-	l.Supervised = l.Receipt != nil && l.FS.Alive(l.supervisor())
+	l.Supervised = l.Receipt != nil && l.FS.Live(l.supervisor())
 	if l.Supervised {
 		sup := l.Receipt.SupervisorPID
 		var queue []candidate

@@ -66,7 +66,7 @@ func OpenLaunch(dir string, create bool) (*Launch, error) {
 	if err == nil {
 		l.Receipt = r
 		l.ID = r.ID
-		l.Supervised = l.FS.Alive(l.supervisor())
+		l.Supervised = l.FS.Live(l.supervisor())
 		l.Cgroup = OpenCgroup(r.Cgroup, r.CgroupVersion)
 	}
 	return l, nil
@@ -105,7 +105,7 @@ func (l *Launch) Reload() error {
 	}
 	l.Receipt = r
 	l.ID = r.ID
-	l.Supervised = l.FS.Alive(l.supervisor())
+	l.Supervised = l.FS.Live(l.supervisor())
 	return nil
 }
 

@@ -23,6 +23,12 @@ const (
 	UninterruptibleBudget = 30 * time.Second
 )
 
+// tracedSettle is how long a process must stay in a ptrace stop (t), not
+// signalled again, before a pause counts it as stopped: its tracer, not the
+// pause, decides when it runs, and a tracer that resumes it (one that
+// suppresses SIGSTOP, say) leaves it in t only for a moment.
+const tracedSettle = 50 * time.Millisecond
+
 // PauseOptions tunes a pause. The zero value is the contract's behaviour.
 type PauseOptions struct {
 	// StopBudget and UninterruptibleBudget override the contract's budgets
@@ -140,9 +146,10 @@ type pauser struct {
 	l       *Launch
 	f       *finder
 	opt     PauseOptions
-	frozen  bool         // the cgroup held the launch while it was signalled
-	stopped map[int]Stat // everything found, by pid, with its latest stat
-	fresh   []proto.Proc // found for the first time (for the known set)
+	frozen  bool                     // the cgroup held the launch while it was signalled
+	stopped map[int]Stat             // everything found, by pid, with its latest stat
+	traced  map[proto.Proc]time.Time // in a ptrace stop (t) since, as of the last pass
+	fresh   []proto.Proc             // found for the first time (for the known set)
 	passes  int
 	gone    int
 	pending []proto.Pending
@@ -224,13 +231,32 @@ func (p *pauser) step() []proto.Pending {
 	unsettled := func(st Stat, state byte) {
 		pending = append(pending, proto.Pending{PID: st.PID, State: string(state), Comm: st.Comm})
 	}
-	found := p.f.pass(func(t *target) {
-		if state, ok := p.l.FS.stoppedState(t.Stat); !ok {
-			if !isStopped(t.State) {
-				t.Signal(unix.SIGSTOP)
+	begin := time.Now()
+	traced := map[proto.Proc]time.Time{}
+	check := func(st Stat, stop func()) {
+		state, ok := p.l.FS.stoppedState(st)
+		switch {
+		case !ok:
+			if !isStopped(st.State) {
+				stop()
 			}
-			unsettled(t.Stat, state)
+			unsettled(st, state)
+		case state == 't':
+			// A ptrace stop holds only while the tracer wants it: count it
+			// once it has lasted, untouched, for tracedSettle.
+			q := procOf(st)
+			since, seen := p.traced[q]
+			if !seen {
+				since = begin
+			}
+			traced[q] = since
+			if begin.Sub(since) < tracedSettle {
+				unsettled(st, state)
+			}
 		}
+	}
+	found := p.f.pass(func(t *target) {
+		check(t.Stat, func() { t.Signal(unix.SIGSTOP) })
 	})
 	for pid, st := range found {
 		if old, ok := p.stopped[pid]; !ok || old.StartTicks != st.StartTicks {
@@ -249,13 +275,9 @@ func (p *pauser) step() []proto.Pending {
 			continue
 		}
 		p.stopped[pid] = now
-		if state, ok := p.l.FS.stoppedState(now); !ok {
-			if !isStopped(now.State) {
-				p.l.FS.Signal(procOf(now), unix.SIGSTOP)
-			}
-			unsettled(now, state)
-		}
+		check(now, func() { p.l.FS.Signal(procOf(now), unix.SIGSTOP) })
 	}
+	p.traced = traced
 	for i := range pending {
 		pending[i].Wchan = p.l.FS.Wchan(pending[i].PID)
 	}
@@ -295,7 +317,7 @@ func (fs FS) stoppedState(st Stat) (byte, bool) {
 	if err != nil {
 		return st.State, err == ErrNoProcess
 	}
-	var anyStopped bool
+	var anyStopped, anyTraced bool
 	var inD []int
 	for _, tid := range tids {
 		ts, err := fs.ReadTaskStat(st.PID, tid)
@@ -305,6 +327,7 @@ func (fs FS) stoppedState(st Stat) (byte, bool) {
 		switch {
 		case isStopped(ts.State):
 			anyStopped = true
+			anyTraced = anyTraced || ts.State == 't'
 		case ts.State == 'Z' || ts.State == 'X':
 		case ts.State == 'D':
 			inD = append(inD, tid)
@@ -319,6 +342,9 @@ func (fs FS) stoppedState(st Stat) (byte, bool) {
 		if !anyStopped && (err != nil || (shd|sig)&SigStop == 0) {
 			return 'D', false
 		}
+	}
+	if anyTraced {
+		return 't', true
 	}
 	return 'T', true
 }

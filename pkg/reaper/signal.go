@@ -47,6 +47,18 @@ func (fs FS) Alive(p proto.Proc) bool {
 	return err == nil && st.StartTicks == p.StartTicks
 }
 
+// Live reports whether p (pid and start time) still exists and is not dead:
+// a zombie counts only while it is a thread-group leader whose other threads
+// run. A killed supervisor stays a zombie for as long as its parent does not
+// reap it (a sandbox's init may never do so).
+func (fs FS) Live(p proto.Proc) bool {
+	if p.PID <= 0 {
+		return false
+	}
+	st, err := fs.ReadStat(p.PID)
+	return err == nil && st.StartTicks == p.StartTicks && st.State != 'X' && (st.State != 'Z' || st.NumThreads > 1)
+}
+
 // Identify returns the identity of the process living at pid now.
 func (fs FS) Identify(pid int) (proto.Proc, error) {
 	st, err := fs.ReadStat(pid)

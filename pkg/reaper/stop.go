@@ -112,7 +112,7 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 	// harness is gone; give it a moment, then end it too.
 	l.settleSupervisor(2 * time.Second)
 	// Confirm: one more sweep, this time touching nothing.
-	l.Supervised = l.FS.Alive(l.supervisor())
+	l.Supervised = l.FS.Live(l.supervisor())
 	found = f.pass(nil)
 	for _, st := range live(found) {
 		res.Survivors = append(res.Survivors, proto.Pending{PID: st.PID, State: string(st.State), Comm: st.Comm, Wchan: l.FS.Wchan(st.PID)})

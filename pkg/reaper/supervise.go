@@ -161,7 +161,8 @@ func (s *supervisor) waitToStart() (bool, error) {
 		default:
 			err := s.start()
 			unlock()
-			return err == nil, err
+			// A command that could not be run ends the launch: no harness.
+			return err == nil && s.receipt.Started, err
 		}
 		select {
 		case sig := <-s.sigs:

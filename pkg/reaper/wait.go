@@ -30,14 +30,14 @@ func Wait(dir string, timeout time.Duration) (*proto.Receipt, int, error) {
 		if l.Receipt.Ended {
 			return l.Receipt, proto.ExitOK, nil
 		}
-		if i%10 == 0 && !l.FS.Alive(l.supervisor()) {
+		if i%10 == 0 && !l.FS.Live(l.supervisor()) {
 			if err := l.Reload(); err != nil {
 				return nil, proto.ExitUsage, err
 			}
 			if l.Receipt.Ended {
 				continue
 			}
-			if h := l.harness(); h.PID == 0 || !l.FS.Alive(h) {
+			if h := l.harness(); h.PID == 0 || !l.FS.Live(h) {
 				r := *l.Receipt
 				r.Ended = true
 				r.ExitCode = -1

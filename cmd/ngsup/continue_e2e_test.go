@@ -1,0 +1,59 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// TestContinueResumesExactlyWhatPauseStopped proves that continue resumes
+// the launch's processes and nothing else: a process the test started and
+// stopped itself, outside the launch, stays stopped even when its pid is
+// written into the launch's paused file with another start time; every
+// process of the launch runs again and the pause file is gone.
+func TestContinueResumesExactlyWhatPauseStopped(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg", "-setsid", "-daemon"))
+	procs := map[string]proc{}
+	for _, role := range []string{"harness", "bg", "setsid", "daemon"} {
+		procs[role] = l.role(role)
+	}
+	other := l.startOwn("/bin/sleep", "1000")
+	if err := unix.Kill(other.PID, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the unrelated process to stop", func() (bool, string) {
+		st, _ := readStat(other.PID)
+		return st.State == 'T', fmt.Sprintf("state %c", st.State)
+	})
+	l.pause()
+	wantHeld(t, procs)
+	paused := filepath.Join(l.Dir, proto.PausedFile)
+	f, err := os.OpenFile(paused, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatalf("pause left no %s: %v", proto.PausedFile, err)
+	}
+	fmt.Fprintf(f, "%d %d\n", other.PID, other.Start+1)
+	f.Close()
+	res := l.resume()
+	if res.Continued < len(procs) {
+		t.Errorf("continue says it continued %d processes, want at least %d: %+v", res.Continued, len(procs), res)
+	}
+	waitRunning(t, procs)
+	time.Sleep(200 * time.Millisecond)
+	if st, err := readStat(other.PID); err != nil || st.Start != other.Start || st.State != 'T' {
+		t.Errorf("the unrelated process %v was touched: state %c, err %v", other, st.State, err)
+	}
+	for _, name := range []string{proto.PauseFile, proto.PausedFile} {
+		if exists(filepath.Join(l.Dir, name)) {
+			t.Errorf("continue left %s", name)
+		}
+	}
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// TestStopInterruptThenKill proves that stop sends SIGINT, then SIGKILL
+// after the grace: a harness that ignores SIGINT is gone after
+// `stop --grace 300ms`, which exits 0 with no survivors and at least one kill,
+// and the receipt records death by SIGKILL.
+func TestStopInterruptThenKill(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-ignore-int"))
+	h := l.role("harness")
+	res := l.stop("300ms")
+	if res.Killed < 1 || res.Interrupted < 1 || !res.Supervised {
+		t.Errorf("stop: killed %d interrupted %d supervised %v, want >=1 >=1 true", res.Killed, res.Interrupted, res.Supervised)
+	}
+	wantGone(t, map[string]proc{"harness": h})
+	rc := l.wait()
+	if rc.ExitCode != 128+int(unix.SIGKILL) || rc.Signal != int(unix.SIGKILL) {
+		t.Errorf("receipt: exit %d signal %d, want 137 9", rc.ExitCode, rc.Signal)
+	}
+}
+
+// TestStopPausedLaunch proves that a paused launch is stopped: SIGINT lands
+// on stopped processes (stop continues them), so no survivor is left and
+// nothing needed SIGKILL, including the processes outside the harness's
+// process group.
+func TestStopPausedLaunch(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg", "-setsid", "-daemon"))
+	procs := map[string]proc{}
+	for _, role := range []string{"harness", "bg", "setsid", "daemon"} {
+		procs[role] = l.role(role)
+	}
+	l.pause()
+	wantHeld(t, procs)
+	res := l.stop("10s")
+	if res.Killed != 0 {
+		t.Errorf("stop of a paused launch needed %d SIGKILLs: SIGINT did not land on the stopped processes", res.Killed)
+	}
+	wantGone(t, procs)
+	if rc := l.wait(); rc.ExitCode != 128+int(unix.SIGINT) {
+		t.Errorf("receipt: exit %d, want %d (SIGINT)", rc.ExitCode, 128+int(unix.SIGINT))
+	}
+}
+
+// TestStopAfterSupervisorKilled proves that stop works on a launch whose
+// supervisor is gone: it still finds the harness (the receipt), the daemon in
+// another session (the tag), a child that cleared its environment (a
+// descendant of the harness), and an orphan that cleared its environment
+// (neither tagged nor a descendant: only the known set an earlier pause
+// recorded names it), and ends them all.
+func TestStopAfterSupervisorKilled(t *testing.T) {
+	t.Parallel()
+	cgroupModes(t, func(t *testing.T, runFlags []string, method string) {
+		l := newLaunch(t)
+		l.detach(runFlags, helper("harness", "-daemon", "-noenv", "-setsid", "-bg", "-orphan-noenv"))
+		procs := map[string]proc{}
+		for _, role := range []string{"harness", "daemon", "noenv", "setsid", "bg", "orphan-noenv"} {
+			procs[role] = l.role(role)
+		}
+		// A checkpoint before the crash: its pause records the known set.
+		l.pause()
+		l.resume()
+		sup := proc{l.Sup.PID, l.Sup.StartTicks}
+		if st, err := readStat(sup.PID); err != nil || st.Start != sup.Start {
+			t.Fatalf("supervisor %v not found", sup)
+		}
+		if err := unix.Kill(sup.PID, unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		wantGone(t, map[string]proc{"supervisor": sup})
+		for _, name := range sortedKeys(procs) {
+			if ok, why := running(procs[name]); !ok {
+				t.Fatalf("fixture: %s", why)
+			}
+		}
+		res := l.stop("1s")
+		if res.Supervised || res.Method != proto.MethodScan {
+			t.Errorf("stop: supervised %v method %q, want false %q", res.Supervised, res.Method, proto.MethodScan)
+		}
+		wantGone(t, procs)
+		r := l.verb("wait", "--timeout", "10s")
+		wantCode(t, r, 0)
+	})
+}
+
+// TestStopLeavesOtherLaunchesAlone proves that stopping one launch touches no
+// process of another launch in the same sandbox: every process of the other
+// is still alive and not stopped. The other launch's id extends the stopped
+// one's, so a tag matched by prefix would be caught.
+func TestStopLeavesOtherLaunchesAlone(t *testing.T) {
+	t.Parallel()
+	a, b := newLaunch(t), newLaunch(t)
+	b.ID = a.ID + "0"
+	roles := []string{"harness", "bg", "setsid", "daemon", "noenv"}
+	a.detach(nil, helper("harness", "-bg", "-setsid", "-daemon", "-noenv"))
+	b.detach(nil, helper("harness", "-bg", "-setsid", "-daemon", "-noenv"))
+	pa, pb := map[string]proc{}, map[string]proc{}
+	for _, role := range roles {
+		pa[role], pb[role] = a.role(role), b.role(role)
+	}
+	a.stop("1s")
+	wantGone(t, pa)
+	for _, name := range sortedKeys(pb) {
+		if ok, why := running(pb[name]); !ok {
+			t.Errorf("the other launch's %s: %s", name, why)
+		}
+	}
+	if !alive(proc{b.Sup.PID, b.Sup.StartTicks}) {
+		t.Errorf("the other launch's supervisor is gone")
+	}
+	if rc := b.status(); rc.Ended {
+		t.Errorf("the other launch ended: %+v", rc)
+	}
+}
