@@ -7,11 +7,11 @@ COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 BIN       := bin
 
-.PHONY: all build ngsup ngdriver test test-short bench lint demo fuzz clean
+.PHONY: all build ngsup ngresume ngdriver test test-short bench lint demo fuzz clean
 
 all: build
 
-build: ngsup ngdriver
+build: ngsup ngresume ngdriver
 
 # ngsup is uploaded into sandboxes: static (no cgo), stripped, per architecture.
 ngsup:
@@ -19,6 +19,13 @@ ngsup:
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ngsup-linux-amd64 ./cmd/ngsup
 	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ngsup-linux-arm64 ./cmd/ngsup
 	cp $(BIN)/ngsup-linux-$(shell $(GO) env GOARCH) $(BIN)/ngsup
+
+# ngresume continues a saved OpenCode session in a sandbox; uploaded only when
+# a relaunch needs it (it carries an HTTP client, which ngsup does not).
+ngresume:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ngresume-linux-amd64 ./cmd/ngresume
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ngresume-linux-arm64 ./cmd/ngresume
 
 ngdriver:
 	@mkdir -p $(BIN)
@@ -33,9 +40,11 @@ test: build
 test-short:
 	$(GO) test -short -count=1 ./...
 
+# Pause/continue benchmarks on real process trees (root), binary sizes and
+# start time, as a table of medians (docs/BENCHMARKS.md). The raw Go
+# benchmark output is kept in $(BIN)/bench.txt.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 5x -count 5 ./pkg/reaper/ | tee $(BIN)/bench.txt
-	./scripts/bench.sh
+	GO=$(GO) BIN=$(BIN) ./scripts/bench.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

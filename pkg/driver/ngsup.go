@@ -44,8 +44,8 @@ type Ngsup struct {
 	Log *slog.Logger
 
 	mu       sync.Mutex
-	images   map[string]ngsupImage // by arch
-	uploaded map[string]string     // sandbox id -> path of ngsup in it
+	tools    *Tools
+	uploaded map[string]string // sandbox id -> path of ngsup in it
 }
 
 type ngsupImage struct {
@@ -60,6 +60,12 @@ var ErrNoNgsup = errors.New("no ngsup binary for this architecture")
 // DefaultBinaries finds bin/ngsup-linux-<arch> beside the running program,
 // or in dir when it is not empty.
 func DefaultBinaries(dir string) map[string]string {
+	return FindBinaries(dir, "ngsup")
+}
+
+// FindBinaries finds <name>-linux-<arch> in dir (default: beside the running
+// program), by architecture.
+func FindBinaries(dir, name string) map[string]string {
 	if dir == "" {
 		if exe, err := os.Executable(); err == nil {
 			dir = path.Dir(exe)
@@ -67,7 +73,7 @@ func DefaultBinaries(dir string) map[string]string {
 	}
 	out := map[string]string{}
 	for _, arch := range []string{"amd64", "arm64"} {
-		p := path.Join(dir, "ngsup-linux-"+arch)
+		p := path.Join(dir, name+"-linux-"+arch)
 		if _, err := os.Stat(p); err == nil {
 			out[arch] = p
 		}
@@ -90,24 +96,14 @@ func (n *Ngsup) Ensure(ctx context.Context, sb sandbox.Sandbox) (string, error) 
 		n.mu.Unlock()
 		return p, nil
 	}
+	if n.tools == nil {
+		n.tools = &Tools{}
+	}
+	tools := n.tools
 	n.mu.Unlock()
-	arch, err := Arch(ctx, sb)
+	dst, err := tools.Ensure(ctx, sb, "ngsup", n.Binaries)
 	if err != nil {
 		return "", err
-	}
-	img, err := n.image(arch)
-	if err != nil {
-		return "", err
-	}
-	dst := path.Join(sb.Root(), "bin", "ngsup-"+img.sum[:16])
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"test", "-x", dst}, Timeout: 30 * time.Second})
-	if err != nil {
-		return "", fmt.Errorf("look for ngsup in %s: %w", sb.ID(), err)
-	}
-	if res.ExitCode != 0 {
-		if err := sb.Upload(ctx, dst, img.data, 0o755); err != nil {
-			return "", fmt.Errorf("upload ngsup to %s: %w", sb.ID(), err)
-		}
 	}
 	n.mu.Lock()
 	if n.uploaded == nil {
@@ -118,26 +114,58 @@ func (n *Ngsup) Ensure(ctx context.Context, sb sandbox.Sandbox) (string, error) 
 	return dst, nil
 }
 
-func (n *Ngsup) image(arch string) (ngsupImage, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if img, ok := n.images[arch]; ok {
-		return img, nil
+// Tools uploads static helper binaries into sandboxes: once per sandbox,
+// for the sandbox's architecture, to <root>/bin/<name>-<hash>, skipped when
+// a file of that hash is already there (a fork of a snapshot has it).
+type Tools struct {
+	mu     sync.Mutex
+	images map[string]ngsupImage // by host path
+}
+
+// Ensure returns the path of the tool inside sb, uploading it if needed.
+// binaries maps an architecture (GOARCH) to the host path of the build.
+func (t *Tools) Ensure(ctx context.Context, sb sandbox.Sandbox, name string, binaries map[string]string) (string, error) {
+	arch, err := Arch(ctx, sb)
+	if err != nil {
+		return "", err
 	}
-	p, ok := n.Binaries[arch]
+	p, ok := binaries[arch]
 	if !ok {
-		return ngsupImage{}, fmt.Errorf("%w: %s (build it with `make ngsup`)", ErrNoNgsup, arch)
+		return "", fmt.Errorf("%w: %s for %s (build it with `make build`)", ErrNoNgsup, name, arch)
+	}
+	img, err := t.image(p)
+	if err != nil {
+		return "", err
+	}
+	dst := path.Join(sb.Root(), "bin", name+"-"+img.sum[:16])
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"test", "-x", dst}, Timeout: 30 * time.Second})
+	if err != nil {
+		return "", fmt.Errorf("look for %s in %s: %w", name, sb.ID(), err)
+	}
+	if res.ExitCode != 0 {
+		if err := sb.Upload(ctx, dst, img.data, 0o755); err != nil {
+			return "", fmt.Errorf("upload %s to %s: %w", name, sb.ID(), err)
+		}
+	}
+	return dst, nil
+}
+
+func (t *Tools) image(p string) (ngsupImage, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if img, ok := t.images[p]; ok {
+		return img, nil
 	}
 	data, err := os.ReadFile(p)
 	if err != nil {
-		return ngsupImage{}, fmt.Errorf("read ngsup for %s: %w", arch, err)
+		return ngsupImage{}, fmt.Errorf("read %s: %w", p, err)
 	}
 	sum := sha256.Sum256(data)
 	img := ngsupImage{data: data, sum: hex.EncodeToString(sum[:])}
-	if n.images == nil {
-		n.images = map[string]ngsupImage{}
+	if t.images == nil {
+		t.images = map[string]ngsupImage{}
 	}
-	n.images[arch] = img
+	t.images[p] = img
 	return img, nil
 }
 

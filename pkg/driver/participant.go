@@ -306,15 +306,20 @@ func (p *Participant) Prepare(ctx context.Context, checkpointID string, deadline
 	begin := time.Now()
 	res := PrepareResult{CheckpointID: checkpointID}
 	p.mu.Lock()
-	if err := p.allowed("prepare"); err != nil {
-		p.mu.Unlock()
-		return res, err
+	switch {
+	case p.phase == PhasePreparing && checkpointID == p.current:
+		// A prepare that missed its deadline, asked again: wait again.
+	default:
+		if err := p.allowed("prepare"); err != nil {
+			p.mu.Unlock()
+			return res, err
+		}
+		p.phase = PhasePreparing
+		p.current = checkpointID
+		p.gate, p.next = p.next, newGate()
+		close(p.gate.park)
+		p.notify()
 	}
-	p.phase = PhasePreparing
-	p.current = checkpointID
-	p.gate, p.next = p.next, newGate()
-	close(p.gate.park)
-	p.notify()
 	p.mu.Unlock()
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()

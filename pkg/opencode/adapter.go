@@ -1,0 +1,452 @@
+// Package opencode puts OpenCode on the driver: the adapter (where OpenCode
+// keeps its session, how it is launched, whether a saved session can be
+// continued, what verify needs), and in resume/ the in-sandbox helper that
+// continues a saved session without adding a user turn.
+//
+// OpenCode keeps its session in SQLite under a per-rollout XDG_DATA_HOME on
+// the sandbox's root filesystem, so the owner's snapshot carries it into a
+// fork. It pauses at checkpoints by default.
+package opencode
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+)
+
+// Options configures the adapter (the `opencode:` part of the config).
+type Options struct {
+	// OpenCode is the opencode binary inside the sandbox.
+	OpenCode string `json:"opencode"`
+	// ModelURL is the model server's base URL (OpenAI-compatible, without
+	// /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added, as the
+	// framework does, so every model call is attributed to its rollout.
+	ModelURL string `json:"model_url"`
+	// Model is the served model's name; APIKey is sent to it.
+	Model  string `json:"model"`
+	APIKey string `json:"api_key"`
+	// ContextWindow and OutputTokens are the model's limits.
+	ContextWindow int `json:"context_window"`
+	OutputTokens  int `json:"output_tokens"`
+	// Permission is OpenCode's permission config ("allow" lets tools run
+	// without a prompt, which an unattended rollout needs).
+	Permission json.RawMessage `json:"permission"`
+	// PauseAtCheckpoints: false restores stop and relaunch (default true).
+	PauseAtCheckpoints *bool `json:"pause_at_checkpoints"`
+	// Env is added to OpenCode's environment.
+	Env map[string]string `json:"env"`
+	// Timeout bounds one launch's running time (paused time not counted).
+	Timeout string `json:"timeout"`
+	// ResumeBinaries maps an architecture to the host path of ngresume.
+	ResumeBinaries map[string]string `json:"-"`
+}
+
+// Adapter is the OpenCode adapter.
+type Adapter struct {
+	opt     Options
+	timeout time.Duration
+	tools   driver.Tools
+}
+
+// New checks the options and returns the adapter.
+func New(opt Options) (*Adapter, error) {
+	if opt.OpenCode == "" {
+		return nil, errors.New("opencode: the opencode binary (opencode.opencode) is required")
+	}
+	if opt.ModelURL == "" {
+		return nil, errors.New("opencode: the model server (opencode.model_url) is required")
+	}
+	if opt.Model == "" {
+		opt.Model = "policy"
+	}
+	if opt.APIKey == "" {
+		opt.APIKey = "none"
+	}
+	if opt.ContextWindow <= 0 {
+		opt.ContextWindow = 128000
+	}
+	if opt.OutputTokens <= 0 {
+		opt.OutputTokens = 4096
+	}
+	if len(opt.Permission) == 0 {
+		opt.Permission = json.RawMessage(`"allow"`)
+	}
+	if !json.Valid(opt.Permission) {
+		return nil, fmt.Errorf("opencode: permission is not valid JSON: %s", opt.Permission)
+	}
+	a := &Adapter{opt: opt}
+	if opt.Timeout != "" {
+		d, err := time.ParseDuration(opt.Timeout)
+		if err != nil {
+			return nil, fmt.Errorf("opencode: timeout %q: %v", opt.Timeout, err)
+		}
+		a.timeout = d
+	}
+	return a, nil
+}
+
+// State is where OpenCode keeps one rollout's session.
+type State struct {
+	// Home holds the rollout's XDG folders (data/ holds opencode.db).
+	Home string `json:"home"`
+}
+
+// Name implements driver.Adapter.
+func (a *Adapter) Name() string { return "opencode" }
+
+// PausesAtCheckpoints implements driver.PausesAtCheckpoints: on unless the
+// config says pause_at_checkpoints: false.
+func (a *Adapter) PausesAtCheckpoints() bool {
+	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
+}
+
+func stateDir(sb driver.LentSandbox, rollout string, attempt int) string {
+	clean := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, rollout)
+	return path.Join(sb.Root(), "state", "opencode", fmt.Sprintf("%s-a%d-%d", clean, attempt, time.Now().UnixNano()))
+}
+
+// NewState implements driver.Adapter.
+func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
+	return json.Marshal(State{Home: stateDir(sb, rollout, attempt)})
+}
+
+func parseState(raw json.RawMessage) (State, error) {
+	var s State
+	if err := json.Unmarshal(raw, &s); err != nil || s.Home == "" || !path.IsAbs(s.Home) {
+		return s, fmt.Errorf("opencode: the state %s names no absolute folder", raw)
+	}
+	return s, nil
+}
+
+// env is OpenCode's environment for a rollout: its XDG folders, its config
+// (provider pointed at the model server with the rollout's prefix), and the
+// switches that keep it local.
+func (a *Adapter) env(st State, rollout string, attempt int) (map[string]string, error) {
+	base := strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + rolloutSegment(rollout, attempt) + "/v1"
+	cfg := map[string]any{
+		"$schema":           "https://opencode.ai/config.json",
+		"model":             "ng/" + a.opt.Model,
+		"small_model":       "ng/" + a.opt.Model,
+		"autoupdate":        false,
+		"share":             "disabled",
+		"enabled_providers": []string{"ng"},
+		"permission":        a.opt.Permission,
+		"provider": map[string]any{"ng": map[string]any{
+			"npm":     "@ai-sdk/openai-compatible",
+			"name":    "ngharness",
+			"options": map[string]any{"baseURL": base, "apiKey": a.opt.APIKey},
+			"models": map[string]any{a.opt.Model: map[string]any{
+				"name": a.opt.Model, "tool_call": true,
+				"limit": map[string]any{"context": a.opt.ContextWindow, "output": a.opt.OutputTokens},
+			}},
+		}},
+	}
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	env := map[string]string{
+		"XDG_DATA_HOME":                    path.Join(st.Home, "data"),
+		"XDG_CONFIG_HOME":                  path.Join(st.Home, "config"),
+		"XDG_CACHE_HOME":                   path.Join(st.Home, "cache"),
+		"XDG_STATE_HOME":                   path.Join(st.Home, "state"),
+		"OPENCODE_CONFIG_CONTENT":          string(data),
+		"OPENCODE_DISABLE_MODELS_FETCH":    "1",
+		"OPENCODE_DISABLE_AUTOUPDATE":      "1",
+		"OPENCODE_DISABLE_SHARE":           "1",
+		"OPENCODE_DISABLE_LSP_DOWNLOAD":    "1",
+		"OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+		"OPENCODE_DISABLE_CLAUDE_CODE":     "1",
+		"OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
+		// It looks up @opencode-ai/plugin even with --pure: point npm at a
+		// dead local port so nothing leaves the machine.
+		"npm_config_registry": "http://127.0.0.1:9/",
+	}
+	for k, v := range a.opt.Env {
+		env[k] = v
+	}
+	return env, nil
+}
+
+// rolloutSegment is the path segment that attributes model calls to a
+// rollout attempt: <id>-a<attempt>.
+func rolloutSegment(rollout string, attempt int) string {
+	return fmt.Sprintf("%s-a%d", strings.ReplaceAll(rollout, "/", "_"), attempt)
+}
+
+// taskText reads the task from a run body: "task", or the last user input
+// of responses_create_params.
+func taskText(body json.RawMessage) (string, error) {
+	var b struct {
+		Task   *string `json:"task"`
+		Params struct {
+			Input json.RawMessage `json:"input"`
+		} `json:"responses_create_params"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return "", fmt.Errorf("opencode: read the task: %w", err)
+	}
+	if b.Task != nil && *b.Task != "" {
+		return *b.Task, nil
+	}
+	var s string
+	if json.Unmarshal(b.Params.Input, &s) == nil && s != "" {
+		return s, nil
+	}
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if json.Unmarshal(b.Params.Input, &msgs) == nil {
+		for i := len(msgs) - 1; i >= 0; i-- {
+			if msgs[i].Role != "user" {
+				continue
+			}
+			if json.Unmarshal(msgs[i].Content, &s) == nil && s != "" {
+				return s, nil
+			}
+			var parts []struct {
+				Text string `json:"text"`
+			}
+			if json.Unmarshal(msgs[i].Content, &parts) == nil {
+				var t []string
+				for _, p := range parts {
+					t = append(t, p.Text)
+				}
+				if j := strings.Join(t, "\n"); j != "" {
+					return j, nil
+				}
+			}
+		}
+	}
+	return "", errors.New("opencode: the run body has no task (a \"task\" string or responses_create_params.input)")
+}
+
+// Launch implements driver.Adapter: `opencode run --format json <task>` for
+// a fresh session; ngresume (uploaded now) to continue a saved one.
+func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+	st, err := parseState(lc.State)
+	if err != nil {
+		return driver.LaunchSpec{}, err
+	}
+	env, err := a.env(st, lc.RolloutID, lc.Attempt)
+	if err != nil {
+		return driver.LaunchSpec{}, err
+	}
+	spec := driver.LaunchSpec{Env: env, Dir: lc.Sandbox.Workdir(), Timeout: a.timeout}
+	if lc.Resume {
+		bin, err := a.tools.Ensure(ctx, lc.Sandbox, "ngresume", a.opt.ResumeBinaries)
+		if err != nil {
+			return driver.LaunchSpec{}, fmt.Errorf("opencode: upload the resume helper: %w", err)
+		}
+		spec.Argv = []string{bin, "--opencode", a.opt.OpenCode}
+		return spec, nil
+	}
+	task, err := taskText(lc.Input)
+	if err != nil {
+		return driver.LaunchSpec{}, err
+	}
+	spec.Argv = []string{a.opt.OpenCode, "run", "--format", "json", task}
+	return spec, nil
+}
+
+// exported is what `opencode export` prints: the session and its messages.
+type exported struct {
+	Info struct {
+		ID        string `json:"id"`
+		Directory string `json:"directory"`
+	} `json:"info"`
+	Messages []struct {
+		Info struct {
+			ID       string `json:"id"`
+			Role     string `json:"role"`
+			ParentID string `json:"parentID"`
+			Finish   string `json:"finish"`
+			Time     struct {
+				Completed float64 `json:"completed"`
+			} `json:"time"`
+		} `json:"info"`
+		Parts []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		} `json:"parts"`
+	} `json:"messages"`
+}
+
+// export runs `opencode export` in the sandbox for the rollout's latest
+// session. It returns nil, nil when there is no session.
+func (a *Adapter) export(ctx context.Context, sb driver.LentSandbox, st State, rollout string, attempt int) (*exported, json.RawMessage, error) {
+	env, err := a.env(st, rollout, attempt)
+	if err != nil {
+		return nil, nil, err
+	}
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{
+		Argv: []string{a.opt.OpenCode, "session", "list", "--format", "json"}, Env: env, Dir: sb.Workdir(), Timeout: 2 * time.Minute,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("opencode: list sessions: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return nil, nil, fmt.Errorf("opencode: list sessions exited %d: %.300s", res.ExitCode, res.Stderr)
+	}
+	var sessions []struct {
+		ID       string  `json:"id"`
+		ParentID string  `json:"parentID"`
+		Updated  float64 `json:"updated"`
+	}
+	out := strings.TrimSpace(string(res.Stdout))
+	if out == "" {
+		return nil, nil, nil
+	}
+	if err := json.Unmarshal([]byte(out), &sessions); err != nil {
+		return nil, nil, fmt.Errorf("opencode: read the session list %.200q: %w", out, err)
+	}
+	id := ""
+	var best float64
+	for _, s := range sessions {
+		if s.ParentID == "" && (id == "" || s.Updated > best) {
+			id, best = s.ID, s.Updated
+		}
+	}
+	if id == "" {
+		return nil, nil, nil
+	}
+	res, err = sb.Exec(ctx, sandbox.ExecRequest{
+		Argv: []string{a.opt.OpenCode, "export", id}, Env: env, Dir: sb.Workdir(), Timeout: 2 * time.Minute,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("opencode: export session %s: %w", id, err)
+	}
+	if res.ExitCode != 0 {
+		return nil, nil, fmt.Errorf("opencode: export session %s exited %d: %.300s", id, res.ExitCode, res.Stderr)
+	}
+	raw := res.Stdout
+	if i := strings.IndexByte(string(raw), '{'); i > 0 {
+		raw = raw[i:] // a banner before the JSON
+	}
+	var e exported
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return nil, nil, fmt.Errorf("opencode: read the export of %s: %w", id, err)
+	}
+	return &e, json.RawMessage(raw), nil
+}
+
+// ResumeDecision implements driver.Adapter: a saved session is continued
+// only if it starts with the task and holds a completed model response;
+// otherwise the relaunch starts over with the task in a fresh folder.
+func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, rollout string, attempt int) (driver.Decision, error) {
+	st, err := parseState(raw)
+	if err != nil {
+		return driver.Decision{}, err
+	}
+	fresh := func(why string) (driver.Decision, error) {
+		s, _ := json.Marshal(State{Home: stateDir(sb, rollout, attempt)})
+		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh data folder", State: s}, nil
+	}
+	e, _, err := a.export(ctx, sb, st, rollout, attempt)
+	if err != nil {
+		return driver.Decision{}, err
+	}
+	if e == nil {
+		return fresh("the saved data folder holds no session")
+	}
+	return decide(e, "")
+}
+
+// decide applies the rule to an exported session. task, if set, must be the
+// first user message's text.
+func decide(e *exported, task string) (driver.Decision, error) {
+	var firstUser string
+	haveUser := false
+	completed := 0
+	for _, m := range e.Messages {
+		switch m.Info.Role {
+		case "user":
+			if !haveUser {
+				haveUser = true
+				for _, p := range m.Parts {
+					if p.Type == "text" {
+						firstUser += p.Text
+					}
+				}
+			}
+		case "assistant":
+			if m.Info.Time.Completed > 0 {
+				completed++
+			}
+		}
+	}
+	switch {
+	case !haveUser:
+		return driver.Decision{Resume: false, Reason: "the saved session has no user message; starting over with the task in a fresh data folder"}, nil
+	case task != "" && strings.TrimSpace(firstUser) != strings.TrimSpace(task):
+		return driver.Decision{Resume: false, Reason: "the saved session does not start with the task; starting over with the task in a fresh data folder"}, nil
+	case completed == 0:
+		return driver.Decision{Resume: false, Reason: "the saved session holds no completed model response; starting over with the task in a fresh data folder"}, nil
+	}
+	return driver.Decision{Resume: true, Reason: fmt.Sprintf("session %s starts with the task and holds %d completed model responses", e.Info.ID, completed)}, nil
+}
+
+// Response implements driver.Adapter: the final assistant text and the
+// session export, for the owner's verify.
+func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+	st, err := parseState(raw)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]any{"exit_code": res.ExitCode}
+	e, exportRaw, err := a.exportAny(ctx, sb, st)
+	if err != nil {
+		out["export_error"] = err.Error()
+	}
+	if e != nil {
+		out["session_id"] = e.Info.ID
+		out["session"] = exportRaw
+		for _, m := range e.Messages {
+			if m.Info.Role != "assistant" {
+				continue
+			}
+			var t strings.Builder
+			for _, p := range m.Parts {
+				if p.Type == "text" {
+					t.WriteString(p.Text)
+				}
+			}
+			if t.Len() > 0 {
+				out["final_text"] = t.String()
+			}
+		}
+	}
+	if res.ExitCode != 0 {
+		out["stderr_tail"] = tail(string(res.Stderr), 4000)
+	}
+	return json.Marshal(out)
+}
+
+// exportAny exports without the rollout's model prefix (the export needs no
+// model).
+func (a *Adapter) exportAny(ctx context.Context, sb driver.LentSandbox, st State) (*exported, json.RawMessage, error) {
+	return a.export(ctx, sb, st, "export", 0)
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+var _ driver.Adapter = (*Adapter)(nil)
+var _ driver.PausesAtCheckpoints = (*Adapter)(nil)
