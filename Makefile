@@ -54,7 +54,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeReceipt -fuzztime 30s ./pkg/proto/
 
 demo: build
-	$(BIN)/ngdriver run --checkpoint-at 3s --crash-at 8s
+	$(BIN)/ngdriver run --steps 16 --step 500ms --checkpoint-at 2s --crash-at 6s
 
 clean:
 	rm -rf $(BIN)

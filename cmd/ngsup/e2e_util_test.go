@@ -216,6 +216,10 @@ type launch struct {
 	Sup proto.DetachResult
 
 	extra []proc // processes the test started itself
+	// pauseFlags go before the arguments of every l.pause: a launch with a
+	// cgroup is paused with --cgroup-first, so the freeze path is the one
+	// tested (by default ngsup freezes only in a fork storm).
+	pauseFlags []string
 }
 
 // proc is a process identity: pid and start time in clock ticks.
@@ -277,6 +281,9 @@ func (l *launch) detach(flags []string, cmd command) {
 	r := ngsupEnv(l.t, l.runEnv(cmd), l.runArgs(true, flags, cmd)...)
 	wantCode(l.t, r, 0)
 	r.json(l.t, &l.Sup)
+	if !slices.Contains(flags, "--no-cgroup") {
+		l.pauseFlags = []string{"--cgroup-first"}
+	}
 	if l.Sup.ID != l.ID || l.Sup.PID <= 0 || l.Sup.StartTicks == 0 {
 		l.t.Fatalf("bad DetachResult %+v for launch %s", l.Sup, l.ID)
 	}
@@ -320,7 +327,7 @@ func (l *launch) wait() proto.Receipt {
 // pause runs `ngsup pause` and wants it confirmed.
 func (l *launch) pause(args ...string) proto.PauseResult {
 	l.t.Helper()
-	r := l.verb("pause", args...)
+	r := l.verb("pause", append(slices.Clone(l.pauseFlags), args...)...)
 	wantCode(l.t, r, 0)
 	var res proto.PauseResult
 	r.json(l.t, &res)

@@ -27,7 +27,8 @@ is continued again, and the caller falls back to stop).`,
 		},
 	}
 	addDirFlag(c, &dir)
-	c.Flags().BoolVar(&opt.NoCgroup, "no-cgroup", false, "do not freeze the launch's cgroup (signals only)")
+	c.Flags().BoolVar(&opt.NoCgroup, "no-cgroup", false, "never freeze the launch's cgroup (signals only, even in a fork storm)")
+	c.Flags().BoolVar(&opt.CgroupFirst, "cgroup-first", false, "freeze the launch's cgroup before the first pass (default: only when a fork storm shows)")
 	c.Flags().StringVar(&opt.ID, "id", "", "the launch id, for a launch run without a supervisor (no receipt): found by its tag")
 	c.Flags().DurationVar(&opt.StopBudget, "budget", reaper.StopBudget, "how long to wait for every process to stop")
 	c.Flags().DurationVar(&opt.UninterruptibleBudget, "d-budget", reaper.UninterruptibleBudget, "how long to wait while only processes in uninterruptible calls are left")

@@ -74,15 +74,26 @@ func DecodeReceipt(data []byte) (*Receipt, error) {
 	if len(data) == 0 {
 		return nil, fmt.Errorf("%w: the file is empty", ErrCorruptReceipt)
 	}
+	// Check the msgpack framing before decoding: msgpack allocates what a
+	// length header claims, so eight bytes of garbage claiming a 4 GiB string
+	// would otherwise take 4 GiB (found by FuzzDecodeReceipt).
+	if c := data[0]; !(c >= 0x80 && c <= 0x8f) && c != 0xde && c != 0xdf {
+		return nil, fmt.Errorf("%w: not a msgpack map (first byte %#02x)", ErrCorruptReceipt, c)
+	}
+	end, err := scanMsgpack(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptReceipt, err)
+	}
+	if end < len(data) {
+		return nil, fmt.Errorf("%w: %d bytes of trailing garbage", ErrCorruptReceipt, len(data)-end)
+	}
 	// Read the version alone first, so a future format that changed other
 	// fields is reported as a version, not as garbage.
-	var head struct {
-		Version any `msgpack:"v"`
-	}
-	if err := msgpack.Unmarshal(data, &head); err != nil {
+	var version any
+	if err := decodeSafely(func() (err error) { version, err = readVersion(data); return err }); err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrCorruptReceipt, describeDecodeError(err))
 	}
-	v, ok := asInt(head.Version)
+	v, ok := asInt(version)
 	if !ok {
 		return nil, fmt.Errorf("%w: no format version field", ErrCorruptReceipt)
 	}
@@ -91,7 +102,7 @@ func DecodeReceipt(data []byte) (*Receipt, error) {
 	}
 	dec := msgpack.NewDecoder(bytes.NewReader(data))
 	var r Receipt
-	if err := dec.Decode(&r); err != nil {
+	if err := decodeSafely(func() error { return dec.Decode(&r) }); err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrCorruptReceipt, describeDecodeError(err))
 	}
 	if rest, _ := dec.Buffered().(*bytes.Reader); rest != nil && rest.Len() > 0 {
@@ -107,6 +118,151 @@ func DecodeReceipt(data []byte) (*Receipt, error) {
 		return nil, fmt.Errorf("%w: started but harness pid %d, pgid %d", ErrCorruptReceipt, r.HarnessPID, r.HarnessPGID)
 	}
 	return &r, nil
+}
+
+// readVersion returns the value of the receipt map's "v" key (the last one
+// if the key repeats), nil when there is none. Each value is decoded fresh:
+// decoding a repeated key into the same interface makes msgpack panic
+// (found by FuzzDecodeReceipt).
+func readVersion(data []byte) (any, error) {
+	dec := msgpack.NewDecoder(bytes.NewReader(data))
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return nil, err
+	}
+	var version any
+	for range max(n, 0) {
+		key, err := dec.DecodeString()
+		if err != nil {
+			return nil, err
+		}
+		if key != "v" {
+			if err := dec.Skip(); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if version, err = dec.DecodeInterface(); err != nil {
+			return nil, err
+		}
+	}
+	return version, nil
+}
+
+// decodeSafely runs f and turns a panic inside the msgpack library into an
+// error: a receipt is bytes from a disk, and no bytes may crash ngsup.
+func decodeSafely(f func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("undecodable msgpack (%v)", p)
+		}
+	}()
+	return f()
+}
+
+// maxReceiptDepth bounds how deeply a receipt's msgpack may nest. A receipt
+// nests two levels (the map, the command's array); the slack leaves room
+// for fields a later format adds.
+const maxReceiptDepth = 32
+
+// errTruncated is what scanMsgpack returns when a value runs past the end.
+var errTruncated = errors.New("the file is truncated")
+
+// scanMsgpack walks the msgpack value at the start of data without decoding
+// it, and returns where it ends. It fails when a length runs past the end of
+// data (so no length header can claim more than the file holds), on a byte
+// msgpack never uses, and when containers nest deeper than maxReceiptDepth.
+// It allocates nothing but its stack of open containers.
+func scanMsgpack(data []byte) (int, error) {
+	var stack [maxReceiptDepth + 1]int // items left in each open container
+	depth := 1
+	stack[0] = 1 // one value at the top
+	i := 0
+	for depth > 0 {
+		if stack[depth-1] == 0 {
+			depth--
+			continue
+		}
+		stack[depth-1]--
+		if i >= len(data) {
+			return i, errTruncated
+		}
+		at := i
+		c := data[i]
+		i++
+		var hdr, skip, items int // length-header bytes, payload bytes, child values
+		switch {
+		case c <= 0x7f, c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3:
+		case c <= 0x8f:
+			items = 2 * int(c&0x0f)
+		case c <= 0x9f:
+			items = int(c & 0x0f)
+		case c <= 0xbf:
+			skip = int(c & 0x1f)
+		case c == 0xc4, c == 0xd9: // bin8, str8
+			hdr = 1
+		case c == 0xc5, c == 0xda: // bin16, str16
+			hdr = 2
+		case c == 0xc6, c == 0xdb: // bin32, str32
+			hdr = 4
+		case c == 0xc7: // ext8: length, type, data
+			hdr, skip = 1, 1
+		case c == 0xc8:
+			hdr, skip = 2, 1
+		case c == 0xc9:
+			hdr, skip = 4, 1
+		case c == 0xca, c == 0xce, c == 0xd2: // 32-bit numbers
+			skip = 4
+		case c == 0xcb, c == 0xcf, c == 0xd3: // 64-bit numbers
+			skip = 8
+		case c == 0xcc, c == 0xd0:
+			skip = 1
+		case c == 0xcd, c == 0xd1:
+			skip = 2
+		case c >= 0xd4 && c <= 0xd8: // fixext 1, 2, 4, 8, 16: type, data
+			skip = 1 + 1<<(c-0xd4)
+		case c == 0xdc, c == 0xde: // array16, map16
+			hdr = 2
+		case c == 0xdd, c == 0xdf: // array32, map32
+			hdr = 4
+		default: // 0xc1
+			return at, fmt.Errorf("byte %#02x at offset %d is not msgpack", c, at)
+		}
+		if hdr > 0 {
+			if len(data)-i < hdr {
+				return i, errTruncated
+			}
+			n := 0
+			for _, b := range data[i : i+hdr] {
+				n = n<<8 | int(b)
+			}
+			i += hdr
+			switch {
+			case c == 0xdc || c == 0xdd:
+				items = n
+			case c == 0xde || c == 0xdf:
+				items = 2 * n
+			default:
+				skip += n
+			}
+		}
+		if len(data)-i < skip {
+			return i, errTruncated
+		}
+		i += skip
+		if items > 0 {
+			// Every item takes at least a byte.
+			if items > len(data)-i {
+				return i, errTruncated
+			}
+			if depth == len(stack) {
+				return at, fmt.Errorf("nested more than %d levels deep at offset %d", maxReceiptDepth, at)
+			}
+			stack[depth] = items
+			depth++
+		}
+	}
+	return i, nil
 }
 
 func asInt(v any) (int, bool) {

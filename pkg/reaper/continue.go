@@ -13,10 +13,6 @@ import (
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
-// ContinueBudget is how long continue keeps checking that nothing of the
-// launch stays stopped.
-const ContinueBudget = 2 * time.Second
-
 // Continue resumes exactly what the last pause stopped (pid AND start time),
 // thaws the launch's cgroup, sends SIGCONT to anything of the launch still
 // stopped, and removes dir/pause. Exit 0, or 4 if something stays stopped.
@@ -68,50 +64,48 @@ func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 			l.Cgroup.Thaw() // a pause interrupted between freeze and thaw
 		}
 	}
-	// The harness's group in one call, then each process the pause recorded
-	// that is outside it, checked by pid and start time.
+	// The harness's group in one call; then one walk that continues every
+	// process of the launch still stopped (a process stopped twice, or found
+	// by the pause after it recorded its set); then each process the pause
+	// recorded that the walk did not reach, checked by pid and start time.
+	// A SIGCONT that was delivered has woken its process by the time the
+	// call returns, so one walk confirms.
 	group := l.signalGroup(unix.SIGCONT)
+	inPaused := make(map[proto.Proc]bool, len(paused))
 	for _, p := range paused {
-		st, err := l.FS.ReadStat(p.PID)
-		switch {
-		case err != nil || st.StartTicks != p.StartTicks:
-			res.Skipped++
-		case group && l.Receipt != nil && st.PGID == l.Receipt.HarnessPGID:
+		inPaused[p] = true
+	}
+	var pending []proto.Pending
+	found := f.pass(func(t *target) {
+		// Stopped: T, or a zombie leader whose live threads are T. The
+		// group's members were continued by the group signal.
+		stopped := t.State == 'T' || t.State == 'Z' && t.NumThreads > 1
+		if !stopped || group && t.PGID == l.Receipt.HarnessPGID {
+			return
+		}
+		if err := t.Signal(unix.SIGCONT); err != nil && err != ErrNoProcess && err != ErrNotSameProcess {
+			pending = append(pending, proto.Pending{PID: t.PID, State: "T", Comm: t.Comm, Wchan: l.FS.Wchan(t.PID)})
+			return
+		}
+		if !inPaused[procOf(t.Stat)] {
 			res.Continued++
-		case l.FS.Signal(p, unix.SIGCONT) == nil:
+		}
+	})
+	for _, p := range paused {
+		if st, ok := found[p.PID]; ok && st.StartTicks == p.StartTicks {
 			res.Continued++
-		default:
+			continue
+		}
+		if l.FS.Signal(p, unix.SIGCONT) == nil {
+			res.Continued++
+		} else {
 			res.Skipped++
 		}
 	}
-	// Anything of the launch still stopped (a process the pause found after
-	// it recorded the set, or that was stopped twice) is continued too.
-	wait := 500 * time.Microsecond
-	deadline := begin.Add(ContinueBudget)
-	for {
-		var pending []proto.Pending
-		found := f.pass(func(t *target) {
-			if t.State == 'T' {
-				if t.Signal(unix.SIGCONT) == nil && !slices.Contains(paused, procOf(t.Stat)) {
-					res.Continued++
-				}
-			}
-		})
-		for pid, st := range found {
-			if st.State == 'T' {
-				pending = append(pending, proto.Pending{PID: pid, State: "T", Comm: st.Comm, Wchan: l.FS.Wchan(pid)})
-			}
-		}
-		if len(pending) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			slices.SortFunc(pending, func(a, b proto.Pending) int { return a.PID - b.PID })
-			res.Pending = pending
-			return finish(proto.ExitNotConfirmed)
-		}
-		time.Sleep(wait)
-		wait = min(wait*2, 20*time.Millisecond)
+	if len(pending) > 0 {
+		slices.SortFunc(pending, func(a, b proto.Pending) int { return a.PID - b.PID })
+		res.Pending = pending
+		return finish(proto.ExitNotConfirmed)
 	}
 	return finish(proto.ExitOK)
 }

@@ -34,9 +34,12 @@ type PauseOptions struct {
 	// StopBudget and UninterruptibleBudget override the contract's budgets
 	// when non-zero (tests use short ones).
 	StopBudget, UninterruptibleBudget time.Duration
-	// NoCgroup skips the cgroup freeze, so signals alone do the pause (the
-	// benchmark compares both).
+	// NoCgroup never freezes the launch's cgroup: signals alone do the
+	// pause, even in a fork storm.
 	NoCgroup bool
+	// CgroupFirst freezes the cgroup before the first pass instead of only
+	// when a fork storm shows (the benchmark compares both).
+	CgroupFirst bool
 	// ID names a launch that runs without a supervisor (no receipt): its
 	// processes are found by their tag.
 	ID string
@@ -143,17 +146,18 @@ func (l *Launch) pauseEnded(res proto.PauseResult, created bool, begin time.Time
 
 // pauser holds the state of one pause.
 type pauser struct {
-	l       *Launch
-	f       *finder
-	opt     PauseOptions
-	frozen  bool                     // the cgroup held the launch while it was signalled
-	stopped map[int]Stat             // everything found, by pid, with its latest stat
-	traced  map[proto.Proc]time.Time // in a ptrace stop (t) since, as of the last pass
-	fresh   []proto.Proc             // found for the first time (for the known set)
-	passes  int
-	gone    int
-	pending []proto.Pending
-	failure string
+	l        *Launch
+	f        *finder
+	opt      PauseOptions
+	frozen   bool                     // the cgroup held the launch while it was signalled
+	lastNews int                      // processes the last pass found for the first time
+	stopped  map[int]Stat             // everything found, by pid, with its latest stat
+	traced   map[proto.Proc]time.Time // in a ptrace stop (t) since, as of the last pass
+	fresh    []proto.Proc             // found for the first time (for the known set)
+	passes   int
+	gone     int
+	pending  []proto.Pending
+	failure  string
 }
 
 func newPauser(l *Launch, opt PauseOptions) (*pauser, error) {
@@ -170,39 +174,31 @@ func newPauser(l *Launch, opt PauseOptions) (*pauser, error) {
 	return &pauser{l: l, f: f, opt: opt, stopped: map[int]Stat{}}, nil
 }
 
-// run is the pause loop. Where the launch has a cgroup it is frozen first,
-// so that nothing can fork while every process is found and sent SIGSTOP;
-// then it is thawed and each process takes its pending SIGSTOP before it runs
-// another instruction of its own. Signals alone follow: the harness's group
-// (race-free against fork), then walk-and-stop passes until a pass finds
-// every process already stopped when it was reached. Such a pass is complete:
-// a process read as stopped before its children were listed cannot have
-// forked one the listing missed.
+// stormPasses is the pass from which a walk that still finds new processes
+// is taken for a fork storm, and the cgroup is frozen to contain it.
+const stormPasses = 3
+
+// run is the pause loop: SIGSTOP to the harness's process group (race-free
+// against fork), then walk-and-stop passes until a pass finds every process
+// already stopped when it was reached. Such a pass is complete: a process
+// read as stopped before its children were listed cannot have forked one
+// the listing missed. When passes keep finding new processes (a tree that
+// forks faster than the walk, outside the harness's group), the launch's
+// cgroup is frozen once, every member is sent SIGSTOP, and it is thawed:
+// each takes its SIGSTOP before it runs another instruction of its own.
 func (p *pauser) run() bool {
 	begin := time.Now()
-	if p.l.Cgroup != nil && !p.opt.NoCgroup {
-		if err := p.l.Cgroup.Freeze(begin.Add(time.Second)); err == nil {
-			p.frozen = true
-			// While frozen no member can fork or exit, so the pids listed
-			// are the members themselves: signal them by pid.
-			if pids, err := p.l.Cgroup.Procs(); err == nil {
-				for _, pid := range pids {
-					kill(pid, unix.SIGSTOP)
-				}
-			}
-			if err := p.l.Cgroup.Thaw(); err != nil {
-				p.failure = err.Error()
-				return false
-			}
-		}
+	if p.opt.CgroupFirst {
+		p.freezeAndStop()
 	}
-	if !p.frozen {
-		p.l.signalGroup(unix.SIGSTOP)
-	}
+	p.l.signalGroup(unix.SIGSTOP)
 	wait := 200 * time.Microsecond
 	for {
 		if len(p.step()) == 0 {
 			return true
+		}
+		if !p.frozen && p.passes >= stormPasses && p.lastNews > 0 {
+			p.freezeAndStop()
 		}
 		elapsed := time.Since(begin)
 		if elapsed > p.opt.StopBudget {
@@ -215,9 +211,31 @@ func (p *pauser) run() bool {
 				return false
 			}
 		}
-		time.Sleep(wait)
-		wait = min(wait*2, 10*time.Millisecond)
+		if p.lastNews == 0 {
+			time.Sleep(wait)
+			wait = min(wait*2, 10*time.Millisecond)
+		}
 	}
+}
+
+// freezeAndStop freezes the launch's cgroup, sends SIGSTOP to every member
+// and thaws it. While frozen no member can fork or exit, so the pids listed
+// are the members themselves and are signalled by pid. A freeze that cannot
+// be confirmed is thawed back and the pause goes on with signals alone.
+func (p *pauser) freezeAndStop() {
+	if p.l.Cgroup == nil || p.opt.NoCgroup {
+		return
+	}
+	if err := p.l.Cgroup.Freeze(time.Now().Add(time.Second)); err != nil {
+		return
+	}
+	p.frozen = true
+	if pids, err := p.l.Cgroup.Procs(); err == nil {
+		for _, pid := range pids {
+			kill(pid, unix.SIGSTOP)
+		}
+	}
+	p.l.Cgroup.Thaw()
 }
 
 // step is one pass. Every process reached is checked; one not stopped yet is
@@ -258,9 +276,11 @@ func (p *pauser) step() []proto.Pending {
 	found := p.f.pass(func(t *target) {
 		check(t.Stat, func() { t.Signal(unix.SIGSTOP) })
 	})
+	p.lastNews = 0
 	for pid, st := range found {
 		if old, ok := p.stopped[pid]; !ok || old.StartTicks != st.StartTicks {
 			p.fresh = append(p.fresh, procOf(st))
+			p.lastNews++
 		}
 		p.stopped[pid] = st
 	}

@@ -112,15 +112,17 @@ func ParseStat(data []byte) (Stat, error) {
 	rest := data[closeIdx+1:]
 	// Fields after the name, numbered from 3 (state) as in proc(5).
 	field := 2
+	// Fields are split at spaces and newlines alike, so that no field (the
+	// state, say) can be read as a newline.
 	for len(rest) > 0 {
-		for len(rest) > 0 && rest[0] == ' ' {
+		for len(rest) > 0 && (rest[0] == ' ' || rest[0] == '\n') {
 			rest = rest[1:]
 		}
-		end := bytes.IndexByte(rest, ' ')
-		if end < 0 {
-			end = len(rest)
+		end := 0
+		for end < len(rest) && rest[end] != ' ' && rest[end] != '\n' {
+			end++
 		}
-		tok := bytes.TrimRight(rest[:end], "\n")
+		tok := rest[:end]
 		rest = rest[end:]
 		if len(tok) == 0 {
 			continue

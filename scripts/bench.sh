@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# scripts/bench.sh [GO-BENCH-OUTPUT]
+#
+# The figures of docs/BENCHMARKS.md, as one table of medians:
+#   - pause and continue of real trees of sleeping processes under a real
+#     supervised launch (the Go benchmarks of pkg/reaper), for each tree and
+#     method (default: signals, the cgroup only in a fork storm; cgroup:
+#     freeze first; signal: never the cgroup);
+#   - the stripped static sizes of bin/ngsup-linux-{amd64,arm64};
+#   - the wall time of `bin/ngsup version`;
+#   - the wall time of the CLI `ngsup pause` and `ngsup continue` on a
+#     1,000-process flat tree (process start included).
+#
+# With an argument it reads that file of `go test -bench` output instead of
+# running the Go benchmarks. Needs root (the benchmarks skip otherwise).
+# Knobs: BENCH_COUNT (default 5) runs of BENCH_TIMES (default 5) pauses each;
+# VERSION_RUNS (200); CLI_RUNS (20).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GO=${GO:-go}
+BIN=${BIN:-bin}
+BENCH_COUNT=${BENCH_COUNT:-5}
+BENCH_TIMES=${BENCH_TIMES:-5}
+BENCH_PATTERN=${BENCH_PATTERN:-Pause}
+VERSION_RUNS=${VERSION_RUNS:-200}
+CLI_RUNS=${CLI_RUNS:-20}
+NGSUP=$BIN/ngsup
+
+if [ ! -x "$NGSUP" ] || [ ! -f "$BIN/ngsup-linux-amd64" ] || [ ! -f "$BIN/ngsup-linux-arm64" ]; then
+	make build >&2
+fi
+
+# median: the median of the numbers on stdin, one a line ("-" if none).
+median() {
+	sort -g | awk '{ v[NR] = $1 } END {
+		if (NR == 0) { print "-"; exit }
+		if (NR % 2) printf "%.2f\n", v[(NR + 1) / 2]
+		else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# range: "min-max" of the numbers on stdin.
+range() {
+	sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { if (NR) printf "%.1f-%.1f\n", lo, hi; else print "-" }'
+}
+# now_us: the wall clock in microseconds, without starting a process.
+now_us() {
+	local t=${EPOCHREALTIME/./}
+	echo "$t"
+}
+
+echo "# bench.sh: $(git describe --tags --always --dirty 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# --- 1. The Go benchmarks -------------------------------------------------
+if [ $# -ge 1 ]; then
+	raw=$1
+else
+	raw=$BIN/bench.txt
+	mkdir -p "$BIN"
+	echo "running: $GO test -run '^\$' -bench $BENCH_PATTERN -benchtime ${BENCH_TIMES}x -count $BENCH_COUNT ./pkg/reaper/ (output in $raw)" >&2
+	$GO test -run '^$' -bench "$BENCH_PATTERN" -benchtime "${BENCH_TIMES}x" -count "$BENCH_COUNT" -timeout 60m ./pkg/reaper/ >"$raw" 2>&1 || {
+		tail -40 "$raw" >&2
+		echo "bench.sh: the Go benchmarks failed; see $raw" >&2
+		exit 1
+	}
+	grep -E '^(Benchmark|goos|goarch|cpu|PASS|ok)' "$raw" >&2 || true
+fi
+if grep -q -- '--- SKIP' "$raw"; then
+	grep -A2 -- '--- SKIP' "$raw" >&2
+fi
+
+# samples KEY FIELD: the FIELD values of the BENCHSAMPLE lines of tree/method KEY.
+samples() {
+	local tree=${1%/*} method=${1#*/} field=$2
+	grep -o "BENCHSAMPLE tree=$tree method=$method .*" "$raw" |
+		tr ' ' '\n' | sed -n "s/^$field=//p"
+}
+
+echo
+echo "## Pause and continue (Go benchmarks, pkg/reaper; medians of every pause)"
+echo
+printf '| %-13s | %-7s | %9s | %4s | %14s | %12s | %17s | %-17s |\n' \
+	tree method processes runs "pause ms (med)" "pause range" "continue ms (med)" "target"
+printf '|%s|%s|%s|%s|%s|%s|%s|%s|\n' --------------- -------- ----------- ------ ---------------- -------------- ------------------- -------------------
+for key in flat1000/default flat1000/cgroup flat1000/signal fanout4-2400/default fanout4-2400/cgroup fanout4-2400/signal chain2400/default chain2400/cgroup chain2400/signal; do
+	n=$(samples "$key" pause_ms | wc -l)
+	if [ "$n" -eq 0 ]; then
+		printf '| %-13s | %-7s | %9s | %4s | %14s | %12s | %17s | %-17s |\n' "${key%/*}" "${key#*/}" - 0 - - - "not measured"
+		continue
+	fi
+	procs=$(samples "$key" processes | sort -u | tr '\n' ' ' | sed 's/ $//')
+	pmed=$(samples "$key" pause_ms | median)
+	prange=$(samples "$key" pause_ms | range)
+	cmed=$(samples "$key" continue_ms | median)
+	limit=100
+	[ "${key%/*}" = flat1000 ] && limit=40
+	verdict=$(awk -v m="$pmed" -v l="$limit" 'BEGIN { if (m <= l) print "<= " l " ms: met"; else print "<= " l " ms: MISSED" }')
+	printf '| %-13s | %-7s | %9s | %4s | %14s | %12s | %17s | %-17s |\n' \
+		"${key%/*}" "${key#*/}" "$procs" "$n" "$pmed" "$prange" "$cmed" "$verdict"
+done
+cgv=$(grep -o 'cgroup_v=[0-9]' "$raw" | sort -u | tr '\n' ' ')
+echo
+echo "cgroup of the launches: ${cgv:-none}(1 = v1 freezer, 2 = cgroup2 cgroup.freeze)"
+
+# --- 2. Sizes ---------------------------------------------------------------
+echo
+echo "## ngsup binaries (stripped, static; limit 4 MiB = 4194304 bytes)"
+echo
+printf '| %-20s | %9s | %8s | %-14s | %-8s |\n' binary bytes MiB linking "<= 4 MiB"
+printf '|%s|%s|%s|%s|%s|\n' ---------------------- ----------- ---------- ---------------- ----------
+for arch in amd64 arm64; do
+	f=$BIN/ngsup-linux-$arch
+	size=$(stat -c %s "$f")
+	link=unknown
+	if command -v file >/dev/null; then
+		desc=$(file -b "$f")
+		case $desc in
+		*"statically linked"*) link=static ;;
+		*"dynamically linked"*) link=DYNAMIC ;;
+		esac
+		case $desc in *"not stripped"*) link="$link, NOT stripped" ;; esac
+	fi
+	ok=yes
+	[ "$size" -le 4194304 ] || ok=NO
+	printf '| %-20s | %9d | %8s | %-14s | %-8s |\n' "ngsup-linux-$arch" "$size" "$(awk -v s="$size" 'BEGIN { printf "%.2f", s / 1048576 }')" "$link" "$ok"
+done
+
+# --- 3. ngsup version -------------------------------------------------------
+echo
+vt=$(mktemp)
+for _ in $(seq "$VERSION_RUNS"); do
+	t0=$(now_us)
+	"$NGSUP" version >/dev/null
+	t1=$(now_us)
+	echo "$(( t1 - t0 ))" >>"$vt"
+done
+vmed=$(awk '{ print $1 / 1000 }' "$vt" | median)
+vrange=$(awk '{ print $1 / 1000 }' "$vt" | range)
+rm -f "$vt"
+verdict=$(awk -v m="$vmed" 'BEGIN { print (m < 5) ? "met" : "MISSED" }')
+echo "## ngsup version: median ${vmed} ms over $VERSION_RUNS runs (range ${vrange} ms; target < 5 ms: $verdict)"
+
+# --- 4. The CLI on the 1,000-flat tree --------------------------------------
+if [ "$(id -u)" -ne 0 ]; then
+	echo
+	echo "## CLI pause+continue: skipped (needs root)"
+	exit 0
+fi
+work=$(mktemp -d)
+dir=$work/launch
+id=bench-cli-$$-$(date +%s)
+tag=NEMO_GYM_HARNESS_LAUNCH=$id
+cat >"$work/flat.sh" <<'EOF'
+n=$1; i=0
+while [ "$i" -lt "$n" ]; do sleep 3600 & i=$((i+1)); done
+wait
+EOF
+cleanup() {
+	"$NGSUP" stop --dir "$dir" --grace 200ms >/dev/null 2>&1 || true
+	# Anything still carrying this launch's tag is killed by pid.
+	local left
+	left=$(grep -lxz "$tag" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true)
+	if [ -n "$left" ]; then
+		echo "bench.sh: killing $(echo "$left" | wc -l) processes left by launch $id" >&2
+		kill -KILL $left 2>/dev/null || true
+	fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
+"$NGSUP" run --detach --dir "$dir" --id "$id" -- /bin/sh "$work/flat.sh" 1000 >/dev/null
+# Wait until the harness and its 1,000 sleeps are there, all asleep.
+for _ in $(seq 600); do
+	tree=$("$NGSUP" tree --dir "$dir" --json)
+	total=$(echo "$tree" | grep -o '"pid":' | wc -l)
+	sleeping=$(echo "$tree" | grep -o '"state":"S"' | wc -l)
+	# The supervisor is listed too.
+	[ "$total" -eq 1002 ] && [ "$sleeping" -eq 1002 ] && break
+	sleep 0.1
+done
+[ "$total" -eq 1002 ] || { echo "bench.sh: the flat tree has $total processes, want 1002" >&2; exit 1; }
+
+cli() { # cli METHOD-FLAGS...: CLI_RUNS pause+continue pairs; prints "pause continue both" ms lines
+	local t0 t1 t2 i out
+	for i in $(seq "$CLI_RUNS"); do
+		t0=$(now_us)
+		out=$("$NGSUP" pause --dir "$dir" "$@")
+		t1=$(now_us)
+		"$NGSUP" continue --dir "$dir" >/dev/null
+		t2=$(now_us)
+		case $out in *'"paused":true'*'"processes":1001'*) ;; *)
+			echo "bench.sh: pause did not hold 1001 processes: $out" >&2
+			exit 1
+			;;
+		esac
+		awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN { printf "%.3f %.3f %.3f\n", (b - a) / 1000, (c - b) / 1000, (c - a) / 1000 }'
+	done
+}
+echo
+echo "## CLI on the 1,000-flat tree (1,001 processes; wall time per command, process start included; $CLI_RUNS runs each)"
+echo
+printf '| %-22s | %15s | %18s | %15s |\n' method "pause ms (med)" "continue ms (med)" "both ms (med)"
+printf '|%s|%s|%s|%s|\n' ------------------------ ----------------- -------------------- -----------------
+for m in default no-cgroup; do
+	flags=()
+	[ "$m" = no-cgroup ] && flags=(--no-cgroup)
+	res=$(cli "${flags[@]}")
+	label="cgroup (default)"
+	[ "$m" = no-cgroup ] && label="signals (--no-cgroup)"
+	printf '| %-22s | %15s | %18s | %15s |\n' "$label" \
+		"$(echo "$res" | awk '{ print $1 }' | median)" \
+		"$(echo "$res" | awk '{ print $2 }' | median)" \
+		"$(echo "$res" | awk '{ print $3 }' | median)"
+done
