@@ -258,9 +258,20 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 	if err != nil {
 		return driver.LaunchSpec{}, err
 	}
-	spec.Argv = []string{a.opt.OpenCode, "run", "--format", "json", task}
+	// The task goes in on stdin: opencode run stores a message argument
+	// that holds a space with literal quotes around it, and fails on one
+	// that is a number. Read from stdin, the text is stored exactly.
+	taskFile := path.Join(st.Home, taskFileName)
+	if err := lc.Sandbox.Upload(ctx, taskFile, []byte(task), 0o600); err != nil {
+		return driver.LaunchSpec{}, fmt.Errorf("opencode: upload the task: %w", err)
+	}
+	spec.Argv = []string{"/bin/sh", "-c", `exec "$0" run --format json <"$1"`, a.opt.OpenCode, taskFile}
 	return spec, nil
 }
+
+// taskFileName is the task's text, kept beside the session, so the resume
+// decision can check the session starts with it.
+const taskFileName = "task.txt"
 
 // exported is what `opencode export` prints: the session and its messages.
 type exported struct {
@@ -362,7 +373,18 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 	if e == nil {
 		return fresh("the saved data folder holds no session")
 	}
-	return decide(e, "")
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(st.Home, taskFileName)}, Timeout: time.Minute})
+	if err != nil {
+		return driver.Decision{}, fmt.Errorf("opencode: read the task beside the session: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return fresh("the saved data folder holds no task")
+	}
+	d, err := decide(e, string(res.Stdout))
+	if err == nil && !d.Resume {
+		return fresh(strings.TrimSuffix(d.Reason, "; starting over with the task in a fresh data folder"))
+	}
+	return d, err
 }
 
 // decide applies the rule to an exported session. task, if set, must be the

@@ -1,0 +1,359 @@
+// Package fakemodel is a scripted, OpenAI-compatible chat-completions server
+// on the loopback interface, for end-to-end tests that run a real harness
+// (OpenCode) with no network and no real model.
+//
+// Every request is parsed into a [Request] and recorded; a script (a plain
+// function of the request) decides the [Reply]: a text answer or one tool
+// call. Replies stream as real server-sent events when the client asks for a
+// stream, and are a chat.completion object otherwise. Tests can hold replies
+// ([Server.Hold]) to freeze the harness mid-turn, and release them later.
+//
+// Routes:
+//
+//	POST /v1/chat/completions
+//	POST /ng-rollout/{rollout}/v1/chat/completions
+//	GET  /v1/models
+//	GET  /ng-rollout/{rollout}/v1/models
+//
+// The /ng-rollout/<id>[-a<attempt>] prefix is how the rollout framework tells
+// the model server which rollout a request belongs to; it is parsed into
+// [Request.Rollout] and [Request.Attempt].
+package fakemodel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultModel is the model id GET /v1/models lists when Options.Model is
+// empty, and the model a reply names when its request named none.
+const DefaultModel = "fake-model"
+
+// maxBody bounds a request body.
+const maxBody = 64 << 20
+
+// Options configures a Server.
+type Options struct {
+	// Script decides each reply from the request (default:
+	// DefaultScript("echo fakemodel")). It is called once per request, after
+	// any hold ends, possibly from several goroutines at once.
+	Script func(r Request) Reply
+	// Logf, if set, receives one line per request and per notable event
+	// (a client gone while held, a bad request, an unknown route). It is
+	// never called after Close returns.
+	Logf func(format string, args ...any)
+	// Model is the model id GET /v1/models lists (default DefaultModel).
+	Model string
+	// Holdable, if set, picks the requests Hold applies to: a request it
+	// rejects is answered at once and does not count toward Hold's n
+	// (default: every request is holdable). It lets a test hold OpenCode's
+	// main turn without catching the title request sent beside it.
+	Holdable func(r Request) bool
+}
+
+// Server is the fake model server. It is safe for concurrent use.
+type Server struct {
+	opt    Options
+	script func(Request) Reply
+
+	seq atomic.Int64 // ids of completions and tool calls
+
+	mu       sync.Mutex
+	reqs     []Request
+	arrived  chan struct{} // closed and replaced at each arrival
+	holdLeft int           // how many more holdable requests to hold
+	held     int           // handlers waiting on release now
+	release  chan struct{} // closed and replaced by Release
+	started  bool
+	closed   bool
+	done     chan struct{} // closed by Close
+	inflight sync.WaitGroup
+	ln       net.Listener
+	srv      *http.Server
+	url      string
+
+	logMu sync.RWMutex
+	quiet bool // set once Close has waited for every handler
+
+	closeOnce sync.Once
+}
+
+// New returns a server configured by opt; Start makes it listen.
+func New(opt Options) *Server {
+	s := &Server{
+		opt:     opt,
+		script:  opt.Script,
+		arrived: make(chan struct{}),
+		release: make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	if s.script == nil {
+		s.script = DefaultScript("echo fakemodel")
+	}
+	if s.opt.Model == "" {
+		s.opt.Model = DefaultModel
+	}
+	return s
+}
+
+// Start listens on 127.0.0.1 at a free port and serves in the background.
+// It fails if the server was already started or closed.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("fakemodel: start after close")
+	}
+	if s.started {
+		return errors.New("fakemodel: already started")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("fakemodel: listen: %w", err)
+	}
+	s.started = true
+	s.ln = ln
+	s.url = "http://" + ln.Addr().String()
+	s.srv = &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: 30 * time.Second,
+		ErrorLog:          log.New(logWriter{s}, "", 0),
+	}
+	go s.srv.Serve(ln)
+	return nil
+}
+
+// URL is the server's base address, http://127.0.0.1:PORT ("" before
+// Start). Clients that want the OpenAI API root use URL()+"/v1".
+func (s *Server) URL() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.url
+}
+
+// Close stops the server: it stops listening, wakes every held request
+// (whose client gets no reply), closes every connection and returns once
+// every handler has returned. It may be called more than once.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		close(s.done)
+		srv := s.srv
+		s.mu.Unlock()
+		if srv != nil {
+			srv.Close()
+		}
+		s.inflight.Wait()
+		s.logMu.Lock()
+		s.quiet = true
+		s.logMu.Unlock()
+	})
+}
+
+// Requests returns every chat-completions request so far, in arrival order.
+// Requests that could not be parsed are answered 400 and are not recorded.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.reqs...)
+}
+
+// Hold makes the next n (holdable, see Options.Holdable) requests wait: each
+// is recorded and logged on arrival, then its handler blocks until Release,
+// Close, or its client going away. A second Hold replaces the count still
+// left; Hold(0) stops holding new requests without releasing held ones.
+func (s *Server) Hold(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holdLeft = max(n, 0)
+}
+
+// Held is how many requests are being held now.
+func (s *Server) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held
+}
+
+// Release delivers every held reply, and stops holding new requests until
+// Hold is called again. Held is zero when it returns.
+func (s *Server) Release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holdLeft = 0
+	s.held = 0
+	close(s.release)
+	s.release = make(chan struct{})
+}
+
+// WaitRequests blocks until n requests have arrived (held ones count), or
+// ctx ends, or the server closes.
+func (s *Server) WaitRequests(ctx context.Context, n int) error {
+	for {
+		s.mu.Lock()
+		got, ch := len(s.reqs), s.arrived
+		s.mu.Unlock()
+		if got >= n {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-s.done:
+			return fmt.Errorf("fakemodel: server closed after %d of %d requests", got, n)
+		case <-ctx.Done():
+			return fmt.Errorf("fakemodel: %d of %d requests arrived: %w", got, n, context.Cause(ctx))
+		}
+	}
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	mux.HandleFunc("POST /ng-rollout/{rollout}/v1/chat/completions", s.handleChat)
+	mux.HandleFunc("GET /v1/models", s.handleModels)
+	mux.HandleFunc("GET /ng-rollout/{rollout}/v1/models", s.handleModels)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.logf("fakemodel: no route for %s %s", r.Method, r.URL.Path)
+		writeError(w, http.StatusNotFound, "not_found_error", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	})
+	return s.track(mux)
+}
+
+// track counts handlers in flight, so that Close can wait for them, and
+// turns requests away once the server is closing.
+func (s *Server) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			writeError(w, http.StatusServiceUnavailable, "server_error", "fakemodel: closed")
+			return
+		}
+		s.inflight.Add(1)
+		s.mu.Unlock()
+		defer s.inflight.Done()
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	req, opts, err := parseRequest(r)
+	if err != nil {
+		s.logf("fakemodel: %s %s: bad request: %v", r.Method, r.URL.Path, err)
+		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	holdable := s.opt.Holdable == nil || s.opt.Holdable(req)
+
+	s.mu.Lock()
+	s.reqs = append(s.reqs, req)
+	num := len(s.reqs)
+	close(s.arrived)
+	s.arrived = make(chan struct{})
+	var rel chan struct{}
+	if holdable && s.holdLeft > 0 {
+		s.holdLeft--
+		s.held++
+		rel = s.release
+	}
+	s.mu.Unlock()
+
+	s.logf("fakemodel: #%d %s", num, req.summary())
+	if rel != nil {
+		s.logf("fakemodel: #%d held", num)
+		select {
+		case <-rel:
+			s.logf("fakemodel: #%d released", num)
+		case <-r.Context().Done():
+			s.unhold(rel)
+			s.logf("fakemodel: #%d: client went away while held (%v)", num, context.Cause(r.Context()))
+			return
+		case <-s.done:
+			s.unhold(rel)
+			panic(http.ErrAbortHandler) // no reply: the connection is cut
+		}
+	}
+
+	reply := s.script(req)
+	if reply.Delay > 0 {
+		t := time.NewTimer(reply.Delay)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			s.logf("fakemodel: #%d: client went away during the reply's delay", num)
+			return
+		case <-s.done:
+			t.Stop()
+			panic(http.ErrAbortHandler)
+		}
+	}
+	id := s.seq.Add(1)
+	if reply.ToolCall != nil && reply.ToolCall.ID == "" {
+		tc := *reply.ToolCall
+		tc.ID = fmt.Sprintf("call_fake%d", id)
+		reply.ToolCall = &tc
+	}
+	s.logf("fakemodel: #%d reply %s", num, reply.summary())
+	model := req.Model
+	if model == "" {
+		model = s.opt.Model
+	}
+	c := completion{id: fmt.Sprintf("chatcmpl-fake%d", id), model: model, created: time.Now().Unix(), reply: reply, promptTokens: len(req.Body)/4 + 1}
+	if req.Stream {
+		if err := c.writeStream(w, opts.includeUsage); err != nil {
+			s.logf("fakemodel: #%d: stream: %v", num, err)
+		}
+		return
+	}
+	c.writeJSON(w)
+}
+
+// unhold ends one hold that Release has not ended already.
+func (s *Server) unhold(rel chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-rel: // Release already counted it
+	default:
+		s.held--
+	}
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	s.logf("fakemodel: GET %s", r.URL.Path)
+	writeJSONBody(w, http.StatusOK, map[string]any{
+		"object": "list",
+		"data": []map[string]any{{
+			"id": s.opt.Model, "object": "model", "created": 0, "owned_by": "fakemodel",
+		}},
+	})
+}
+
+func (s *Server) logf(format string, args ...any) {
+	if s.opt.Logf == nil {
+		return
+	}
+	s.logMu.RLock()
+	defer s.logMu.RUnlock()
+	if !s.quiet {
+		s.opt.Logf(format, args...)
+	}
+}
+
+// logWriter sends net/http's own error log through Logf.
+type logWriter struct{ s *Server }
+
+func (l logWriter) Write(p []byte) (int, error) {
+	l.s.logf("fakemodel: http: %s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
