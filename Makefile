@@ -7,7 +7,7 @@ COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 BIN       := bin
 
-.PHONY: all build ngsup ngresume ngdriver test test-short bench lint demo fuzz clean
+.PHONY: all build ngsup ngresume ngdriver test test-short bench soak lint demo fuzz clean
 
 all: build
 
@@ -45,6 +45,11 @@ test-short:
 # benchmark output is kept in $(BIN)/bench.txt.
 bench: build
 	GO=$(GO) BIN=$(BIN) ./scripts/bench.sh
+
+# The scale benchmark of ngdriver serve (root): 512 rollouts, a checkpoint
+# every 10 s for 2 minutes, a crash and restore in the middle.
+soak: build
+	$(GO) run ./test/soak -bin $(BIN) $(SOAK_FLAGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

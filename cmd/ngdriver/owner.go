@@ -61,6 +61,7 @@ ngdriver serve's backends.local.base at the same --base.`,
 			own := localowner.New(localowner.Options{
 				Backend:     backend,
 				StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandbox(ctx, sb) },
+				KillSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandboxGrace(ctx, sb, 0) },
 				Logger:      log,
 			})
 			srv := &httpowner.Server{Owner: own, Checkpoints: own, Token: os.Getenv(tokenEnv), Log: log,

@@ -194,6 +194,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 	own := localowner.New(localowner.Options{
 		Backend:     backend,
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandbox(ctx, sb) },
+		KillSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandboxGrace(ctx, sb, 0) },
 		Logger:      log,
 	})
 	pause := f.pause

@@ -138,7 +138,7 @@ func (t *Tools) Ensure(ctx context.Context, sb sandbox.Sandbox, name string, bin
 		return "", err
 	}
 	dst := path.Join(sb.Root(), "bin", name+"-"+img.sum[:16])
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"test", "-x", dst}, Timeout: 30 * time.Second})
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"test", "-x", dst}, Timeout: 30 * time.Second, HostPaths: true})
 	if err != nil {
 		return "", fmt.Errorf("look for %s in %s: %w", name, sb.ID(), err)
 	}
@@ -171,7 +171,7 @@ func (t *Tools) image(p string) (ngsupImage, error) {
 
 // Arch asks the sandbox for its machine and names it as Go does.
 func Arch(ctx context.Context, sb sandbox.Sandbox) (string, error) {
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"uname", "-m"}, Timeout: 30 * time.Second})
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"uname", "-m"}, Timeout: 30 * time.Second, HostPaths: true})
 	if err != nil {
 		return "", fmt.Errorf("ask %s for its architecture: %w", sb.ID(), err)
 	}
@@ -189,7 +189,7 @@ func Arch(ctx context.Context, sb sandbox.Sandbox) (string, error) {
 // returns the exit code; an error means the outcome is unknown or the
 // output was not what the contract promises.
 func (n *Ngsup) verb(ctx context.Context, sb sandbox.Sandbox, bin string, timeout time.Duration, out any, args ...string) (int, sandbox.ExecResult, error) {
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: append([]string{bin}, args...), Timeout: timeout})
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: append([]string{bin}, args...), Timeout: timeout, HostPaths: true})
 	if err != nil {
 		return -1, res, fmt.Errorf("run ngsup %s in %s: %w", args[0], sb.ID(), err)
 	}
@@ -412,8 +412,9 @@ func (n *Ngsup) withID(ref LaunchRef, verb string) []string {
 func Output(ctx context.Context, sb sandbox.Sandbox, ref LaunchRef) (stdout, stderr []byte, err error) {
 	read := func(name string) ([]byte, error) {
 		res, err := sb.Exec(ctx, sandbox.ExecRequest{
-			Argv:    []string{"tail", "-c", strconv.Itoa(outputTail), path.Join(ref.Dir, name)},
-			Timeout: 60 * time.Second,
+			Argv:      []string{"tail", "-c", strconv.Itoa(outputTail), path.Join(ref.Dir, name)},
+			Timeout:   60 * time.Second,
+			HostPaths: true,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("read the harness's %s in %s: %w", name, sb.ID(), err)
@@ -433,12 +434,18 @@ func Output(ctx context.Context, sb sandbox.Sandbox, ref LaunchRef) (stdout, std
 // StopSandbox ends every launch in the sandbox (each launch folder under its
 // root), then stops the sandbox itself where its backend can.
 func (n *Ngsup) StopSandbox(ctx context.Context, sb sandbox.Sandbox) error {
+	return n.StopSandboxGrace(ctx, sb, 2*time.Second)
+}
+
+// StopSandboxGrace is StopSandbox with the SIGINT-to-SIGKILL grace given (0:
+// SIGKILL at once, for a sandbox whose run crashed).
+func (n *Ngsup) StopSandboxGrace(ctx context.Context, sb sandbox.Sandbox, grace time.Duration) error {
 	bin, err := n.Ensure(ctx, sb)
 	if err != nil {
 		return err
 	}
 	dir := path.Join(sb.Root(), "launches")
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"ls", "-1", dir}, Timeout: 30 * time.Second})
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"ls", "-1", dir}, Timeout: 30 * time.Second, HostPaths: true})
 	if err != nil {
 		return fmt.Errorf("list the launches in %s: %w", sb.ID(), err)
 	}
@@ -447,11 +454,14 @@ func (n *Ngsup) StopSandbox(ctx context.Context, sb sandbox.Sandbox) error {
 		if proto.ValidateID(name) != nil {
 			continue
 		}
-		ref := LaunchRef{ID: name, Dir: path.Join(dir, name), Supervised: true}
-		if _, err := n.Stop(ctx, sb, bin, ref, 2*time.Second); err != nil {
-			// An unsupervised launch has no receipt: find it by its tag.
-			ref.Supervised = false
-			if _, err2 := n.Stop(ctx, sb, bin, ref, 2*time.Second); err2 != nil {
+		// Named by --id (the folder's name is the launch id): an
+		// unsupervised launch has no receipt, and a stop without --id on a
+		// folder without a receipt exits 0 having found nothing. With a
+		// receipt, ngsup checks that the id matches it.
+		ref := LaunchRef{ID: name, Dir: path.Join(dir, name), Supervised: false}
+		if _, err := n.Stop(ctx, sb, bin, ref, grace); err != nil {
+			ref.Supervised = true
+			if _, err2 := n.Stop(ctx, sb, bin, ref, grace); err2 != nil {
 				errs = append(errs, err)
 			}
 		}

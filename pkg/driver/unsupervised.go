@@ -47,7 +47,7 @@ func (n *Ngsup) StartUnsupervised(ctx context.Context, sb sandbox.Sandbox, ref L
 func (n *Ngsup) WaitUnsupervised(ctx context.Context, sb sandbox.Sandbox, ref LaunchRef, chunk time.Duration) (*proto.Receipt, bool, error) {
 	deadline := time.Now().Add(chunk)
 	for {
-		res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(ref.Dir, exitCodeFile)}, Timeout: 30 * time.Second})
+		res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(ref.Dir, exitCodeFile)}, Timeout: 30 * time.Second, HostPaths: true})
 		if err != nil {
 			return nil, false, fmt.Errorf("wait for the unsupervised launch %s: %w", ref.ID, err)
 		}

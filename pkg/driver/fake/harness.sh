@@ -34,7 +34,7 @@ if [ "${FAKE_OWN_SESSION:-1}" = 1 ]; then
 fi
 if [ "${FAKE_DAEMON:-1}" = 1 ]; then
 	# Double-forked: re-parented to the supervisor, in a session of its own.
-	(setsid sh -c 'echo "daemon $$" >>"$0/pids"; while :; do sleep 1; done' "$session" </dev/null >/dev/null 2>&1 &)
+	(setsid sh -c 'echo "daemon $$" >>"$0/pids"; while :; do sleep 3600; done' "$session" </dev/null >/dev/null 2>&1 &)
 fi
 if [ "${FAKE_UNTAGGED:-1}" = 1 ]; then
 	# A child that cleared its environment, tag included.

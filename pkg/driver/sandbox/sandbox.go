@@ -30,6 +30,13 @@ type ExecRequest struct {
 	Timeout time.Duration
 	// Stdin, if set, is the command's input.
 	Stdin io.Reader
+	// HostPaths says the command touches the sandbox only through the
+	// absolute paths among its arguments (and Dir) and needs nothing else
+	// of the sandbox's view: ngsup's control verbs, test, cat, ls, tail. A
+	// backend that can run such a command more cheaply outside the
+	// sandbox's view, with those paths translated, may; others ignore it.
+	// Never set it for a command that starts the harness.
+	HostPaths bool
 }
 
 // ExecResult is what a finished command left.

@@ -53,7 +53,7 @@ const (
 )
 
 // parallelism bounds the sandboxes copied at once by Snapshot and Restore.
-const parallelism = 4
+const parallelism = 8
 
 // ErrUnknownSession means the cookies name no session of this owner (or no
 // session at all).
@@ -71,6 +71,9 @@ type Options struct {
 	// function that runs `ngsup stop` on each launch folder); nil: no
 	// process is stopped.
 	StopSandbox func(ctx context.Context, sb sandbox.Sandbox) error
+	// KillSandbox ends every process of a sandbox a restore replaces, at
+	// once: its processes belong to a run that crashed. Nil: StopSandbox.
+	KillSandbox func(ctx context.Context, sb sandbox.Sandbox) error
 	// Logger receives what the owner did and what went wrong (nil:
 	// slog.Default()).
 	Logger *slog.Logger
@@ -414,7 +417,19 @@ func outputTail(res sandbox.ExecResult) string {
 // stop ends every process of the sandbox id through Options.StopSandbox.
 // A sandbox that is gone has none.
 func (o *Owner) stop(ctx context.Context, id string) error {
-	if id == "" || o.opt.StopSandbox == nil {
+	return o.end(ctx, id, o.opt.StopSandbox)
+}
+
+// kill ends every process of the sandbox id through Options.KillSandbox.
+func (o *Owner) kill(ctx context.Context, id string) error {
+	if o.opt.KillSandbox == nil {
+		return o.stop(ctx, id)
+	}
+	return o.end(ctx, id, o.opt.KillSandbox)
+}
+
+func (o *Owner) end(ctx context.Context, id string, how func(context.Context, sandbox.Sandbox) error) error {
+	if id == "" || how == nil {
 		return nil
 	}
 	sb, err := o.opt.Backend.Open(id)
@@ -424,7 +439,7 @@ func (o *Owner) stop(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return o.opt.StopSandbox(ctx, sb)
+	return how(ctx, sb)
 }
 
 func (o *Owner) removeUnused(ctx context.Context, id string) {
@@ -616,7 +631,7 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		defer s.mu.Unlock()
 		snap := taken[s.id]
 		old := s.sandboxID
-		if err := o.stop(ctx, old); err != nil {
+		if err := o.kill(ctx, old); err != nil {
 			o.log.Warn("stop the sandbox a restore replaces", "session", s.id, "sandbox", old, "err", err)
 		}
 		var fork *local.Sandbox

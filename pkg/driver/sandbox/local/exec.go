@@ -172,7 +172,20 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	}
 	var cmd *exec.Cmd
 	var ready *os.File // read end of the "namespace is set up" pipe
-	if ns {
+	switch {
+	case ns && req.HostPaths:
+		// A command that touches the sandbox only by the paths in its
+		// arguments runs on the host with them translated: no namespace,
+		// no shell, a third of the cost (it matters when hundreds of
+		// launches are paused at one checkpoint).
+		argv := make([]string, len(req.Argv))
+		for i, a := range req.Argv {
+			argv[i] = s.hostPath(a)
+		}
+		cmd = exec.Command(argv[0], argv[1:]...)
+		cmd.Dir = s.hostPath(req.Dir)
+		cmd.Env = append(s.env(), envList(req.Env)...)
+	case ns:
 		if err := os.MkdirAll(s.b.mountPoint, 0o755); err != nil {
 			return sandbox.ExecResult{ExitCode: -1}, fmt.Errorf("exec in %s: create the mount point: %w", s.id, err)
 		}
@@ -190,11 +203,13 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		defer w.Close()
 		cmd.ExtraFiles = []*os.File{w}
 		ready = r
-	} else {
+	default:
 		cmd = exec.Command("/bin/sh", "-c", line)
 		cmd.Dir = s.host
 	}
-	cmd.Env = s.env()
+	if cmd.Env == nil {
+		cmd.Env = s.env()
+	}
 	cmd.Stdin = req.Stdin
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -283,4 +298,30 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		}
 	}
 	return res, nil
+}
+
+// hostPath translates an absolute path inside the sandbox's view (under
+// the mount point) to the sandbox's folder on the host; anything else is
+// returned as it is.
+func (s *Sandbox) hostPath(p string) string {
+	mp := s.b.mountPoint
+	switch {
+	case mp == "" || !strings.HasPrefix(p, mp):
+		return p
+	case p == mp:
+		return s.host
+	case p[len(mp)] == '/':
+		return s.host + p[len(mp):]
+	}
+	return p
+}
+
+// envList turns an environment map into KEY=VALUE entries, sorted.
+func envList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
 }

@@ -1,0 +1,499 @@
+// Command soak is the scale benchmark of `ngdriver serve`: many concurrent
+// rollouts of the fake adapter in local sandboxes, a checkpoint every few
+// seconds, one crash (SIGKILL of the driver) and restore in the middle. It
+// drives a real `ngdriver owner serve` and a real `ngdriver serve` over HTTP
+// on loopback, as the rollout framework would, and prints a table: prepare
+// time (median, max), pauses, failed pauses and their causes, relaunches,
+// runs lost, runs that repeated a step, the driver's peak memory and CPU.
+//
+// Run it with `make soak` (root). It kills only the processes it started,
+// by their process groups, and stops every launch it made through ngsup.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	bin       string
+	work      string
+	rollouts  int
+	duration  time.Duration
+	every     time.Duration
+	crashAt   time.Duration
+	stepS     float64
+	isolation string
+	maxRuns   int
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.bin, "bin", "bin", "folder with ngdriver and ngsup-linux-*")
+	flag.StringVar(&c.work, "work", "", "work folder (default: a new temp folder)")
+	flag.IntVar(&c.rollouts, "rollouts", 512, "concurrent rollouts")
+	flag.DurationVar(&c.duration, "duration", 2*time.Minute, "how long checkpoints are taken")
+	flag.DurationVar(&c.every, "every", 10*time.Second, "time between checkpoints")
+	flag.DurationVar(&c.crashAt, "crash-at", time.Minute, "crash the driver after the first checkpoint committed at or after this time (0: no crash)")
+	flag.Float64Var(&c.stepS, "step", 1, "seconds per fake step")
+	flag.StringVar(&c.isolation, "isolation", "none", "local sandboxes: none, auto or namespace")
+	flag.IntVar(&c.maxRuns, "max-runs", 0, "the driver's max_runs (0: the number of rollouts)")
+	flag.Parse()
+	if err := run(c); err != nil {
+		fmt.Fprintf(os.Stderr, "soak: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// proc is a server the soak started, in its own process group.
+type proc struct {
+	cmd  *exec.Cmd
+	url  string
+	logf *os.File
+}
+
+var listening = regexp.MustCompile(`listening on (http://\S+)`)
+
+func start(name string, logPath string, env []string, args ...string) (*proc, error) {
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{cmd: cmd, logf: logf}
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case line <- m[1]:
+				default:
+				}
+			}
+		}
+	}()
+	select {
+	case p.url = <-line:
+		return p, nil
+	case <-time.After(30 * time.Second):
+		p.kill()
+		return nil, fmt.Errorf("%s did not start; see %s", name, logPath)
+	}
+}
+
+// kill ends the server's whole process group and reaps it.
+func (p *proc) kill() {
+	if p == nil || p.cmd.Process == nil {
+		return
+	}
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	p.cmd.Wait()
+	p.logf.Close()
+}
+
+// usage samples a process's peak RSS (VmHWM) and CPU seconds.
+func usage(pid int) (peakMB float64, cpuS float64) {
+	if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		for _, l := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(l, "VmHWM:") {
+				f := strings.Fields(l)
+				if len(f) >= 2 {
+					kb, _ := strconv.ParseFloat(f[1], 64)
+					peakMB = kb / 1024
+				}
+			}
+		}
+	}
+	if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		s := string(data)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+		if len(f) > 13 {
+			u, _ := strconv.ParseFloat(f[11], 64)
+			k, _ := strconv.ParseFloat(f[12], 64)
+			cpuS = (u + k) / 100
+		}
+	}
+	return
+}
+
+type controller struct {
+	token  string
+	client *http.Client
+}
+
+func (c *controller) post(url string, body any, auth bool) ([]byte, int, error) {
+	data, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(data))
+	req.Header.Set("Content-Type", "application/json")
+	if auth {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	return out, resp.StatusCode, err
+}
+
+func (c *controller) call(base, phase string, body map[string]any) (map[string]any, error) {
+	out, code, err := c.post(base+"/ng-control/v1/checkpoint/"+phase, body, true)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", phase, err)
+	}
+	if code != 200 {
+		return nil, fmt.Errorf("%s answered %d: %s", phase, code, out)
+	}
+	var m map[string]any
+	json.Unmarshal(out, &m)
+	return m, nil
+}
+
+// result is what one rollout came to.
+type result struct {
+	ok       bool
+	err      string
+	launches []struct {
+		Resumed bool   `json:"resumed"`
+		Outcome string `json:"outcome"`
+		Pauses  int    `json:"pauses"`
+		Reason  string `json:"reason"`
+	}
+	attempts int
+}
+
+func run(c config) error {
+	if os.Geteuid() != 0 {
+		return errors.New("run as root (local sandboxes, cgroups)")
+	}
+	bin, _ := filepath.Abs(c.bin)
+	if c.work == "" {
+		d, err := os.MkdirTemp("", "ngsoak-")
+		if err != nil {
+			return err
+		}
+		c.work = d
+	}
+	if c.maxRuns == 0 {
+		c.maxRuns = c.rollouts
+	}
+	base := filepath.Join(c.work, "local")
+	token := "soak-" + strconv.Itoa(os.Getpid())
+	env := []string{"NG_CONTROL_TOKEN=" + token}
+	owner, err := start(filepath.Join(bin, "ngdriver"), filepath.Join(c.work, "owner.log"), env,
+		"owner", "serve", "--listen", "127.0.0.1:0", "--base", base, "--ngsup-dir", bin, "--isolation", c.isolation, "--log-format", "json")
+	if err != nil {
+		return err
+	}
+	defer owner.kill()
+	cfgPath := filepath.Join(c.work, "ngdriver.yaml")
+	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
+name: soak
+token_env: NG_CONTROL_TOKEN
+max_runs: %d
+adapter: fake
+stop_grace: 2s
+ngsup_dir: %s
+log_format: json
+owner:
+  url: %s
+  retries: 5
+backends:
+  local:
+    base: %s
+    isolation: %s
+`, c.maxRuns, bin, owner.url, base, c.isolation)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return err
+	}
+	startDriver := func(n int) (*proc, error) {
+		return start(filepath.Join(bin, "ngdriver"), filepath.Join(c.work, fmt.Sprintf("driver-%d.log", n)), env, "serve", "--config", cfgPath)
+	}
+	driver, err := startDriver(1)
+	if err != nil {
+		return err
+	}
+	var driverMu sync.Mutex
+	currentDriver := func() *proc { driverMu.Lock(); defer driverMu.Unlock(); return driver }
+	defer func() { currentDriver().kill() }()
+	defer stopLaunches(bin, base)
+
+	ctl := &controller{token: token, client: &http.Client{Timeout: 0}}
+	steps := int((c.duration.Seconds() + 30) / c.stepS)
+	fmt.Fprintf(os.Stderr, "soak: %d rollouts of %d steps of %.1fs, a checkpoint every %s for %s, crash at %s; work in %s\n",
+		c.rollouts, steps, c.stepS, c.every, c.duration, c.crashAt, c.work)
+
+	// Runs: each re-issued with attempt+1 after the crash (its request
+	// fails when the driver dies), as the framework re-issues a rollout.
+	restored := make(chan struct{})
+	results := make([]result, c.rollouts)
+	var wg sync.WaitGroup
+	begin := time.Now()
+	var finished atomic.Int64
+	for i := 0; i < c.rollouts; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			id := fmt.Sprintf("soak-%04d", i)
+			body := map[string]any{"rollout_id": id, "task": "soak " + id,
+				"check":    fmt.Sprintf(`test "$(grep -c '^step' progress)" -ge %d`, steps),
+				"fake":     map[string]any{"steps": steps, "step_s": c.stepS},
+			}
+			for attempt := 1; attempt <= 3; attempt++ {
+				results[i].attempts = attempt
+				out, code, err := ctl.post(fmt.Sprintf("%s/ng-rollout/%s-a%d/run", currentDriver().url, id, attempt), body, false)
+				if err != nil || code >= 500 && code != 503 || code == 499 {
+					// The driver died under us: wait for the restore.
+					<-restored
+					continue
+				}
+				if code != 200 {
+					results[i].err = fmt.Sprintf("answered %d: %.300s", code, out)
+					return
+				}
+				var r struct {
+					Reward   float64 `json:"reward"`
+					Launches json.RawMessage
+				}
+				var m map[string]json.RawMessage
+				json.Unmarshal(out, &m)
+				json.Unmarshal(out, &r)
+				json.Unmarshal(m["ng_harness_launches"], &results[i].launches)
+				results[i].ok = r.Reward == 1
+				if !results[i].ok {
+					results[i].err = fmt.Sprintf("reward %v: %.300s", r.Reward, out)
+				}
+				finished.Add(1)
+				return
+			}
+			results[i].err = "no attempt succeeded"
+		}(i)
+	}
+
+	// Checkpoints.
+	var prepares []float64
+	var notParked []string
+	crashed := c.crashAt == 0
+	ckptDir := filepath.Join(c.work, "checkpoints")
+	var driverCPU, driverPeak float64
+	lastCommitted := ""
+	for n := 1; time.Since(begin) < c.duration; n++ {
+		time.Sleep(time.Until(begin.Add(time.Duration(n) * c.every)))
+		if time.Since(begin) >= c.duration {
+			break
+		}
+		id := fmt.Sprintf("ckpt-%03d", n)
+		dir := filepath.Join(ckptDir, id)
+		d := currentDriver()
+		t0 := time.Now()
+		prep, err := ctl.call(d.url, "prepare", map[string]any{"checkpoint_id": id, "deadline_ts": float64(time.Now().Add(60*time.Second).UnixNano()) / 1e9})
+		took := time.Since(t0)
+		if err != nil {
+			return err
+		}
+		prepares = append(prepares, took.Seconds())
+		if np, _ := prep["not_parked"].([]any); len(np) > 0 {
+			for _, x := range np {
+				notParked = append(notParked, fmt.Sprint(x))
+			}
+			ctl.call(d.url, "resume", map[string]any{"checkpoint_id": id})
+			fmt.Fprintf(os.Stderr, "soak: %s: %d runs not parked; resumed without commit\n", id, len(np))
+			continue
+		}
+		recs, _ := prep["records"].([]any)
+		if _, err := ctl.call(d.url, "commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": dir}); err != nil {
+			return err
+		}
+		if _, err := ctl.call(owner.url, "commit", map[string]any{"checkpoint_id": id}); err != nil {
+			return err
+		}
+		if _, err := ctl.call(d.url, "resume", map[string]any{"checkpoint_id": id}); err != nil {
+			return err
+		}
+		lastCommitted = id
+		fmt.Fprintf(os.Stderr, "soak: %s at %5.1fs: prepare %.3fs, %d runs exported, %d finished\n",
+			id, time.Since(begin).Seconds(), took.Seconds(), len(recs), finished.Load())
+		if !crashed && time.Since(begin) >= c.crashAt {
+			crashed = true
+			time.Sleep(2 * time.Second)
+			peak, cpu := usage(d.cmd.Process.Pid)
+			driverPeak, driverCPU = max(driverPeak, peak), driverCPU+cpu
+			fmt.Fprintf(os.Stderr, "soak: crash: SIGKILL the driver (pid %d) at %.1fs\n", d.cmd.Process.Pid, time.Since(begin).Seconds())
+			d.kill()
+			nd, err := startDriver(2)
+			if err != nil {
+				return err
+			}
+			driverMu.Lock()
+			driver = nd
+			driverMu.Unlock()
+			if _, err := ctl.call(owner.url, "restore", map[string]any{"checkpoint_id": lastCommitted}); err != nil {
+				return err
+			}
+			r, err := ctl.call(nd.url, "restore", map[string]any{"checkpoint_id": lastCommitted, "checkpoint_dir": filepath.Join(ckptDir, lastCommitted)})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "soak: restored %v runs from %s\n", r["restored"], lastCommitted)
+			close(restored)
+		}
+	}
+	if !crashed {
+		close(restored)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	d := currentDriver()
+	var metrics []byte
+	select {
+	case <-done:
+	case <-time.After(c.duration + 10*time.Minute):
+		fmt.Fprintln(os.Stderr, "soak: runs still in flight at the deadline")
+	}
+	if resp, err := http.Get(d.url + "/metrics"); err == nil {
+		metrics, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	peak, cpu := usage(d.cmd.Process.Pid)
+	driverPeak, driverCPU = max(driverPeak, peak), driverCPU+cpu
+	wall := time.Since(begin)
+	report(c, results, prepares, notParked, metrics, driverPeak, driverCPU, wall, base)
+	return nil
+}
+
+// stopLaunches stops every launch left in the owner's sandboxes (by the
+// launches' own records and tags, through ngsup).
+func stopLaunches(bin, base string) {
+	dirs, _ := filepath.Glob(filepath.Join(base, "sandboxes", "*", ".ngharness", "launches", "*"))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for _, d := range dirs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(d string) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			exec.Command(filepath.Join(bin, "ngsup"), "stop", "--dir", d, "--id", filepath.Base(d), "--grace", "0s").Run()
+		}(d)
+	}
+	wg.Wait()
+}
+
+func metric(metrics []byte, name string) map[string]float64 {
+	out := map[string]float64{}
+	for _, l := range strings.Split(string(metrics), "\n") {
+		if !strings.HasPrefix(l, name) {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		v, err := strconv.ParseFloat(l[i+1:], 64)
+		if err == nil {
+			out[l[:i]] = v
+		}
+	}
+	return out
+}
+
+func report(c config, results []result, prepares []float64, notParked []string, metrics []byte, peakMB, cpuS float64, wall time.Duration, base string) {
+	lost, pauses, relaunched, resumed := 0, 0, 0, 0
+	var errs []string
+	for i, r := range results {
+		if !r.ok {
+			lost++
+			if len(errs) < 5 {
+				errs = append(errs, fmt.Sprintf("soak-%04d: %s", i, r.err))
+			}
+		}
+		for j, l := range r.launches {
+			pauses += l.Pauses
+			if j > 0 {
+				relaunched++
+				if l.Resumed {
+					resumed++
+				}
+			}
+		}
+	}
+	// Steps done twice: each session's steps file must hold every step
+	// number once.
+	repeated := 0
+	files, _ := filepath.Glob(filepath.Join(base, "sandboxes", "*", ".ngharness", "state", "fake", "*", "steps"))
+	bySandboxRollout := map[string]bool{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		seen := map[string]bool{}
+		for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			if seen[l] {
+				repeated++
+				break
+			}
+			seen[l] = true
+		}
+		bySandboxRollout[f] = true
+	}
+	slices.Sort(prepares)
+	med, mx := 0.0, 0.0
+	if n := len(prepares); n > 0 {
+		med = prepares[n/2]
+		if n%2 == 0 {
+			med = (prepares[n/2-1] + prepares[n/2]) / 2
+		}
+		mx = prepares[n-1]
+	}
+	failed := metric(metrics, "ngdriver_failed_pauses_total")
+	fmt.Printf("\n## Soak: %d rollouts, a checkpoint every %s for %s, crash and restore at %s (isolation %s)\n\n", c.rollouts, c.every, c.duration, c.crashAt, c.isolation)
+	fmt.Printf("| figure | value |\n|---|---|\n")
+	fmt.Printf("| checkpoints | %d |\n", len(prepares))
+	fmt.Printf("| prepare, median | %.3f s |\n", med)
+	fmt.Printf("| prepare, max | %.3f s |\n", mx)
+	fmt.Printf("| runs not parked by a deadline | %d |\n", len(notParked))
+	fmt.Printf("| pauses (counted in the results) | %d |\n", pauses)
+	if len(failed) == 0 {
+		fmt.Printf("| failed pauses (second driver's metrics) | 0 |\n")
+	}
+	for k, v := range failed {
+		fmt.Printf("| failed pauses %s | %.0f |\n", k, v)
+	}
+	fmt.Printf("| relaunches (resumed the saved session) | %d (%d) |\n", relaunched, resumed)
+	fmt.Printf("| runs lost | %d |\n", lost)
+	fmt.Printf("| runs that repeated a finished step | %d (of %d sessions checked) |\n", repeated, len(bySandboxRollout))
+	fmt.Printf("| driver peak memory (VmHWM, max of both drivers) | %.0f MB |\n", peakMB)
+	fmt.Printf("| driver CPU (both drivers) | %.1f s over %.0f s wall (%.0f%% of one core) |\n", cpuS, wall.Seconds(), 100*cpuS/wall.Seconds())
+	for _, e := range errs {
+		fmt.Printf("\nlost: %s\n", e)
+	}
+	_ = context.Background
+}
