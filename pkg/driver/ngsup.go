@@ -138,12 +138,16 @@ func (t *Tools) Ensure(ctx context.Context, sb sandbox.Sandbox, name string, bin
 		return "", err
 	}
 	dst := path.Join(sb.Root(), "bin", name+"-"+img.sum[:16])
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"test", "-x", dst}, Timeout: 30 * time.Second, HostPaths: true})
+	res, err := execRetry(ctx, sb, sandbox.ExecRequest{Argv: []string{"test", "-x", dst}, Timeout: 30 * time.Second, HostPaths: true})
 	if err != nil {
 		return "", fmt.Errorf("look for %s in %s: %w", name, sb.ID(), err)
 	}
 	if res.ExitCode != 0 {
-		if err := sb.Upload(ctx, dst, img.data, 0o755); err != nil {
+		err := retry(ctx, func() (bool, error) {
+			err := sb.Upload(ctx, dst, img.data, 0o755)
+			return transientErr(err), err
+		})
+		if err != nil {
 			return "", fmt.Errorf("upload %s to %s: %w", name, sb.ID(), err)
 		}
 	}
@@ -171,9 +175,12 @@ func (t *Tools) image(p string) (ngsupImage, error) {
 
 // Arch asks the sandbox for its machine and names it as Go does.
 func Arch(ctx context.Context, sb sandbox.Sandbox) (string, error) {
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"uname", "-m"}, Timeout: 30 * time.Second, HostPaths: true})
+	res, err := execRetry(ctx, sb, sandbox.ExecRequest{Argv: []string{"uname", "-m"}, Timeout: 30 * time.Second, HostPaths: true})
 	if err != nil {
 		return "", fmt.Errorf("ask %s for its architecture: %w", sb.ID(), err)
+	}
+	if res.ExitCode != 0 {
+		return "", fmt.Errorf("ask %s for its architecture: uname -m exited %d: %s", sb.ID(), res.ExitCode, stderrLine(res))
 	}
 	m := strings.TrimSpace(string(res.Stdout))
 	switch m {
@@ -189,7 +196,18 @@ func Arch(ctx context.Context, sb sandbox.Sandbox) (string, error) {
 // returns the exit code; an error means the outcome is unknown or the
 // output was not what the contract promises.
 func (n *Ngsup) verb(ctx context.Context, sb sandbox.Sandbox, bin string, timeout time.Duration, out any, args ...string) (int, sandbox.ExecResult, error) {
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: append([]string{bin}, args...), Timeout: timeout, HostPaths: true})
+	req := sandbox.ExecRequest{Argv: append([]string{bin}, args...), Timeout: timeout, HostPaths: true}
+	var res sandbox.ExecResult
+	var err error
+	if args[0] == "pause" {
+		// A pause is retried only as the contract says (an empty answer,
+		// once), never after its budget ran out: the caller falls back
+		// to stop.
+		res, err = sb.Exec(ctx, req)
+	} else {
+		// wait, status, continue and stop are safe to send again.
+		res, err = execRetry(ctx, sb, req)
+	}
 	if err != nil {
 		return -1, res, fmt.Errorf("run ngsup %s in %s: %w", args[0], sb.ID(), err)
 	}
@@ -232,18 +250,42 @@ func (n *Ngsup) Start(ctx context.Context, sb sandbox.Sandbox, bin string, ref L
 		args = append(args, "--timeout", spec.Timeout.String())
 	}
 	args = append(append(args, "--"), spec.Argv...)
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: append([]string{bin}, args...), Env: spec.Env, Dir: spec.Dir, Timeout: 60 * time.Second})
-	if err != nil {
-		return fmt.Errorf("%w: ngsup run in %s: %v", ErrLaunch, sb.ID(), err)
+	req := sandbox.ExecRequest{Argv: append([]string{bin}, args...), Env: spec.Env, Dir: spec.Dir, Timeout: 60 * time.Second}
+	var lastErr error
+	for attempt := 0; attempt < execAttempts; attempt++ {
+		if attempt > 0 {
+			// The outcome of the last try is unknown: the launch folder's
+			// receipt says whether a supervisor of this launch started.
+			if r, err := n.Status(ctx, sb, bin, ref); err == nil && r.ID == ref.ID {
+				return nil
+			}
+			if err := sleepCtx(ctx, backoff(attempt)); err != nil {
+				return fmt.Errorf("%w: ngsup run in %s: %v (last error: %v)", ErrLaunch, sb.ID(), err, lastErr)
+			}
+		}
+		res, err := sb.Exec(ctx, req)
+		switch {
+		case err != nil:
+			lastErr = fmt.Errorf("%w: ngsup run in %s: %v", ErrLaunch, sb.ID(), err)
+			if !transientErr(err) {
+				return lastErr
+			}
+			continue
+		case res.ExitCode != 0:
+			lastErr = fmt.Errorf("%w: ngsup run in %s exited %d: %s", ErrLaunch, sb.ID(), res.ExitCode, stderrLine(res))
+			if !busyBinary(res) {
+				return lastErr
+			}
+			continue
+		}
+		var d proto.DetachResult
+		if err := json.Unmarshal(bytes.TrimSpace(res.Stdout), &d); err != nil || d.ID != ref.ID || d.PID <= 0 {
+			lastErr = fmt.Errorf("%w: ngsup run in %s printed %q", ErrLaunch, sb.ID(), truncateBytes(res.Stdout, 200))
+			continue
+		}
+		return nil
 	}
-	if res.ExitCode != 0 {
-		return fmt.Errorf("%w: ngsup run in %s exited %d: %s", ErrLaunch, sb.ID(), res.ExitCode, stderrLine(res))
-	}
-	var d proto.DetachResult
-	if err := json.Unmarshal(bytes.TrimSpace(res.Stdout), &d); err != nil || d.ID != ref.ID || d.PID <= 0 {
-		return fmt.Errorf("%w: ngsup run in %s printed %q", ErrLaunch, sb.ID(), truncateBytes(res.Stdout, 200))
-	}
-	return nil
+	return lastErr
 }
 
 // Wait blocks up to chunk for the launch to end and returns its receipt and
@@ -472,4 +514,81 @@ func (n *Ngsup) StopSandboxGrace(ctx context.Context, sb sandbox.Sandbox, grace 
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// execAttempts bounds the tries of a command that is safe to send again.
+const execAttempts = 5
+
+// transientErr reports an exec error worth another try for a command that
+// is safe to repeat: the request may not have reached the sandbox, ran out
+// of time (a loaded sandbox), or the sandbox's exec could not be set up.
+// A sandbox that is gone is never retried.
+func transientErr(err error) bool {
+	switch {
+	case err == nil, errors.Is(err, sandbox.ErrGone), errors.Is(err, context.Canceled):
+		return false
+	case errors.Is(err, sandbox.ErrTransport), errors.Is(err, sandbox.ErrTimeout):
+		return true
+	}
+	return strings.Contains(err.Error(), "could not be set up")
+}
+
+// busyBinary reports an exec that failed because its binary was still open
+// for writing somewhere (ETXTBSY): a file just uploaded can stay open in a
+// process forked at that moment until that process execs.
+func busyBinary(res sandbox.ExecResult) bool {
+	return res.ExitCode == 126 && bytes.Contains(res.Stderr, []byte("Text file busy"))
+}
+
+// execRetry runs a command that is safe to repeat, again after a transient
+// failure, with backoff, up to execAttempts times.
+func execRetry(ctx context.Context, sb sandbox.Sandbox, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	var res sandbox.ExecResult
+	err := retry(ctx, func() (bool, error) {
+		var err error
+		res, err = sb.Exec(ctx, req)
+		if err == nil && busyBinary(res) {
+			return true, fmt.Errorf("%s is busy", req.Argv[0])
+		}
+		return transientErr(err), err
+	})
+	if err != nil && res.ExitCode == 126 && busyBinary(res) {
+		return res, nil // report the last result as it was
+	}
+	return res, err
+}
+
+// retry calls try until it succeeds, says the failure is final, ctx ends,
+// or execAttempts tries were made.
+func retry(ctx context.Context, try func() (again bool, err error)) error {
+	var err error
+	for attempt := 0; attempt < execAttempts; attempt++ {
+		if attempt > 0 {
+			if cerr := sleepCtx(ctx, backoff(attempt)); cerr != nil {
+				return err
+			}
+		}
+		var again bool
+		again, err = try()
+		if err == nil || !again {
+			return err
+		}
+	}
+	return err
+}
+
+// backoff is the wait before try n (n >= 1): 200 ms, doubled, at most 5 s.
+func backoff(n int) time.Duration {
+	return min(200*time.Millisecond<<(n-1), 5*time.Second)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -24,8 +24,11 @@ const DefaultTimeout = 10 * time.Minute
 
 // ioGrace is how long Exec waits, after the command exited, for processes
 // it left behind to close its stdout and stderr (a well-behaved detached
-// process redirects them at once).
-const ioGrace = 2 * time.Second
+// process redirects them at once). It is generous because a process the
+// driver forks at the same moment holds the pipes until its exec, which
+// under heavy load (hundreds of launches at once) can take seconds: cutting
+// the wait short loses output the command did write.
+const ioGrace = 5 * time.Second
 
 // maxArgLen is Linux's limit on one argument (MAX_ARG_STRLEN), which the
 // whole `sh -c` script must fit in.
@@ -228,8 +231,12 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		cmd.ExtraFiles[0].Close()
 		readyc = make(chan []byte, 1)
 		go func() {
-			b, _ := io.ReadAll(io.LimitReader(ready, 16))
-			readyc <- b
+			// Read the two bytes, not to EOF: under load a process the
+			// driver forks at the same moment may hold the pipe's write
+			// end for a while before its exec closes it.
+			b := make([]byte, 2)
+			n, _ := io.ReadFull(ready, b)
+			readyc <- b[:n]
 		}()
 	}
 
