@@ -320,6 +320,7 @@ func (p *Participant) Prepare(ctx context.Context, checkpointID string, deadline
 		close(p.gate.park)
 		p.notify()
 	}
+	g := p.gate // this checkpoint's request to park
 	p.mu.Unlock()
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -330,6 +331,15 @@ func (p *Participant) Prepare(ctx context.Context, checkpointID string, deadline
 			if r.state == runWaiting && !r.restart {
 				waiting = append(waiting, r.rollout)
 			}
+		}
+		if p.gate != g {
+			// Resumed while this prepare waited: the checkpoint is closed
+			// and its runs go on; there is nothing left to claim.
+			p.mu.Unlock()
+			slices.Sort(waiting)
+			res.NotParked = waiting
+			res.ElapsedMS = time.Since(begin).Milliseconds()
+			return res, fmt.Errorf("%w: checkpoint %s was resumed before every run parked", ErrPhase, checkpointID)
 		}
 		changed := p.changed
 		if len(waiting) == 0 {
@@ -441,25 +451,29 @@ func (p *Participant) Resume(checkpointID string) error {
 }
 
 // Restore installs committed records after a crash: the next run of each
-// rollout continues from its bookmark, once.
+// rollout continues from its bookmark, once. A record whose bookmark does
+// not parse costs only its own rollout: every record is installed, the bad
+// ones too, so the next run of such a rollout fails with an error naming
+// its bookmark (instead of silently starting over), and the others continue.
+// The error returned names every bad record (it wraps ErrBadBookmark or
+// ErrBookmarkVersion); the restore has still taken place.
 func (p *Participant) Restore(checkpointID string, records []Record) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.allowed("restore"); err != nil {
 		return err
 	}
+	var bad []error
 	for _, rec := range records {
 		if _, err := ParseBookmark(rec.Bookmark); err != nil {
-			return fmt.Errorf("restore %s: rollout %s: %w", checkpointID, rec.RolloutID, err)
+			bad = append(bad, fmt.Errorf("restore %s: rollout %s: %w", checkpointID, rec.RolloutID, err))
 		}
-	}
-	for _, rec := range records {
 		p.restored[rec.RolloutID] = rec
 	}
 	p.current = checkpointID
 	p.phase = PhaseRestored
 	p.notify()
-	return nil
+	return joinErrs(bad)
 }
 
 // Retire forgets a finished checkpoint; a restored phase goes back to idle.

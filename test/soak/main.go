@@ -266,8 +266,8 @@ backends:
 			defer wg.Done()
 			id := fmt.Sprintf("soak-%04d", i)
 			body := map[string]any{"rollout_id": id, "task": "soak " + id,
-				"check":    fmt.Sprintf(`test "$(grep -c '^step' progress)" -ge %d`, steps),
-				"fake":     map[string]any{"steps": steps, "step_s": c.stepS},
+				"check": fmt.Sprintf(`test "$(grep -c '^step' progress)" -ge %d`, steps),
+				"fake":  map[string]any{"steps": steps, "step_s": c.stepS},
 			}
 			for attempt := 1; attempt <= 3; attempt++ {
 				results[i].attempts = attempt

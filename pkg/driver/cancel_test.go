@@ -1,0 +1,96 @@
+package driver_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+)
+
+// TestCancelKillsLaunchAndClosesSession proves that cancelling a run, both
+// while its launch runs and while it is parked with the launch paused,
+// makes Run return the cancellation, kills every process of the launch
+// (the pids the harness recorded, its detached daemon and the child in a
+// session of its own included; nothing left in the sandbox), and closes the
+// owner's session (the POST /close_session equivalent) without a verdict.
+func TestCancelKillsLaunchAndClosesSession(t *testing.T) {
+	t.Parallel()
+	for _, parked := range []bool{false, true} {
+		name := map[bool]string{false: "running", true: "parked-paused"}[parked]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := drivertest.New(t)
+			p := driver.NewParticipant(0)
+			rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+			ro := e.Rollout(name)
+			h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
+			sbID := e.WaitSeeded(ro, 1).SandboxID
+			sess := e.WaitSession(sbID, ro)
+			procs := e.WaitPids(sess, allKinds...)
+			e.WaitSteps(sess, 1)
+			if parked {
+				prepare(t, p, "ckpt-1")
+				checkStates(t, "while parked", procs, "Tt")
+			}
+
+			h.Cancel(nil)
+			if _, err := h.Wait(t); !errors.Is(err, context.Canceled) {
+				t.Errorf("the cancelled run returned %v, want the cancellation", err)
+			}
+			drivertest.CheckGone(t, "after the cancellation", procs)
+			e.CheckNoProcs("after the cancellation", sbID)
+			if s := e.Session(ro); !s.Closed || s.Verified {
+				t.Errorf("the owner's session: closed %v verified %v; want closed without a verdict", s.Closed, s.Verified)
+			}
+			if n, v := e.Owner.Count(drivertest.CallClose, ro), e.Owner.Count(drivertest.CallVerify, ro); n != 1 || v != 0 {
+				t.Errorf("the driver closed the session %d times and verified %d times; want one close, no verify", n, v)
+			}
+			if stops := e.Backend.Verbs("stop"); len(stops) == 0 {
+				t.Errorf("the driver did not stop the launch")
+			}
+			if _, ok := runInfo(p, ro); ok {
+				t.Errorf("the cancelled run is still registered")
+			}
+			if parked {
+				resume(t, p, "ckpt-1")
+			}
+		})
+	}
+}
+
+// TestOtherLaunchesLeftAlone proves that ending one run's launch touches
+// no other launch: two runs go at once; one is cancelled (its launch
+// killed, its session closed) while every process of the other keeps
+// running, unstopped, and the other finishes its one launch verified.
+func TestOtherLaunchesLeftAlone(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+	gone, kept := e.Rollout("cancelled"), e.Rollout("kept")
+	hg := e.Start(rn, gone, 1, drivertest.Task(gone, pauseSteps, stepS, nil))
+	hk := e.Start(rn, kept, 1, drivertest.Task(kept, pauseSteps, stepS, nil))
+	sbG, sbK := e.WaitSeeded(gone, 1).SandboxID, e.WaitSeeded(kept, 1).SandboxID
+	sessG, sessK := e.WaitSession(sbG, gone), e.WaitSession(sbK, kept)
+	procsG, procsK := e.WaitPids(sessG, allKinds...), e.WaitPids(sessK, allKinds...)
+	e.WaitSteps(sessK, 1)
+
+	hg.Cancel(nil)
+	if _, err := hg.Wait(t); !errors.Is(err, context.Canceled) {
+		t.Errorf("the cancelled run returned %v", err)
+	}
+	drivertest.CheckGone(t, "the cancelled run", procsG)
+	if live := drivertest.Live(procsK); len(live) != len(procsK) {
+		t.Errorf("the other run lost processes: alive %v of %v", live, procsK)
+	}
+	checkStates(t, "the other run", procsK, "SRD")
+	r := hk.MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("the other run launched %d times", len(r.Launches))
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	checkVerified(t, e, kept, r)
+	drivertest.CheckStepsOnce(t, sessK, pauseSteps)
+}

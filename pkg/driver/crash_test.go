@@ -1,0 +1,241 @@
+package driver_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+)
+
+// TestPausedBookmarkRelaunchesAfterCrash proves that the exported bookmark
+// of a paused launch relaunches on the saved session after a crash. A
+// checkpoint pauses the launch, the owner snapshots it and the participant
+// commits; the run goes on and then crashes (cancelled with ErrCrashed):
+// nothing is cleaned up (its session stays open, its processes run, no stop
+// or close is issued). The owner restores (forking the snapshot under a new
+// sandbox id, ending the old sandbox's processes), a new Participant
+// restores the records, and attempt 2 relaunches in the fork: two launches,
+// the second resumed with the adapter's reason in the new sandbox; the
+// saved session holds each step exactly once; verified.
+func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	ro := e.Rollout("crash")
+	body := drivertest.Task(ro, steps, stepS, nil)
+	p1 := driver.NewParticipant(0)
+	h1 := e.Start(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body)
+	sb0 := e.WaitSeeded(ro, 1).SandboxID
+	sess0 := e.WaitSession(sb0, ro)
+	procs := e.WaitPids(sess0, allKinds...)
+	e.WaitSteps(sess0, 2)
+
+	prepare(t, p1, "ckpt-1")
+	saved := drivertest.Steps(sess0) // what the snapshot holds
+	recs := commit(t, e, p1, "ckpt-1", false)
+	rec, bm := bookmarkOf(t, recs, ro)
+	if bm.Next != driver.StageHarness || bm.Paused == nil || !bm.Resume {
+		t.Fatalf("the committed record is not a paused harness bookmark: %s", rec.Bookmark)
+	}
+	resume(t, p1, "ckpt-1")
+	e.WaitSteps(sess0, len(saved)+1) // the launch went on after the checkpoint
+
+	h1.Cancel(driver.ErrCrashed)
+	if _, err := h1.Wait(t); !errors.Is(err, driver.ErrCrashed) {
+		t.Fatalf("the crashed run returned %v, want ErrCrashed", err)
+	}
+	// A crash cleans nothing up.
+	if s := e.Session(ro); s.Closed || s.SandboxID != sb0 {
+		t.Errorf("after the crash the session is %+v, want it open on %s", s, sb0)
+	}
+	if live := drivertest.Live(procs); len(live) != len(procs) {
+		t.Errorf("the crash ended processes of the launch: alive %v of %v", live, procs)
+	}
+	if n := len(e.Backend.Verbs("stop")); n != 0 {
+		t.Errorf("the crashed run ran ngsup stop %d times", n)
+	}
+	if n := e.Owner.Count(drivertest.CallClose, ro); n != 0 {
+		t.Errorf("the crashed run closed its session")
+	}
+
+	if err := e.Owner.Restore(context.Background(), "ckpt-1"); err != nil {
+		t.Fatal(err)
+	}
+	drivertest.CheckGone(t, "after the owner's restore (the replaced sandbox is stopped)", procs)
+	sb1 := e.Session(ro).SandboxID
+	if sb1 == sb0 {
+		t.Fatalf("the restore did not fork under a new sandbox id (%s)", sb1)
+	}
+	p2 := driver.NewParticipant(0)
+	if err := p2.Restore("ckpt-1", recs); err != nil {
+		t.Fatal(err)
+	}
+	r := e.Start(e.Runner(drivertest.Fake(steps, stepS), p2), ro, 2, body).MustSucceed(t)
+
+	if len(r.Launches) != 2 {
+		t.Fatalf("want two launches, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
+	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	if r.Launches[0].SandboxID != sb0 || r.Launches[1].SandboxID != sb1 {
+		t.Errorf("launches ran in %s and %s, want %s then the fork %s", r.Launches[0].SandboxID, r.Launches[1].SandboxID, sb0, sb1)
+	}
+	if want := fmt.Sprintf("the saved session holds %d completed steps", len(saved)); r.Launches[1].Reason != want {
+		t.Errorf("the relaunch's reason is %q, want the adapter's %q", r.Launches[1].Reason, want)
+	}
+	if r.Launches[1].ID != ro+"-a2-l2" {
+		t.Errorf("the relaunch is %s, want launch 2 of attempt 2", r.Launches[1].ID)
+	}
+	if r.Response.FirstStep != len(saved)+1 || r.Response.Steps != steps {
+		t.Errorf("response %+v: want the relaunch to go on from step %d", r.Response, len(saved)+1)
+	}
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, e.SessionOf(sb1, bm.State), steps)
+	e.CheckNoProcs("after verify")
+}
+
+// TestRestartRunNeverParkedAndStartsOver proves that a run the owner
+// cannot capture (the task says "restart": true, the owner answers with the
+// restart header) is never parked: Prepare does not wait for it and exports
+// no record of it, its launch is never paused and keeps running through the
+// checkpoint. After a crash it starts over from its input: no record is
+// restored, attempt 2 seeds again and launches fresh (resumed=false). When
+// it ends verified the driver stops its sandbox: no process of it is left.
+func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	ro := e.Rollout("restart")
+	body := drivertest.Task(ro, steps, stepS, map[string]any{"restart": true})
+	p1 := driver.NewParticipant(0)
+	h1 := e.Start(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body)
+	sb0 := e.WaitSeeded(ro, 1).SandboxID
+	sess0 := e.WaitSession(sb0, ro)
+	procs := e.WaitPids(sess0, allKinds...)
+	e.WaitSteps(sess0, 1)
+
+	res := prepare(t, p1, "ckpt-1")
+	if hasRecord(res.Records, ro) {
+		t.Errorf("the prepare exported a restart run: %+v", res.Records)
+	}
+	if runs := p1.Runs(); len(runs) != 1 || runs[0].State != "waiting" {
+		t.Errorf("participant runs %+v: want the restart run still in its harness step", runs)
+	}
+	held := len(drivertest.Steps(sess0))
+	drivertest.Eventually(t, "the restart run goes on during the checkpoint", func() (bool, string) {
+		n := len(drivertest.Steps(sess0))
+		return n > held, fmt.Sprintf("steps %d", n)
+	})
+	checkStates(t, "during the checkpoint", procs, "SRD")
+	recs := commit(t, e, p1, "ckpt-1", false)
+	if hasRecord(recs, ro) {
+		t.Errorf("the commit holds a record of a restart run")
+	}
+	resume(t, p1, "ckpt-1")
+	if n := len(e.Backend.Verbs("pause")); n != 0 {
+		t.Errorf("a restart run's launch was paused %d times", n)
+	}
+
+	h1.Cancel(driver.ErrCrashed)
+	if _, err := h1.Wait(t); !errors.Is(err, driver.ErrCrashed) {
+		t.Fatalf("the crashed run returned %v, want ErrCrashed", err)
+	}
+	if err := e.Owner.Restore(context.Background(), "ckpt-1"); err != nil {
+		t.Fatal(err)
+	}
+	p2 := driver.NewParticipant(0)
+	if err := p2.Restore("ckpt-1", recs); err != nil {
+		t.Fatal(err)
+	}
+	rn2 := e.Runner(drivertest.Fake(steps, stepS), p2)
+	h2 := e.Start(rn2, ro, 2, body)
+	info := e.WaitSeeded(ro, 2)
+	if info.SandboxID == sb0 || !info.Restart {
+		t.Errorf("attempt 2 did not start over in a new session: %+v", info)
+	}
+	r := h2.MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch in attempt 2, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	if r.Launches[0].Reason != "first launch" || r.Launches[0].ID != ro+"-a2-l1" || r.Launches[0].SandboxID != info.SandboxID {
+		t.Errorf("attempt 2's launch %+v: want a first launch of attempt 2 in %s", r.Launches[0], info.SandboxID)
+	}
+	if r.Response.FirstStep != 1 {
+		t.Errorf("attempt 2 went on from step %d, want a start from its input", r.Response.FirstStep)
+	}
+	checkVerified(t, e, ro, r)
+	if n := len(e.Backend.Verbs("pause")); n != 0 {
+		t.Errorf("a restart run's launch was paused %d times", n)
+	}
+	checkDriverStoppedSandbox(t, e, info.SandboxID)
+	e.CheckNoProcs("after verify")
+}
+
+// checkDriverStoppedSandbox fails unless the driver itself ran
+// Ngsup.StopSandbox on the sandbox (it lists the launch folders, then stops
+// each by its id).
+func checkDriverStoppedSandbox(t *testing.T, e *drivertest.Env, sandboxID string) {
+	t.Helper()
+	listed, stopped := false, false
+	for _, x := range e.Backend.Execs() {
+		if x.Sandbox != sandboxID {
+			continue
+		}
+		if len(x.Argv) == 3 && x.Argv[0] == "ls" && contains(x.Argv[2], "/launches") {
+			listed = true
+		}
+		if x.Verb() == "stop" && listed {
+			stopped = true
+		}
+	}
+	if !listed || !stopped {
+		t.Errorf("the driver did not stop the sandbox %s (listed launches %v, stopped %v)", sandboxID, listed, stopped)
+	}
+}
+
+// TestNoSandboxRunIsARestartInItsOwnSandbox proves that a run the owner
+// lends no sandbox ("no_sandbox": true) is a restart in a sandbox the
+// driver makes (Runner.OwnSandbox): it is never parked or exported, it
+// finishes in its own sandbox, and the driver stops that sandbox at the end
+// (no process of it left).
+func TestNoSandboxRunIsARestartInItsOwnSandbox(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	ro := e.Rollout("own")
+	// The owner grades in a scratch sandbox holding the seed's files: the
+	// check cannot see the harness's work.
+	body := drivertest.Task(ro, steps, stepS, map[string]any{"no_sandbox": true, "check": "true"})
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	rn.OwnSandbox = e.OwnSandbox
+	h := e.Start(rn, ro, 1, body)
+	own := "own-" + ro
+	sess := e.WaitSession(own, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 1)
+	res := prepare(t, p, "ckpt-1")
+	if hasRecord(res.Records, ro) {
+		t.Errorf("the prepare exported a run in the driver's own sandbox")
+	}
+	held := len(drivertest.Steps(sess))
+	drivertest.Eventually(t, "the run goes on during the checkpoint", func() (bool, string) {
+		n := len(drivertest.Steps(sess))
+		return n > held, fmt.Sprintf("steps %d", n)
+	})
+	resume(t, p, "ckpt-1")
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 1 || r.Launches[0].SandboxID != own {
+		t.Fatalf("want one launch in %s, got %+v", own, r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	checkVerified(t, e, ro, r)
+	if s := e.Session(ro); !s.NoSandbox || s.SandboxID != "" {
+		t.Errorf("the owner lent a sandbox: %+v", s)
+	}
+	drivertest.CheckStepsOnce(t, sess, steps)
+	checkDriverStoppedSandbox(t, e, own)
+	drivertest.CheckGone(t, "after the run", procs)
+	e.CheckNoProcs("after the run", own)
+}

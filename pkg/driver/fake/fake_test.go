@@ -1,0 +1,196 @@
+package fake
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+)
+
+// runScript runs harness.sh on this machine (no sandbox) with every extra
+// process off, and returns its stdout and exit code.
+func runScript(t *testing.T, session, work string, env map[string]string, args ...string) (string, int) {
+	t.Helper()
+	script := filepath.Join(t.TempDir(), "harness.sh")
+	if err := os.WriteFile(script, []byte(scriptText()), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/bin/sh", append([]string{script, session, work}, args...)...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "FAKE_CHILD=0", "FAKE_OWN_SESSION=0", "FAKE_DAEMON=0", "FAKE_UNTAGGED=0", "FAKE_STEP_S=0.01"}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	out, err := cmd.Output()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
+}
+
+func scriptText() string { return string(script) }
+
+// TestHarnessStepsOnceAndContinuesASavedSession proves the fake harness's
+// contract: each step is recorded once in the session and the workdir, a
+// relaunch on the saved session goes on after the last step (no step
+// repeated), the response is the last line of JSON with the task text
+// (less '"', '\' and newlines) and the exit code is FAKE_EXIT_CODE.
+func TestHarnessStepsOnceAndContinuesASavedSession(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	session, work := filepath.Join(dir, "session"), filepath.Join(dir, "work")
+	out, code := runScript(t, session, work, map[string]string{"FAKE_STEPS": "3"}, `say "hi"`, "two  words")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	var resp struct {
+		Steps     int    `json:"steps"`
+		FirstStep int    `json:"first_step"`
+		Task      string `json:"task"`
+	}
+	if err := json.Unmarshal([]byte(lastLine(out)), &resp); err != nil {
+		t.Fatalf("the last line is not JSON: %q: %v", out, err)
+	}
+	if resp.Steps != 3 || resp.FirstStep != 1 || resp.Task != "say hi two  words" {
+		t.Errorf("response %+v", resp)
+	}
+	// A relaunch on the saved session goes on after step 3.
+	out, code = runScript(t, session, work, map[string]string{"FAKE_STEPS": "5", "FAKE_EXIT_CODE": "3"})
+	if code != 3 {
+		t.Errorf("exit %d, want FAKE_EXIT_CODE 3", code)
+	}
+	if !strings.Contains(out, `"first_step":4`) || !strings.Contains(out, `"steps":5`) {
+		t.Errorf("the relaunch printed %q, want it to go on from step 4", out)
+	}
+	for _, f := range []string{filepath.Join(session, "steps"), filepath.Join(work, "progress")} {
+		data, _ := os.ReadFile(f)
+		if string(data) != "step 1\nstep 2\nstep 3\nstep 4\nstep 5\n" {
+			t.Errorf("%s holds %q, want each step once", f, data)
+		}
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// newSandbox makes a local sandbox without namespaces (paths are host
+// paths), enough for the adapter's own calls.
+func newSandbox(t *testing.T) driver.LentSandbox {
+	t.Helper()
+	b, err := local.New(t.TempDir(), local.Options{Isolation: local.IsolationNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := b.Create(context.Background(), "sb-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return driver.LentSandbox{Sandbox: sb, Descriptor: sandbox.Descriptor{Provider: "local", SandboxID: sb.ID(), Workdir: sb.Workdir()}}
+}
+
+// TestResumeDecision proves that a saved session with completed steps is
+// continued (the reason counts them), and that one without is started over
+// in a fresh session folder; a state naming no absolute folder is an error.
+func TestResumeDecision(t *testing.T) {
+	t.Parallel()
+	a := &Adapter{}
+	sb := newSandbox(t)
+	ctx := context.Background()
+	raw, err := a.NewState("r/1", 1, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st State
+	if err := json.Unmarshal(raw, &st); err != nil || !strings.HasPrefix(st.SessionDir, sb.Root()) || strings.Contains(filepath.Base(st.SessionDir), "/") {
+		t.Fatalf("state %s", raw)
+	}
+	d, err := a.ResumeDecision(ctx, sb, raw, "r/1", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Resume || d.State == nil || string(d.State) == string(raw) {
+		t.Errorf("an empty session: decision %+v, want a fresh state", d)
+	}
+	if err := os.MkdirAll(st.SessionDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(st.SessionDir, "steps"), []byte("step 1\nstep 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err = a.ResumeDecision(ctx, sb, raw, "r/1", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Resume || d.Reason != "the saved session holds 2 completed steps" || d.State != nil {
+		t.Errorf("a saved session with 2 steps: decision %+v", d)
+	}
+	if _, err := a.ResumeDecision(ctx, sb, json.RawMessage(`{"session_dir":"relative"}`), "r", 1); err == nil {
+		t.Errorf("a relative session folder was accepted")
+	}
+}
+
+// TestLaunchPassesTaskAsOneArgument proves that Launch uploads the script
+// and hands the task text to it as one argv word, untouched, with the
+// task's fake options (over the adapter's defaults) in the environment; bad
+// options are an error naming them.
+func TestLaunchPassesTaskAsOneArgument(t *testing.T) {
+	t.Parallel()
+	a := &Adapter{Defaults: Options{Steps: 4, StepSeconds: 0.2}}
+	sb := newSandbox(t)
+	state, _ := a.NewState("r", 1, sb)
+	text := "$(touch /tmp/x) `id`; 'q' \"dq\"\n*"
+	body, _ := json.Marshal(map[string]any{"task": text, "fake": map[string]any{"steps": 9, "ignore_sigint": true, "daemon": false}})
+	spec, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r", Attempt: 1, Input: body, Sandbox: sb, State: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(spec.Argv); n != 5 || spec.Argv[4] != text {
+		t.Errorf("argv %q: want the task as its one last word", spec.Argv)
+	}
+	if data, err := os.ReadFile(spec.Argv[1]); err != nil || string(data) != scriptText() {
+		t.Errorf("the script was not uploaded to %s: %v", spec.Argv[1], err)
+	}
+	for k, v := range map[string]string{"FAKE_STEPS": "9", "FAKE_STEP_S": "0.2", "FAKE_IGNORE_SIGINT": "1", "FAKE_DAEMON": "0", "FAKE_CHILD": "1"} {
+		if spec.Env[k] != v {
+			t.Errorf("%s=%q, want %q", k, spec.Env[k], v)
+		}
+	}
+	bad, _ := json.Marshal(map[string]any{"fake": map[string]any{"steps": "many"}})
+	if _, err := a.Launch(context.Background(), driver.LaunchContext{Input: bad, Sandbox: sb, State: state}); err == nil || !strings.Contains(err.Error(), "fake options") {
+		t.Errorf("bad fake options: %v", err)
+	}
+}
+
+// TestResponse proves that the response is the harness's last JSON line,
+// and an error object (with the tail of stderr) when the harness failed or
+// printed no JSON.
+func TestResponse(t *testing.T) {
+	t.Parallel()
+	a := &Adapter{}
+	ok, err := a.Response(context.Background(), driver.LentSandbox{}, nil, driver.HarnessResult{Stdout: []byte("noise\n{\"steps\":2}\n")})
+	if err != nil || string(ok) != `{"steps":2}` {
+		t.Errorf("got %s, %v", ok, err)
+	}
+	for _, res := range []driver.HarnessResult{
+		{ExitCode: 3, Stdout: []byte(`{"steps":2}`), Stderr: []byte("boom")},
+		{Stdout: []byte("not json")},
+		{},
+	} {
+		out, err := a.Response(context.Background(), driver.LentSandbox{}, nil, res)
+		var m map[string]string
+		if err != nil || json.Unmarshal(out, &m) != nil || m["error"] == "" {
+			t.Errorf("%+v: got %s, %v; want an error object", res, out, err)
+		}
+	}
+}

@@ -1,0 +1,716 @@
+package drivertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
+	"github.com/ngharness/ngharness/pkg/driver/owner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// Patience is how long a test waits for something that should happen (a
+// generous deadline, never an assertion about speed).
+const Patience = 3 * time.Minute
+
+// StopGrace is the SIGINT-to-SIGKILL grace the tests' runners use.
+const StopGrace = 500 * time.Millisecond
+
+// ngsupDir holds the ngsup built by Main.
+var ngsupDir string
+
+// Main builds the static ngsup once for the test binary, runs the tests and
+// removes it. Call it from TestMain.
+func Main(m *testing.M) {
+	dir, err := BuildNgsup()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "drivertest:", err)
+		os.Exit(1)
+	}
+	ngsupDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// BuildNgsup builds ./cmd/ngsup, static (CGO_ENABLED=0), for this machine's
+// architecture, into a new temporary folder as ngsup-linux-<GOARCH>, the
+// name driver.DefaultBinaries looks for. It returns the folder.
+func BuildNgsup() (string, error) {
+	dir, err := os.MkdirTemp("", "drivertest-ngsup-")
+	if err != nil {
+		return "", err
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	out := filepath.Join(dir, "ngsup-linux-"+runtime.GOARCH)
+	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, "github.com/ngharness/ngharness/cmd/ngsup")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("build ngsup: %v\n%s", err, msg)
+	}
+	return dir, nil
+}
+
+// NgsupDir is the folder of the ngsup Main built.
+func NgsupDir() string { return ngsupDir }
+
+// Env is one test's world: a local backend in the test's temporary folder,
+// a local owner on it, and ngsup. Make it with New.
+type Env struct {
+	T *testing.T
+	// Local is the real backend; Backend wraps it for the Runner.
+	Local   *local.Backend
+	Backend *Backend
+	// LocalOwner is the real owner; Owner wraps it for the Runner.
+	LocalOwner *localowner.Owner
+	Owner      *Owner
+	// Ngsup is the driver's ngsup (the owner's StopSandbox uses it too).
+	Ngsup *driver.Ngsup
+	Log   *slog.Logger
+	// Tag is this Env's unique word; rollout ids from Rollout carry it.
+	Tag string
+
+	logs    *lockedBuffer
+	mu      sync.Mutex
+	handles []*Handle
+}
+
+// New makes an Env and registers its cleanup (see the package comment). It
+// skips the test when not running as root: the fixture needs the local
+// backend's mount namespaces to find a sandbox's processes.
+func New(t *testing.T) *Env {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the driver's tests need root: local sandboxes in mount namespaces of their own")
+	}
+	if ngsupDir == "" {
+		t.Fatal("drivertest: ngsup was not built: call drivertest.Main from TestMain")
+	}
+	base := t.TempDir()
+	lb, err := local.New(base, local.Options{Isolation: local.IsolationAuto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lb.Isolation() != local.IsolationNamespace {
+		t.Skipf("the local backend runs without mount namespaces (%s)", lb.Isolation())
+	}
+	var tb [4]byte
+	_, _ = rand.Read(tb[:])
+	e := &Env{T: t, Local: lb, Backend: NewBackend(lb), Tag: hex.EncodeToString(tb[:]), logs: &lockedBuffer{}}
+	var w interface{ Write([]byte) (int, error) } = e.logs
+	if os.Getenv("DRIVERTEST_VERBOSE") != "" {
+		w = teeWriter{e.logs, os.Stderr}
+	}
+	e.Log = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+	binaries := driver.DefaultBinaries(ngsupDir)
+	if len(binaries) == 0 {
+		t.Fatalf("no ngsup in %s", ngsupDir)
+	}
+	e.Ngsup = &driver.Ngsup{Binaries: binaries, Log: e.Log}
+	e.LocalOwner = localowner.New(localowner.Options{
+		Backend:     lb,
+		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return e.Ngsup.StopSandbox(ctx, sb) },
+		Logger:      e.Log,
+	})
+	e.Owner = NewOwner(e.LocalOwner)
+	t.Cleanup(e.cleanup)
+	return e
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type teeWriter struct {
+	a *lockedBuffer
+	b *os.File
+}
+
+func (w teeWriter) Write(p []byte) (int, error) {
+	w.a.Write(p)
+	return w.b.Write(p)
+}
+
+// Rollout returns a rollout id unique to this Env: name-<tag>.
+func (e *Env) Rollout(name string) string { return name + "-" + e.Tag }
+
+// Fake returns the fake adapter the tests use: it pauses at checkpoints,
+// steps steps of stepS seconds.
+func Fake(steps int, stepS float64) *fake.Adapter {
+	return &fake.Adapter{Pause: true, Defaults: fake.Options{Steps: steps, StepSeconds: stepS}}
+}
+
+// Runner returns a Runner wired as `ngdriver run` wires it: the adapter,
+// the owner, the recording backend, ngsup and the participant, with the
+// tests' short stop grace.
+func (e *Env) Runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
+	return &driver.Runner{
+		Adapter:     a,
+		Owner:       e.Owner,
+		Backends:    map[string]sandbox.Backend{e.Backend.Name(): e.Backend},
+		Ngsup:       e.Ngsup,
+		Participant: p,
+		Log:         e.Log,
+		StopGrace:   StopGrace,
+		// Generous, so a loaded machine does not cut a cancelled run's
+		// cleanup short (the default is the grace plus 30 s).
+		CancelBudget: Patience,
+	}
+}
+
+// OwnSandbox is a Runner.OwnSandbox that makes a local sandbox (recorded
+// like the lent ones) named own-<rollout>.
+func (e *Env) OwnSandbox(ctx context.Context, rollout string) (driver.LentSandbox, error) {
+	sb, err := e.Local.Create(ctx, "own-"+rollout)
+	if err != nil {
+		return driver.LentSandbox{}, err
+	}
+	d := sandbox.Descriptor{Provider: e.Local.Name(), SandboxID: sb.ID(), Workdir: sb.Workdir()}
+	return driver.LentSandbox{Sandbox: e.Backend.Wrap(sb), Descriptor: d}, nil
+}
+
+// Task is a run body for the fake adapter and the local owner: steps of
+// stepS seconds, checked by the owner (every step in ./progress). extra
+// fields are merged over it; extra["fake"] (a map) is merged into the fake
+// options.
+func Task(rollout string, steps int, stepS float64, extra map[string]any) json.RawMessage {
+	fk := map[string]any{"steps": steps, "step_s": stepS}
+	body := map[string]any{
+		"rollout_id": rollout,
+		"task":       "count to the end, one step at a time",
+		"check":      fmt.Sprintf(`test "$(grep -c '^step' progress)" -ge %d`, steps),
+	}
+	for k, v := range extra {
+		if k == "fake" {
+			for fk2, fv := range v.(map[string]any) {
+				fk[fk2] = fv
+			}
+			continue
+		}
+		body[k] = v
+	}
+	body["fake"] = fk
+	data, err := json.Marshal(body)
+	if err != nil {
+		panic(err)
+	}
+	return data
+}
+
+// Handle is a run started in the background.
+type Handle struct {
+	Rollout string
+	Attempt int
+	cancel  context.CancelCauseFunc
+	done    chan struct{}
+	result  json.RawMessage
+	err     error
+	ended   time.Time
+}
+
+// Start runs req on rn in the background. The Env's cleanup cancels it if
+// it is still running.
+func (e *Env) Start(rn *driver.Runner, rollout string, attempt int, body json.RawMessage) *Handle {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	h := &Handle{Rollout: rollout, Attempt: attempt, cancel: cancel, done: make(chan struct{})}
+	e.mu.Lock()
+	e.handles = append(e.handles, h)
+	e.mu.Unlock()
+	go func() {
+		defer close(h.done)
+		h.result, h.err = rn.Run(ctx, driver.RunRequest{RolloutID: rollout, Attempt: attempt, Body: body})
+		h.ended = time.Now()
+	}()
+	return h
+}
+
+// Cancel cancels the run with cause.
+func (h *Handle) Cancel(cause error) { h.cancel(cause) }
+
+// Done is closed when Run has returned.
+func (h *Handle) Done() <-chan struct{} { return h.done }
+
+// Wait waits (up to Patience) for Run to return and returns what it did.
+func (h *Handle) Wait(t testing.TB) (json.RawMessage, error) {
+	t.Helper()
+	select {
+	case <-h.done:
+		return h.result, h.err
+	case <-time.After(Patience):
+		t.Fatalf("run %s (attempt %d) did not return within %s", h.Rollout, h.Attempt, Patience)
+		return nil, nil
+	}
+}
+
+// MustSucceed waits for the run and parses its result; the test fails if
+// the run failed.
+func (h *Handle) MustSucceed(t testing.TB) Result {
+	t.Helper()
+	raw, err := h.Wait(t)
+	if err != nil {
+		t.Fatalf("run %s (attempt %d) failed: %v", h.Rollout, h.Attempt, err)
+	}
+	return ParseResult(t, raw)
+}
+
+// Result is a run's result JSON, as the fake adapter and the local owner
+// make it.
+type Result struct {
+	Reward      float64               `json:"reward"`
+	FailureKind string                `json:"failure_kind"`
+	Response    Response              `json:"response"`
+	Launches    []driver.LaunchRecord `json:"ng_harness_launches"`
+	RolloutID   string                `json:"rollout_id"`
+	Raw         json.RawMessage       `json:"-"`
+}
+
+// Response is what the fake harness prints.
+type Response struct {
+	Text      string `json:"text"`
+	Steps     int    `json:"steps"`
+	FirstStep int    `json:"first_step"`
+	Task      string `json:"task"`
+	Error     string `json:"error"`
+}
+
+// ParseResult decodes a result; ng_harness_launches must be there.
+func ParseResult(t testing.TB, raw json.RawMessage) Result {
+	t.Helper()
+	var r Result
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatalf("the result is not what the driver returns: %v\n%s", err, raw)
+	}
+	var m map[string]json.RawMessage
+	_ = json.Unmarshal(raw, &m)
+	if _, ok := m["ng_harness_launches"]; !ok {
+		t.Fatalf("the result has no ng_harness_launches: %s", raw)
+	}
+	r.Raw = raw
+	return r
+}
+
+// Eventually polls cond until it holds or Patience passes; then the test
+// fails with what cond last said.
+func Eventually(t testing.TB, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(Patience)
+	wait := 10 * time.Millisecond
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %s", what, Patience, why)
+		}
+		time.Sleep(wait)
+		wait = min(wait*2, 100*time.Millisecond)
+	}
+}
+
+// Cookies returns the cookies of rollout's latest seed.
+func (e *Env) Cookies(rollout string) owner.Cookies {
+	e.T.Helper()
+	cs := e.Owner.Cookies(rollout)
+	if len(cs) == 0 {
+		e.T.Fatalf("rollout %s was never seeded", rollout)
+	}
+	return cs[len(cs)-1]
+}
+
+// Session returns what the owner knows of rollout's latest session.
+func (e *Env) Session(rollout string) localowner.SessionInfo {
+	e.T.Helper()
+	info, err := e.LocalOwner.Session(e.Cookies(rollout))
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	return info
+}
+
+// HostPath is where a sandbox's folder is on this machine.
+func (e *Env) HostPath(sandboxID string) string { return e.Local.HostPath(sandboxID) }
+
+// HostOf maps a path inside sandboxID to its host path.
+func (e *Env) HostOf(sandboxID, inside string) string {
+	e.T.Helper()
+	sb, err := e.Local.Open(sandboxID)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	p, err := sb.HostPathOf(inside)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	return p
+}
+
+// LaunchDir is the host path of a launch's folder.
+func (e *Env) LaunchDir(sandboxID, launchID string) string {
+	return filepath.Join(e.HostPath(sandboxID), local.RootFolder, "launches", launchID)
+}
+
+// Receipt reads a launch's receipt on the host (nil when there is none yet).
+func (e *Env) Receipt(sandboxID, launchID string) *proto.Receipt {
+	r, err := proto.ReadReceipt(e.LaunchDir(sandboxID, launchID))
+	if err != nil {
+		return nil
+	}
+	return r
+}
+
+// FakeSessions lists the host folders of rollout's fake sessions in the
+// sandbox, oldest first.
+func (e *Env) FakeSessions(sandboxID, rollout string) []string {
+	pattern := filepath.Join(e.HostPath(sandboxID), local.RootFolder, "state", "fake", rollout+"-a*-*")
+	matches, _ := filepath.Glob(pattern)
+	sort.Slice(matches, func(i, j int) bool {
+		a, _ := os.Stat(matches[i])
+		b, _ := os.Stat(matches[j])
+		if a == nil || b == nil {
+			return matches[i] < matches[j]
+		}
+		return a.ModTime().Before(b.ModTime())
+	})
+	return matches
+}
+
+// SessionOf is the host folder of the fake session a harness bookmark's
+// state names, in sandboxID.
+func (e *Env) SessionOf(sandboxID string, state json.RawMessage) string {
+	e.T.Helper()
+	var st fake.State
+	if err := json.Unmarshal(state, &st); err != nil || st.SessionDir == "" {
+		e.T.Fatalf("the bookmark's state %s names no fake session", state)
+	}
+	return e.HostOf(sandboxID, st.SessionDir)
+}
+
+// WaitSession waits until rollout has a fake session in the sandbox and
+// returns its host folder (the newest).
+func (e *Env) WaitSession(sandboxID, rollout string) string {
+	e.T.Helper()
+	var dir string
+	Eventually(e.T, "a fake session of "+rollout, func() (bool, string) {
+		s := e.FakeSessions(sandboxID, rollout)
+		if len(s) == 0 {
+			return false, "none in " + sandboxID
+		}
+		dir = s[len(s)-1]
+		return true, ""
+	})
+	return dir
+}
+
+// Steps reads a session's steps file: the numbers of the steps, in order.
+func Steps(hostSessionDir string) []int {
+	data, err := os.ReadFile(filepath.Join(hostSessionDir, "steps"))
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var n int
+		if _, err := fmt.Sscanf(line, "step %d", &n); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// WaitSteps waits until the session holds at least n steps.
+func (e *Env) WaitSteps(hostSessionDir string, n int) {
+	e.T.Helper()
+	Eventually(e.T, fmt.Sprintf("%d steps in %s", n, hostSessionDir), func() (bool, string) {
+		got := Steps(hostSessionDir)
+		return len(got) >= n, fmt.Sprintf("steps %v", got)
+	})
+}
+
+// CheckStepsOnce fails the test unless the session holds steps 1..n, each
+// exactly once, in order: no model turn repeated, none lost.
+func CheckStepsOnce(t testing.TB, hostSessionDir string, n int) {
+	t.Helper()
+	got := Steps(hostSessionDir)
+	want := make([]int, n)
+	for i := range want {
+		want[i] = i + 1
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("steps in %s: got %v, want each of 1..%d exactly once", hostSessionDir, got, n)
+	}
+}
+
+// WaitPids waits until the session's pids file lists every kind in kinds
+// and returns the processes (with their start times).
+func (e *Env) WaitPids(hostSessionDir string, kinds ...string) []Proc {
+	e.T.Helper()
+	var procs []Proc
+	Eventually(e.T, fmt.Sprintf("pids %v in %s", kinds, hostSessionDir), func() (bool, string) {
+		var err error
+		procs, err = ReadPids(hostSessionDir)
+		if err != nil {
+			return false, err.Error()
+		}
+		have := Kinds(procs)
+		for _, k := range kinds {
+			if !slices.Contains(have, k) {
+				return false, fmt.Sprintf("have %v", have)
+			}
+		}
+		return true, ""
+	})
+	return procs
+}
+
+// CheckGone waits until none of procs is alive (pid gone, or its start time
+// changed); the test fails naming the survivors.
+func CheckGone(t testing.TB, what string, procs []Proc) {
+	t.Helper()
+	Eventually(t, what+": every process gone", func() (bool, string) {
+		live := Live(procs)
+		var names []string
+		for _, p := range live {
+			names = append(names, fmt.Sprintf("%s %s", p.Kind, Describe(p.PID)))
+		}
+		return len(live) == 0, fmt.Sprintf("alive: %v", names)
+	})
+}
+
+// ProcsIn lists the processes running in the given sandboxes (every
+// sandbox of the Env when none is given), found by the bind mount of the
+// sandbox's folder at the mount point in their mountinfo. Zombies are left
+// out.
+func (e *Env) ProcsIn(sandboxIDs ...string) []int {
+	var roots []string
+	for _, id := range sandboxIDs {
+		roots = append(roots, e.HostPath(id))
+	}
+	sandboxes := filepath.Join(e.Local.Base(), "sandboxes") + "/"
+	var out []int
+	for _, pid := range pids() {
+		st, ok := ReadStat(pid)
+		if !ok || st.State == 'Z' || st.State == 'X' {
+			continue
+		}
+		for _, r := range bindRoots(pid, e.Local.MountPoint()) {
+			if len(roots) == 0 && strings.HasPrefix(r, sandboxes) || slices.Contains(roots, r) {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// tagged lists the live processes whose launch tag names one of this Env's
+// rollouts.
+func (e *Env) tagged() []int {
+	var out []int
+	for _, pid := range pids() {
+		if tag := tagOf(pid); tag != "" && strings.Contains(tag, e.Tag) {
+			if st, ok := ReadStat(pid); ok && st.State != 'Z' {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// ours reports whether pid runs in one of the Env's sandboxes or carries
+// one of its launch tags.
+func (e *Env) ours(pid int) bool {
+	return slices.Contains(e.ProcsIn(), pid) || slices.Contains(e.tagged(), pid)
+}
+
+// CheckNoProcs waits until no process runs in the sandboxes (every sandbox
+// of the Env when none is given) except those keep accepts.
+func (e *Env) CheckNoProcs(what string, sandboxIDs ...string) {
+	e.T.Helper()
+	Eventually(e.T, what+": no process left in the sandbox", func() (bool, string) {
+		left := e.ProcsIn(sandboxIDs...)
+		var names []string
+		for _, pid := range left {
+			names = append(names, Describe(pid))
+		}
+		return len(left) == 0, fmt.Sprintf("running: %v", names)
+	})
+}
+
+// IsSupervisor reports whether pid is an ngsup process (its comm is
+// ngsup-<hash>, truncated).
+func IsSupervisor(pid int) bool {
+	st, ok := ReadStat(pid)
+	return ok && strings.HasPrefix(st.Comm, "ngsup")
+}
+
+// Sandboxes lists the ids of the sandboxes in the Env's backend.
+func (e *Env) Sandboxes() []string {
+	ents, _ := os.ReadDir(filepath.Join(e.Local.Base(), "sandboxes"))
+	var out []string
+	for _, en := range ents {
+		if en.IsDir() && !strings.HasPrefix(en.Name(), ".") {
+			out = append(out, en.Name())
+		}
+	}
+	return out
+}
+
+// StopEverything runs `ngsup stop --id` (grace 1 s) on every launch folder
+// of every sandbox of the Env. It is what the cleanup does first; tests use
+// it too.
+func (e *Env) StopEverything(ctx context.Context) error {
+	var errs []error
+	for _, id := range e.Sandboxes() {
+		sb, err := e.Local.Open(id)
+		if err != nil {
+			continue
+		}
+		launches := filepath.Join(sb.HostPath(), local.RootFolder, "launches")
+		ents, err := os.ReadDir(launches)
+		if err != nil {
+			continue
+		}
+		bin, err := e.Ngsup.Ensure(ctx, sb)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, en := range ents {
+			if proto.ValidateID(en.Name()) != nil {
+				continue
+			}
+			ref := driver.LaunchRef{ID: en.Name(), Dir: path.Join(sb.Root(), "launches", en.Name()), SandboxID: id}
+			if _, err := e.Ngsup.Stop(ctx, sb, bin, ref, time.Second); err != nil {
+				errs = append(errs, fmt.Errorf("stop %s in %s: %w", en.Name(), id, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cleanup cancels the runs still going, stops every launch, and fails the
+// test if any process of it is left (killing those, each identified first).
+func (e *Env) cleanup() {
+	t := e.T
+	e.mu.Lock()
+	handles := slices.Clone(e.handles)
+	e.mu.Unlock()
+	for _, h := range handles {
+		h.cancel(errors.New("drivertest: the test ended"))
+	}
+	for _, h := range handles {
+		select {
+		case <-h.done:
+		case <-time.After(Patience):
+			t.Errorf("cleanup: run %s (attempt %d) did not return after its cancellation", h.Rollout, h.Attempt)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), Patience)
+	defer cancel()
+	if err := e.StopEverything(ctx); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+	var left []string
+	for range 3 {
+		pids := append(e.ProcsIn(), e.tagged()...)
+		slices.Sort(pids)
+		pids = slices.Compact(pids)
+		if len(pids) == 0 {
+			break
+		}
+		for _, pid := range pids {
+			d := Describe(pid)
+			if killByPidfd(pid, e.ours) {
+				left = append(left, d)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		t.Errorf("cleanup: processes of the test were still running after every launch was stopped (killed now): %v", left)
+	}
+	if t.Failed() {
+		t.Logf("driver and owner log:\n%s", e.logs.String())
+	}
+}
+
+// WaitSeeded waits until rollout has been seeded n times and returns the
+// owner's view of its latest session.
+func (e *Env) WaitSeeded(rollout string, n int) localowner.SessionInfo {
+	e.T.Helper()
+	Eventually(e.T, fmt.Sprintf("seed %d of %s", n, rollout), func() (bool, string) {
+		got := len(e.Owner.Cookies(rollout))
+		return got >= n, fmt.Sprintf("%d seeds", got)
+	})
+	return e.Session(rollout)
+}
+
+// Digest hashes every file under dir (path, mode, size and content), so a
+// test can tell that nothing in a sandbox changed.
+func Digest(t testing.TB, dir string) string {
+	t.Helper()
+	h := sha256.New()
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s %v %d\n", p, fi.Mode(), fi.Size())
+		if fi.Mode().IsRegular() {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			h.Write(data)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("digest %s: %v", dir, err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

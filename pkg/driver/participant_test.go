@@ -1,0 +1,205 @@
+package driver_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+)
+
+// runInfo returns the participant's view of rollout (ok false if it is not
+// registered).
+func runInfo(p *driver.Participant, rollout string) (driver.RunInfo, bool) {
+	runs := p.Runs()
+	i := slices.IndexFunc(runs, func(r driver.RunInfo) bool { return r.RolloutID == rollout })
+	if i < 0 {
+		return driver.RunInfo{}, false
+	}
+	return runs[i], true
+}
+
+// TestQueuedRunExportedAtSeed proves that a run queued for a concurrency
+// slot (NewParticipant(1), two runs) is registered at its seed bookmark
+// before it waits (Participant.Runs shows it queued with next=seed), that
+// Prepare exports it at that bookmark while the first run is parked
+// (paused), without waiting for it and without it seeding, and that it
+// runs after the resume; both are verified.
+func TestQueuedRunExportedAtSeed(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(1)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	first, queued := e.Rollout("first"), e.Rollout("queued")
+	ha := e.Start(rn, first, 1, drivertest.Task(first, steps, stepS, nil))
+	sbA := e.WaitSeeded(first, 1).SandboxID
+	sessA := e.WaitSession(sbA, first)
+	e.WaitSteps(sessA, 1)
+	hb := e.Start(rn, queued, 1, drivertest.Task(queued, steps, stepS, nil))
+	drivertest.Eventually(t, "the second run is registered", func() (bool, string) {
+		_, ok := runInfo(p, queued)
+		return ok, "not registered"
+	})
+	if info, _ := runInfo(p, queued); info.State != "queued" || info.Next != driver.StageSeed || info.Attempt != 1 {
+		t.Errorf("the queued run is %+v, want queued at seed", info)
+	}
+
+	res := prepare(t, p, "ckpt-1")
+	_, bmA := bookmarkOf(t, res.Records, first)
+	if bmA.Paused == nil {
+		t.Errorf("the first run was not exported paused: %+v", bmA)
+	}
+	rec, bmB := bookmarkOf(t, res.Records, queued)
+	if bmB.Next != driver.StageSeed || rec.Attempt != 1 || len(bmB.Launches) != 0 {
+		t.Errorf("the queued run was exported as %s, want its seed bookmark", rec.Bookmark)
+	}
+	if info, _ := runInfo(p, first); info.State != "parked" {
+		t.Errorf("the first run is %+v, want parked", info)
+	}
+	commit(t, e, p, "ckpt-1", false)
+	if n := e.Owner.Count(drivertest.CallSeed, queued); n != 0 {
+		t.Errorf("the queued run seeded during the checkpoint")
+	}
+	resume(t, p, "ckpt-1")
+
+	ra := ha.MustSucceed(t)
+	rb := hb.MustSucceed(t)
+	if len(ra.Launches) != 1 || ra.Launches[0].Pauses != 1 {
+		t.Errorf("first run's launches %+v: want one, paused once", ra.Launches)
+	}
+	if len(rb.Launches) != 1 || rb.Launches[0].Pauses != 0 {
+		t.Errorf("queued run's launches %+v: want one, never paused", rb.Launches)
+	}
+	checkVerified(t, e, first, ra)
+	checkVerified(t, e, queued, rb)
+}
+
+// TestParkBeforeLaunch proves that a checkpoint that opens before the
+// harness is launched holds the launch until the checkpoint opens: the run
+// is exported at the bookmark recorded before its step (seed, while the
+// owner's seed is held), then parks before launching (no launch folder, no
+// `ngsup run`, nothing running in the sandbox while parked), and launches
+// once after the resume: one launch, never paused, verified.
+func TestParkBeforeLaunch(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("before-launch")
+	entered, release := make(chan struct{}), make(chan struct{})
+	e.Owner.BeforeSeed(func(ctx context.Context, rollout string) error {
+		close(entered)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	await(t, entered, "the seed", h)
+	res := prepare(t, p, "ckpt-1")
+	if _, bm := bookmarkOf(t, res.Records, ro); bm.Next != driver.StageSeed {
+		t.Errorf("the run in its seed step was exported at %s, want seed", bm.Next)
+	}
+	close(release)
+	drivertest.Eventually(t, "the run parks before launching", func() (bool, string) {
+		info, _ := runInfo(p, ro)
+		return info.State == "parked", "state " + info.State
+	})
+	sbID := e.Session(ro).SandboxID
+	if _, err := os.Stat(filepath.Join(e.HostPath(sbID), ".ngharness", "launches")); !os.IsNotExist(err) {
+		t.Errorf("a launch folder exists while the run is parked before launching (%v)", err)
+	}
+	if n := len(e.Backend.Verbs("run")); n != 0 {
+		t.Errorf("ngsup run ran %d times while parked before launching", n)
+	}
+	if pids := e.ProcsIn(sbID); len(pids) != 0 {
+		t.Errorf("processes run in the sandbox while parked before launching: %v", pids)
+	}
+	resume(t, p, "ckpt-1")
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	checkVerified(t, e, ro, r)
+}
+
+// TestParticipantRejectsCallsOutOfOrder proves the participant's protocol
+// errors: commit or resume with no checkpoint open, a second prepare, a
+// commit of another checkpoint id, a restore while prepared all fail with
+// ErrPhase; a second run of a rollout in flight fails with
+// ErrDuplicateRun; a run without a rollout id or with a body that is not a
+// JSON object fails with ErrBadRequest; after Close, runs fail with
+// ErrShuttingDown. None of them touches the owner.
+func TestParticipantRejectsCallsOutOfOrder(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	ctx := context.Background()
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	if _, err := p.Commit(ctx, "c", false); !errors.Is(err, driver.ErrPhase) {
+		t.Errorf("commit in idle: %v", err)
+	}
+	if err := p.Resume("c"); !errors.Is(err, driver.ErrPhase) {
+		t.Errorf("resume in idle: %v", err)
+	}
+	prepare(t, p, "c1")
+	if _, err := p.Prepare(ctx, "c2", time.Now().Add(time.Second)); !errors.Is(err, driver.ErrPhase) {
+		t.Errorf("prepare while prepared: %v", err)
+	}
+	if _, err := p.Commit(ctx, "c2", false); !errors.Is(err, driver.ErrPhase) {
+		t.Errorf("commit of another checkpoint: %v", err)
+	}
+	if err := p.Restore("c1", nil); !errors.Is(err, driver.ErrPhase) {
+		t.Errorf("restore while prepared: %v", err)
+	}
+	resume(t, p, "c1")
+	if p.Phase() != driver.PhaseIdle {
+		t.Errorf("phase %s after resume, want idle", p.Phase())
+	}
+
+	if _, err := rn.Run(ctx, driver.RunRequest{Body: json.RawMessage(`{}`)}); !errors.Is(err, driver.ErrBadRequest) {
+		t.Errorf("a run without a rollout id: %v", err)
+	}
+	if _, err := rn.Run(ctx, driver.RunRequest{RolloutID: "x", Body: json.RawMessage(`[1]`)}); !errors.Is(err, driver.ErrBadRequest) {
+		t.Errorf("a run whose body is not an object: %v", err)
+	}
+
+	ro := e.Rollout("dup")
+	entered, release := make(chan struct{}), make(chan struct{})
+	e.Owner.BeforeSeed(func(ctx context.Context, rollout string) error {
+		close(entered)
+		select {
+		case <-release:
+			return errors.New("seed refused by the test")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	await(t, entered, "the seed", h)
+	if _, err := rn.Run(ctx, driver.RunRequest{RolloutID: ro, Attempt: 1, Body: drivertest.Task(ro, steps, stepS, nil)}); !errors.Is(err, driver.ErrDuplicateRun) {
+		t.Errorf("a second run of a rollout in flight: %v", err)
+	}
+	close(release)
+	if _, err := h.Wait(t); err == nil {
+		t.Errorf("the run whose seed was refused succeeded")
+	}
+	p.Close()
+	if _, err := rn.Run(ctx, driver.RunRequest{RolloutID: e.Rollout("late"), Body: json.RawMessage(`{}`)}); !errors.Is(err, driver.ErrShuttingDown) {
+		t.Errorf("a run after Close: %v", err)
+	}
+	for _, c := range e.Owner.Calls("") {
+		if c.Method != drivertest.CallSeed {
+			t.Errorf("the owner was called: %+v", c)
+		}
+	}
+}

@@ -1,0 +1,516 @@
+package driver_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// allKinds are the processes a default fake harness records in its pids
+// file: itself, a child, a command in a session of its own, a double-forked
+// daemon and a child that cleared its environment.
+var allKinds = []string{"harness", "child", "own_session", "daemon", "untagged"}
+
+// pauseSteps gives a paused run room for two checkpoints before it ends.
+const pauseSteps = 12
+
+// checkAllStopped fails unless every process running in the sandbox, other
+// than ngsup itself, is stopped (state T or t).
+func checkAllStopped(t *testing.T, e *drivertest.Env, what, sandboxID string) {
+	t.Helper()
+	n := 0
+	for _, pid := range e.ProcsIn(sandboxID) {
+		if drivertest.IsSupervisor(pid) {
+			continue
+		}
+		n++
+		if st, ok := drivertest.ReadStat(pid); ok && st.State != 'T' && st.State != 't' && st.State != 'Z' {
+			t.Errorf("%s: %s is not stopped", what, drivertest.Describe(pid))
+		}
+	}
+	if n == 0 {
+		t.Errorf("%s: no process of the launch found in the sandbox", what)
+	}
+}
+
+// checkStill fails if anything in the sandbox's folder changes while the
+// launch is held (a few step times).
+func checkStill(t *testing.T, e *drivertest.Env, what, sandboxID string, stepS float64) {
+	t.Helper()
+	before := drivertest.Digest(t, e.HostPath(sandboxID))
+	time.Sleep(time.Duration(4 * stepS * float64(time.Second)))
+	if after := drivertest.Digest(t, e.HostPath(sandboxID)); after != before {
+		t.Errorf("%s: the sandbox's files changed while its launch was paused", what)
+	}
+}
+
+// TestPausedLaunchExportedAndContinuedInPlace proves that a paused launch is
+// exported at its bookmark (Prepare's record: next=harness, resume=true,
+// paused set, the launch record counting the pause), that every process of
+// the launch is stopped and nothing in the sandbox changes while it is
+// parked, that it continues in place after each of two checkpoints (the
+// same processes run again), and that it is launched once: one launch
+// record, pauses=2, finished, every step exactly once, reward 1.
+func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+	ro := e.Rollout("pause-twice")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 2)
+
+	for i, id := range []string{"ckpt-1", "ckpt-2"} {
+		res := prepare(t, p, id)
+		rec, bm := bookmarkOf(t, res.Records, ro)
+		if rec.Attempt != 1 || bm.Next != driver.StageHarness || !bm.Resume || bm.Paused == nil || bm.Paused.SandboxID != sbID || !bm.Paused.Supervised {
+			t.Fatalf("%s: the exported bookmark is not a paused harness step: %s", id, rec.Bookmark)
+		}
+		if len(bm.Launches) != 1 || bm.Launches[0].Pauses != i+1 || bm.Launches[0].ID != bm.Paused.ID {
+			t.Fatalf("%s: the bookmark's launch record should count %d pauses of the one launch: %s", id, i+1, rec.Bookmark)
+		}
+		if got := e.SessionOf(sbID, bm.State); got != sess {
+			t.Errorf("%s: the bookmark's state names session %s, the harness writes %s", id, got, sess)
+		}
+		if runs := p.Runs(); len(runs) != 1 || runs[0].State != "parked" {
+			t.Errorf("%s: participant runs %+v, want the one run parked", id, runs)
+		}
+		checkStates(t, id+": while parked", procs, "Tt")
+		checkAllStopped(t, e, id+": while parked", sbID)
+		held := drivertest.Steps(sess)
+		checkStill(t, e, id, sbID, stepS)
+		commit(t, e, p, id, false)
+		resume(t, p, id)
+		// The same processes go on: the steps grow and none was relaunched.
+		drivertest.Eventually(t, id+": the launch goes on", func() (bool, string) {
+			got := drivertest.Steps(sess)
+			return len(got) > len(held), "steps still " + itoa(len(got))
+		})
+		checkStates(t, id+": after the resume", procs, "SRD")
+	}
+
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 2, false)
+	if r.Launches[0].ExitCode != 0 || !r.Launches[0].Supervised || r.Launches[0].SandboxID != sbID {
+		t.Errorf("launch record %+v: want exit 0, supervised, in %s", r.Launches[0], sbID)
+	}
+	if r.Response.Steps != pauseSteps || r.Response.FirstStep != 1 {
+		t.Errorf("response %+v: want every step in one launch", r.Response)
+	}
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, pauseSteps)
+	if n := len(e.Backend.Verbs("run")); n != 1 {
+		t.Errorf("ngsup run ran %d times, want once", n)
+	}
+	if n := len(e.Backend.Verbs("pause")); n != 2 {
+		t.Errorf("ngsup pause ran %d times, want 2", n)
+	}
+	for _, x := range append(e.Backend.Verbs("pause"), e.Backend.Verbs("continue")...) {
+		if x.Timeout != driver.ControlTimeout {
+			t.Errorf("%v got a budget of %s, want %s", x.Argv, x.Timeout, driver.ControlTimeout)
+		}
+	}
+	drivertest.CheckGone(t, "after verify", procs)
+	e.CheckNoProcs("after verify", sbID)
+}
+
+// TestCheckpointClosedBeforeTheRunWakes proves that a checkpoint that
+// closes before the parked run wakes (Prepare, then Resume at once: no
+// snapshot, no commit) finds the launch still paused, and the same launch
+// continues and finishes: one launch, pauses=1.
+func TestCheckpointClosedBeforeTheRunWakes(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("close-early")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 1)
+
+	res := prepare(t, p, "ckpt-1")
+	resume(t, p, "ckpt-1")
+	if _, bm := bookmarkOf(t, res.Records, ro); bm.Paused == nil {
+		t.Errorf("the prepare did not export a paused launch: %+v", bm)
+	}
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+	if n, c := len(e.Backend.Verbs("pause")), len(e.Backend.Verbs("continue")); n != 1 || c != 1 {
+		t.Errorf("ngsup pause ran %d times and continue %d, want once each", n, c)
+	}
+	drivertest.CheckGone(t, "after verify", procs)
+}
+
+// TestPausedUnsupervisedLaunch proves that a launch without a supervisor
+// (tagged only: no `ngsup run`) is paused in place too: every process of it,
+// found by its tag (and the untagged child as a descendant), is stopped
+// while parked; continue resumes the same processes; one launch, pauses=1.
+func TestPausedUnsupervisedLaunch(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	rn.Unsupervised = true
+	ro := e.Rollout("pause-unsup")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 1)
+
+	res := prepare(t, p, "ckpt-1")
+	_, bm := bookmarkOf(t, res.Records, ro)
+	if bm.Paused == nil || bm.Paused.Supervised {
+		t.Errorf("want an unsupervised paused launch in the bookmark, got %+v", bm.Paused)
+	}
+	checkStates(t, "while parked", procs, "Tt")
+	checkAllStopped(t, e, "while parked", sbID)
+	resume(t, p, "ckpt-1")
+
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	if r.Launches[0].Supervised {
+		t.Errorf("the launch record says supervised")
+	}
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+	if n := len(e.Backend.Verbs("run")); n != 0 {
+		t.Errorf("ngsup run ran %d times in an unsupervised run", n)
+	}
+	for _, x := range append(e.Backend.Verbs("pause"), e.Backend.Verbs("continue")...) {
+		if x.Arg("--id") != r.Launches[0].ID {
+			t.Errorf("%v: an unsupervised launch is named by --id", x.Argv)
+		}
+	}
+	drivertest.CheckGone(t, "after verify", procs)
+	e.CheckNoProcs("after verify", sbID)
+}
+
+// TestLaunchEndedBeforeParkKeepsResult proves that a launch that ended
+// before the park request keeps its result. The driver's `ngsup wait` is
+// held (not run) until the harness has really ended (its receipt says so)
+// and Prepare was called; the pause then answers exit 3 and nothing is
+// relaunched: one launch, pauses 0, finished, verified.
+func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	const n = 3
+	rn := e.Runner(drivertest.Fake(n, 0.1), p)
+	ro := e.Rollout("ended-early")
+	held := make(chan struct{})
+	var waits atomic.Int32
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		if len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "wait" && waits.Add(1) == 1 {
+			close(held)
+			<-ctx.Done() // held until the park request cancels the wait
+			return execRes{ExitCode: -1}, ctx.Err()
+		}
+		return next(ctx, req)
+	})
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, n, 0.1, nil))
+	await(t, held, "the driver waits on the launch", h)
+	sbID := e.Session(ro).SandboxID
+	launchID := ro + "-a1-l1"
+	drivertest.Eventually(t, "the harness has ended", func() (bool, string) {
+		r := e.Receipt(sbID, launchID)
+		return r != nil && r.Ended, "no ended receipt"
+	})
+	res := prepare(t, p, "ckpt-1")
+	if hasRecord(res.Records, ro) {
+		_, bm := bookmarkOf(t, res.Records, ro)
+		if bm.Next != driver.StageVerify && bm.Next != driver.StageReturn {
+			t.Errorf("the run was exported at %s, want verify or return (its launch had ended)", bm.Next)
+		}
+	}
+	resume(t, p, "ckpt-1")
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	checkVerified(t, e, ro, r)
+	pauses := e.Backend.Verbs("pause")
+	if len(pauses) != 1 || pauses[0].ExitCode != proto.ExitEnded {
+		t.Errorf("want one pause answering %d (ended), got %+v", proto.ExitEnded, pauses)
+	}
+	if n := len(e.Backend.Verbs("run")); n != 1 {
+		t.Errorf("ngsup run ran %d times, want once", n)
+	}
+	if c := len(e.Backend.Verbs("continue")); c != 0 {
+		t.Errorf("ngsup continue ran %d times for a launch that was never paused", c)
+	}
+}
+
+// TestCommitWithStopKillsPausedLaunch proves that a commit the controller
+// stops after (stop: true) kills the launch a park left paused, once the
+// records are written, and that the run relaunches on the saved session
+// after the resume: two launches, the first interrupted with pauses=1, the
+// second resumed; every step once; verified.
+func TestCommitWithStopKillsPausedLaunch(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("commit-stop")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 2)
+
+	prepare(t, p, "ckpt-1")
+	commit(t, e, p, "ckpt-1", true)
+	drivertest.CheckGone(t, "after a commit with stop", procs)
+	e.CheckNoProcs("after a commit with stop", sbID)
+	resume(t, p, "ckpt-1")
+
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 2 {
+		t.Fatalf("want two launches, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
+	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+}
+
+// TestContinueFailureStopsAndRelaunches proves the fallback when a paused
+// launch cannot be continued (ngsup continue answers 4): the launch is
+// stopped (every process of it gone) and the run relaunches on the saved
+// session; verified, every step once.
+func TestContinueFailureStopsAndRelaunches(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("continue-fails")
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		if len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "continue" {
+			return execRes{ExitCode: proto.ExitNotConfirmed, Stdout: []byte(`{"continued":0,"skipped":0,"elapsed_ms":1,"method":"signal","pending":[{"pid":1,"state":"T"}]}` + "\n")}, nil
+		}
+		return next(ctx, req)
+	})
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 2)
+	prepare(t, p, "ckpt-1")
+	resume(t, p, "ckpt-1")
+	drivertest.CheckGone(t, "after a failed continue", procs)
+
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 2 {
+		t.Fatalf("want two launches, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
+	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+}
+
+// TestUnconfirmedPauseFallsBackToStop proves that a pause ngsup cannot
+// confirm (exit 4) falls back to the stop: the launch's processes are all
+// gone while the run is parked, and it relaunches on the saved session after
+// the resume; the first launch records why (pauses 0).
+func TestUnconfirmedPauseFallsBackToStop(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("pause-unconfirmed")
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		if len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "pause" {
+			return execRes{ExitCode: proto.ExitNotConfirmed, Stdout: []byte(`{"paused":false,"processes":0,"passes":3,"elapsed_ms":5000,"method":"signal","supervised":true,"pending":[{"pid":1,"state":"D","wchan":"io_schedule"}],"error":"1 process not stopped"}` + "\n")}, nil
+		}
+		return next(ctx, req)
+	})
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 2)
+	res := prepare(t, p, "ckpt-1")
+	_, bm := bookmarkOf(t, res.Records, ro)
+	if bm.Paused != nil || !bm.Resume || len(bm.Launches) != 1 || bm.Launches[0].Outcome != driver.OutcomeInterrupted {
+		t.Errorf("want a bookmark that relaunches a stopped launch, got %+v", bm)
+	}
+	drivertest.CheckGone(t, "while parked after the fallback stop", procs)
+	e.CheckNoProcs("while parked after the fallback stop", sbID)
+	resume(t, p, "ckpt-1")
+
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 2 {
+		t.Fatalf("want two launches, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
+	if !contains(r.Launches[0].Error, "pause not confirmed") {
+		t.Errorf("the first launch's error %q does not say the pause was not confirmed", r.Launches[0].Error)
+	}
+	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+}
+
+// TestEmptyPauseRetriedOnce proves that a pause that printed nothing within
+// its budget is run once more, and that a second real pause holds the
+// launch in place: one launch, pauses=1.
+func TestEmptyPauseRetriedOnce(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("pause-empty-once")
+	var pauses atomic.Int32
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		if len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "pause" && pauses.Add(1) == 1 {
+			return execRes{ExitCode: 0}, nil
+		}
+		return next(ctx, req)
+	})
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 1)
+	prepare(t, p, "ckpt-1")
+	checkStates(t, "while parked", procs, "Tt")
+	resume(t, p, "ckpt-1")
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	if n := len(e.Backend.Verbs("pause")); n != 2 {
+		t.Errorf("ngsup pause ran %d times, want 2 (the empty answer retried once)", n)
+	}
+	checkVerified(t, e, ro, r)
+}
+
+// TestPauseThatKeepsPrintingNothingStops proves that a pause that prints
+// nothing twice is reported (the launch record says why) and the launch is
+// stopped and relaunched on its saved session.
+func TestPauseThatKeepsPrintingNothingStops(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("pause-empty")
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		if len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "pause" {
+			return execRes{ExitCode: 0, Stderr: []byte("lost\n")}, nil
+		}
+		return next(ctx, req)
+	})
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 1)
+	prepare(t, p, "ckpt-1")
+	drivertest.CheckGone(t, "while parked after the fallback stop", procs)
+	resume(t, p, "ckpt-1")
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 2 {
+		t.Fatalf("want two launches, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
+	if !contains(r.Launches[0].Error, "printed nothing") {
+		t.Errorf("the first launch's error %q does not say the pause printed nothing", r.Launches[0].Error)
+	}
+	if n := len(e.Backend.Verbs("pause")); n != 2 {
+		t.Errorf("ngsup pause ran %d times, want 2", n)
+	}
+	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+}
+
+// TestCheckpointResumedWhileThePauseRuns proves that a checkpoint the
+// controller closes while a run is still pausing (Resume during Prepare,
+// before the run parked) finds the launch paused once the pause lands and
+// lets it go on at once: the same launch continues and finishes (one
+// launch, pauses=1), the in-flight Prepare does not later claim the closed
+// checkpoint (it returns without a prepared export), and the participant is
+// idle, so the next checkpoint can open.
+func TestCheckpointResumedWhileThePauseRuns(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("resume-mid-pause")
+	pausing, release := make(chan struct{}), make(chan struct{})
+	var pauses atomic.Int32
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		if len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "pause" && pauses.Add(1) == 1 {
+			close(pausing)
+			<-release
+		}
+		return next(ctx, req)
+	})
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 1)
+
+	type prepared struct {
+		res driver.PrepareResult
+		err error
+	}
+	prepDone := make(chan prepared, 1)
+	go func() {
+		res, err := p.Prepare(context.Background(), "ckpt-1", time.Now().Add(drivertest.Patience))
+		prepDone <- prepared{res, err}
+	}()
+	await(t, pausing, "the pause", h)
+	resume(t, p, "ckpt-1")
+	close(release)
+
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+	drivertest.CheckGone(t, "after verify", procs)
+	select {
+	case got := <-prepDone:
+		if got.err == nil && got.res.Parked {
+			t.Errorf("the prepare of the closed checkpoint claimed every run parked (%d records)", len(got.res.Records))
+		}
+	case <-time.After(drivertest.Patience):
+		t.Fatalf("the prepare of a resumed checkpoint never returned")
+	}
+	if ph := p.Phase(); ph != driver.PhaseIdle {
+		t.Errorf("phase %s after the checkpoint was resumed, want idle", ph)
+	}
+	if _, err := p.Prepare(context.Background(), "ckpt-2", time.Now().Add(drivertest.Patience)); err != nil {
+		t.Errorf("the next checkpoint cannot open: %v", err)
+	} else {
+		resume(t, p, "ckpt-2")
+	}
+}

@@ -1,0 +1,221 @@
+package driver_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
+	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+)
+
+// only returns fake options that turn off every extra process but those
+// named.
+func only(kinds ...string) map[string]any {
+	opts := map[string]any{"child": false, "own_session": false, "daemon": false, "untagged": false}
+	for _, k := range kinds {
+		opts[k] = true
+	}
+	return opts
+}
+
+// TestCheckpointStopsLaunch proves each stop scenario of the seed, both
+// supervised (under `ngsup run`) and unsupervised (tagged only; pause,
+// continue and stop name the launch with --id): with pausing off, a
+// checkpoint stops the launch during the install phase, with a child in a
+// session of its own, with a detached double-forked daemon, with a child
+// that cleared its environment (untagged), and when the harness ignores
+// SIGINT (killed after the short grace). While the run is parked every pid
+// the launch recorded is gone (pid missing or start time changed) and no
+// process is left in the sandbox; after the resume the run relaunches and
+// finishes verified, every step exactly once.
+func TestCheckpointStopsLaunch(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		fake    map[string]any
+		kinds   []string
+		install bool
+	}{
+		{"install", mergeOpts(only(), map[string]any{"install_s": 2.0}), nil, true},
+		{"own-session", only("own_session"), []string{"harness", "own_session"}, false},
+		{"daemon", only("daemon"), []string{"harness", "daemon"}, false},
+		{"untagged-child", only("untagged"), []string{"harness", "untagged"}, false},
+		{"child", only("child"), []string{"harness", "child"}, false},
+		{"ignores-sigint", map[string]any{"ignore_sigint": true}, allKinds, false},
+	}
+	for _, supervised := range []bool{true, false} {
+		mode := map[bool]string{true: "supervised", false: "unsupervised"}[supervised]
+		for _, c := range cases {
+			t.Run(mode+"/"+c.name, func(t *testing.T) {
+				t.Parallel()
+				const n = 4
+				e := drivertest.New(t)
+				p := driver.NewParticipant(0)
+				rn := e.Runner(drivertest.Fake(n, stepS), p)
+				rn.PauseAtCheckpoints = boolp(false)
+				rn.Unsupervised = !supervised
+				ro := e.Rollout(c.name)
+				h := e.Start(rn, ro, 1, drivertest.Task(ro, n, stepS, map[string]any{"fake": c.fake}))
+				sbID := e.WaitSeeded(ro, 1).SandboxID
+				sess := e.WaitSession(sbID, ro)
+				var procs []drivertest.Proc
+				if c.install {
+					drivertest.Eventually(t, "the install began", func() (bool, string) {
+						_, err := os.Stat(filepath.Join(sess, "install"))
+						return err == nil, "no install folder"
+					})
+				} else {
+					procs = e.WaitPids(sess, c.kinds...)
+					e.WaitSteps(sess, 1)
+				}
+
+				res := prepare(t, p, "ckpt-1")
+				_, bm := bookmarkOf(t, res.Records, ro)
+				if bm.Next != driver.StageHarness || bm.Paused != nil || !bm.Resume || len(bm.Launches) != 1 || bm.Launches[0].Outcome != driver.OutcomeInterrupted {
+					t.Errorf("want a bookmark that relaunches a stopped launch, got %+v", bm)
+				}
+				drivertest.CheckGone(t, "while parked after the stop", procs)
+				e.CheckNoProcs("while parked after the stop", sbID)
+				if c.install {
+					for _, f := range []string{"install/done", "pids", "steps"} {
+						if _, err := os.Stat(filepath.Join(sess, f)); err == nil {
+							t.Errorf("%s exists: the stop did not land during the install", f)
+						}
+					}
+				}
+				launch := bm.Launches[0].ID
+				stops := drivertest.ForLaunch(e.Backend.Verbs("stop"), launch)
+				if len(stops) != 1 || stops[0].Arg("--grace") != drivertest.StopGrace.String() {
+					t.Errorf("want one ngsup stop of %s with --grace %s, got %+v", launch, drivertest.StopGrace, stops)
+				} else if got := stops[0].Arg("--id"); (got == launch) == supervised {
+					t.Errorf("ngsup stop %v: --id must name exactly the unsupervised launches", stops[0].Argv)
+				}
+				if n := len(e.Backend.Verbs("pause")); n != 0 {
+					t.Errorf("ngsup pause ran %d times with pausing off", n)
+				}
+				resume(t, p, "ckpt-1")
+
+				r := h.MustSucceed(t)
+				if len(r.Launches) != 2 {
+					t.Fatalf("want two launches, got %+v", r.Launches)
+				}
+				checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
+				checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, !c.install)
+				for _, l := range r.Launches {
+					if l.Supervised != supervised {
+						t.Errorf("launch %s: supervised %v, want %v", l.ID, l.Supervised, supervised)
+					}
+				}
+				if runs := len(e.Backend.Verbs("run")); supervised && runs != 2 || !supervised && runs != 0 {
+					t.Errorf("ngsup run ran %d times", runs)
+				}
+				checkVerified(t, e, ro, r)
+				sessions := e.FakeSessions(sbID, ro)
+				drivertest.CheckStepsOnce(t, sessions[len(sessions)-1], n)
+				if !supervised {
+					killUntaggedOrphans(t, sessions[len(sessions)-1])
+				}
+				e.CheckNoProcs("after verify", sbID)
+			})
+		}
+	}
+}
+
+func mergeOpts(a, b map[string]any) map[string]any {
+	for k, v := range b {
+		a[k] = v
+	}
+	return a
+}
+
+// plainAdapter is the fake adapter without the PausesAtCheckpoints opt-in.
+type plainAdapter struct{ a *fake.Adapter }
+
+func (p plainAdapter) Name() string { return "plain-fake" }
+func (p plainAdapter) NewState(ro string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
+	return p.a.NewState(ro, attempt, sb)
+}
+func (p plainAdapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, st json.RawMessage, ro string, attempt int) (driver.Decision, error) {
+	return p.a.ResumeDecision(ctx, sb, st, ro, attempt)
+}
+func (p plainAdapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+	return p.a.Launch(ctx, lc)
+}
+func (p plainAdapter) Response(ctx context.Context, sb driver.LentSandbox, st json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+	return p.a.Response(ctx, sb, st, res)
+}
+
+// TestAdapterThatDoesNotPauseIsStopped proves that an adapter that does not
+// pause gets no pause: with Runner.PauseAtCheckpoints=false, with an
+// adapter type that lacks PausesAtCheckpoints, and with one that answers
+// false, a checkpoint stops the launch (no `ngsup pause` ever runs; the
+// first launch is interrupted with pauses=0), the run relaunches on the
+// saved session after the resume and finishes verified, every step once.
+func TestAdapterThatDoesNotPauseIsStopped(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name     string
+		adapter  func() driver.Adapter
+		override bool
+	}{
+		{"runner-override", func() driver.Adapter { return drivertest.Fake(steps, stepS) }, true},
+		{"no-opt-in", func() driver.Adapter { return plainAdapter{drivertest.Fake(steps, stepS)} }, false},
+		{"opt-in-false", func() driver.Adapter { a := drivertest.Fake(steps, stepS); a.Pause = false; return a }, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := drivertest.New(t)
+			p := driver.NewParticipant(0)
+			rn := e.Runner(c.adapter(), p)
+			if c.override {
+				rn.PauseAtCheckpoints = boolp(false)
+			}
+			ro := e.Rollout(c.name)
+			h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+			sbID := e.WaitSeeded(ro, 1).SandboxID
+			sess := e.WaitSession(sbID, ro)
+			procs := e.WaitPids(sess, allKinds...)
+			e.WaitSteps(sess, 2)
+			res := prepare(t, p, "ckpt-1")
+			_, bm := bookmarkOf(t, res.Records, ro)
+			if bm.Paused != nil || !bm.Resume {
+				t.Errorf("want a bookmark that relaunches, got %+v", bm)
+			}
+			drivertest.CheckGone(t, "while parked", procs)
+			resume(t, p, "ckpt-1")
+			r := h.MustSucceed(t)
+			if len(r.Launches) != 2 {
+				t.Fatalf("want two launches, got %+v", r.Launches)
+			}
+			checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
+			checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+			if n := len(e.Backend.Verbs("pause")); n != 0 {
+				t.Errorf("ngsup pause ran %d times for an adapter that does not pause", n)
+			}
+			checkVerified(t, e, ro, r)
+			drivertest.CheckStepsOnce(t, sess, steps)
+		})
+	}
+}
+
+// killUntaggedOrphans kills, by pid and start time, what a finished
+// unsupervised launch left that nothing can find: a child that cleared its
+// environment (no tag) and was orphaned when the harness exited, never seen
+// by an ngsup pass while its parent lived. Without a supervisor to adopt it,
+// only stopping the whole sandbox ends it, and a local sandbox cannot be
+// stopped (pkg/driver/sandbox/local implements no sandbox.Stopper). This is
+// the known limit of the unsupervised fallback; the test logs it.
+func killUntaggedOrphans(t *testing.T, hostSessionDir string) {
+	t.Helper()
+	procs, _ := drivertest.ReadPids(hostSessionDir)
+	for _, p := range drivertest.Live(procs) {
+		if p.Kind == "untagged" && p.Kill() {
+			t.Logf("known limit of the unsupervised fallback: killed the orphaned untagged child %s of a finished launch", p)
+		}
+	}
+}
