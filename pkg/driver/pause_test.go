@@ -8,6 +8,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -512,5 +513,46 @@ func TestCheckpointResumedWhileThePauseRuns(t *testing.T) {
 		t.Errorf("the next checkpoint cannot open: %v", err)
 	} else {
 		resume(t, p, "ckpt-2")
+	}
+}
+
+// TestSupervisorCannotStartFallsBackToTagged proves the seed's fallback:
+// when ngsup cannot start as the supervisor (here its `run` exits 1 as if
+// the sandbox refused it), the harness still runs, tagged only; the launch
+// record says unsupervised, a checkpoint pauses it by its tag (--id) and
+// it continues in place, and the run is verified.
+func TestSupervisorCannotStartFallsBackToTagged(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	e.Backend.SetHook(func(ctx context.Context, sb sandbox.Sandbox, req sandbox.ExecRequest, next drivertest.Next) (sandbox.ExecResult, error) {
+		if len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "run" {
+			return sandbox.ExecResult{ExitCode: 1, Stderr: []byte("ngsup: become child subreaper: operation not permitted\n")}, nil
+		}
+		return next(ctx, req)
+	})
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("fallback")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 1)
+
+	prepare(t, p, "ckpt-1")
+	checkStates(t, "while parked", procs, "Tt")
+	resume(t, p, "ckpt-1")
+
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 1 || r.Launches[0].Supervised {
+		t.Fatalf("want one unsupervised launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+	for _, x := range e.Backend.Verbs("pause") {
+		if x.Arg("--id") != r.Launches[0].ID {
+			t.Errorf("%v: the fallback launch is paused by its tag (--id)", x.Argv)
+		}
 	}
 }

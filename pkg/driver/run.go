@@ -228,6 +228,11 @@ func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies
 // harness is the one long wait step: launch, follow, park at checkpoints,
 // relaunch after a stop, until the harness has finished.
 func (rn *Runner) harness(ctx context.Context, st *attemptState) error {
+	if st.bm.Paused != nil {
+		// Continued from the bookmark of a checkpoint that paused the
+		// launch in place: that launch went with the crash.
+		st.log.Info("the paused launch is gone; relaunching on its saved session", "launch", st.bm.Paused.ID)
+	}
 	for {
 		// Before every launch: a bookmark; parks here during a checkpoint.
 		st.bm.Paused = nil
@@ -264,9 +269,6 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 	lent := *st.sb
 	rec := LaunchRecord{SandboxID: lent.ID(), Outcome: OutcomeRunning, ExitCode: -1, StartedAt: time.Now().UTC()}
 	if st.bm.Resume {
-		if st.bm.Paused != nil {
-			st.log.Info("the paused launch is gone; relaunching on its saved session", "launch", st.bm.Paused.ID)
-		}
 		d, err := rn.Adapter.ResumeDecision(ctx, lent, st.bm.State, st.req.RolloutID, st.r.attempt)
 		if err != nil {
 			return fmt.Errorf("decide whether %s can resume: %w", st.req.RolloutID, err)
@@ -302,6 +304,13 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 	}
 	if ref.Supervised {
 		err = rn.Ngsup.Start(ctx, lent, bin, ref, spec)
+		if err != nil && ctx.Err() == nil && !errors.Is(err, sandbox.ErrGone) {
+			// ngsup could not start as the supervisor: launch tagged only,
+			// found by its tag for pause, continue and stop from now on.
+			st.log.Warn("ngsup could not supervise the launch; running it unsupervised", "launch", ref.ID, "error", err.Error())
+			ref.Supervised, rec.Supervised = false, false
+			err = rn.Ngsup.StartUnsupervised(ctx, lent, ref, spec)
+		}
 	} else {
 		err = rn.Ngsup.StartUnsupervised(ctx, lent, ref, spec)
 	}
@@ -447,6 +456,9 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 	lv := st.live
 	rec := &st.bm.Launches[lv.record]
 	if rn.pauses() {
+		if !lv.ref.Supervised && !rn.Unsupervised {
+			st.log.Warn("pausing a launch that should be supervised but is not: its processes are found by their tag", "launch", lv.ref.ID)
+		}
 		out := rn.Ngsup.Pause(ctx, st.sb, lv.bin, lv.ref, st.req.RolloutID)
 		rn.obs().Paused(out.Elapsed, out.Paused(), out.Cause())
 		switch {
