@@ -67,7 +67,8 @@ ngdriver serve's backends.local.base at the same --base.`,
 			srv := &httpowner.Server{Owner: own, Checkpoints: own, Token: os.Getenv(tokenEnv), Log: log,
 				ClientError: func(err error) bool {
 					var se *json.SyntaxError
-					return errors.Is(err, localowner.ErrUnknownSession) || errors.As(err, &se) || strings.Contains(err.Error(), "run body")
+					return errors.Is(err, localowner.ErrUnknownSession) || errors.Is(err, localowner.ErrUnknownCheckpoint) ||
+						errors.As(err, &se) || strings.Contains(err.Error(), "run body")
 				}}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {

@@ -125,14 +125,15 @@ func readRecordsFile(path, checkpointID string) ([]Record, error) {
 		return nil, fmt.Errorf("%w: %s is empty", ErrBadRecords, path)
 	}
 	if data[len(data)-1] != '\n' {
-		return nil, fmt.Errorf("%w: %s is truncated (its last line is cut)", ErrBadRecords, path)
+		return nil, bad(bytes.Count(data, []byte("\n"))+1, "the line is cut (the file is truncated)")
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 1<<20), 256<<20)
 	var out []Record
 	var header *recordsLine
 	ended := false
-	for n := 1; sc.Scan(); n++ {
+	n := 1
+	for ; sc.Scan(); n++ {
 		text := strings.TrimSpace(sc.Text())
 		if text == "" {
 			continue
@@ -181,7 +182,7 @@ func readRecordsFile(path, checkpointID string) ([]Record, error) {
 		return nil, fmt.Errorf("read records %s: %w", path, err)
 	}
 	if !ended {
-		return nil, fmt.Errorf("%w: %s is truncated (no end line)", ErrBadRecords, path)
+		return nil, bad(n, "no end line (the file is truncated after %d runs)", len(out))
 	}
 	return out, nil
 }

@@ -101,7 +101,9 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 	req := driver.RunRequest{RolloutID: fields.RolloutID, Attempt: fields.Attempt, Body: body}
 	if p := r.PathValue("rollout"); p != "" {
 		req.RolloutID = p
-		if m := attemptSuffix.FindStringSubmatch(p); m != nil {
+		// "<id>-a<N>" is attempt N of <id>, unless the body's rollout_id
+		// is the whole word (an id may itself end in -a<digits>).
+		if m := attemptSuffix.FindStringSubmatch(p); m != nil && p != fields.RolloutID {
 			req.RolloutID = m[1]
 			req.Attempt, _ = strconv.Atoi(m[2])
 		}

@@ -1,0 +1,330 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// flow is what runCheckpointFlow did: the runs, how many checkpoints paused
+// each, and their results.
+type flow struct {
+	ids         []string
+	pauses      map[string]int
+	results     map[string]result
+	checkpoints []checkpoint
+}
+
+// runCheckpointFlow starts n runs of the fake adapter at once, waits until
+// each has taken a step, then runs two checkpoints (driver prepare, driver
+// commit, owner commit, driver resume) and collects every result, checking
+// each run finished verified with one launch paused once per checkpoint it
+// was parked in.
+func runCheckpointFlow(t *testing.T, e *env, n, steps int) flow {
+	f := flow{pauses: map[string]int{}, results: map[string]result{}}
+	chans := map[string]<-chan runReply{}
+	for i := range n {
+		id := e.rollout(fmt.Sprintf("r%d", i))
+		f.ids = append(f.ids, id)
+		chans[id] = e.startRun("/run", id, e.body(id, steps, e.opts.stepS))
+	}
+	e.waitStepped(f.ids...)
+	for k := 1; k <= 2; k++ {
+		ck := e.prepareCommit(fmt.Sprintf("%s-ck%d", e.prefix, k))
+		f.checkpoints = append(f.checkpoints, ck)
+		t.Logf("checkpoint %d: %d runs exported, %d paused in place", k, len(ck.prep.Records), len(ck.paused))
+		if k == 1 && len(ck.paused) == 0 {
+			t.Fatalf("checkpoint 1 paused no run, though every run had taken a step: %+v", ck.prep)
+		}
+		before := map[string]int{}
+		for _, r := range ck.prep.Records {
+			if !ck.paused[r.RolloutID] {
+				continue
+			}
+			f.pauses[r.RolloutID]++
+			b := r.bookmark(t)
+			last := b.Launches[len(b.Launches)-1]
+			if !b.Resume || last.Pauses != f.pauses[r.RolloutID] || last.ID != r.RolloutID+"-a1-l1" {
+				t.Errorf("checkpoint %d: the bookmark of paused %s: resume %v, last launch %+v; want resume and pauses %d",
+					k, r.RolloutID, b.Resume, last, f.pauses[r.RolloutID])
+			}
+			before[r.RolloutID] = len(e.sessionSteps(r.RolloutID))
+		}
+		// A paused harness holds still: no step while the checkpoint is
+		// committed (two steps' time).
+		time.Sleep(time.Duration(2*e.opts.stepS*float64(time.Second)) + 100*time.Millisecond)
+		for id, nb := range before {
+			if na := len(e.sessionSteps(id)); na != nb {
+				t.Errorf("checkpoint %d: %s took steps while paused (%d, then %d)", k, id, nb, na)
+			}
+		}
+		e.resume(ck.id)
+		// The same processes go on: each paused run takes another step.
+		eventually(t, "every paused run goes on after the resume", func() (bool, string) {
+			for id, nb := range before {
+				if na := len(e.sessionSteps(id)); na <= nb && na < steps {
+					return false, fmt.Sprintf("%s still at %d steps", id, na)
+				}
+			}
+			return true, ""
+		})
+	}
+	for _, id := range f.ids {
+		res := await(t, chans[id]).result(t)
+		f.results[id] = res
+		checkOneLaunch(t, e, id, res, steps, f.pauses[id])
+	}
+	return f
+}
+
+// checkOneLaunch checks a run that was never relaunched: verified, one
+// launch that finished after pauses pauses, every step taken once.
+func checkOneLaunch(t *testing.T, e *env, id string, res result, steps, pauses int) {
+	t.Helper()
+	if res.Reward != 1 || res.FailureKind != "" || res.RolloutID != id {
+		t.Errorf("%s: reward %v failure %q %q (rollout_id %q), want reward 1", id, res.Reward, res.FailureKind, res.FailureReason, res.RolloutID)
+	}
+	if len(res.Launches) != 1 {
+		t.Errorf("%s: %d launches, want 1: %+v", id, len(res.Launches), res.Launches)
+		return
+	}
+	l := res.Launches[0]
+	if l.ID != id+"-a1-l1" || l.Outcome != "finished" || l.ExitCode != 0 || l.Resumed || l.Reason != "first launch" || !l.Supervised || l.Pauses != pauses {
+		t.Errorf("%s: launch %+v, want %s-a1-l1 finished, supervised, first launch, pauses %d", id, l, id, pauses)
+	}
+	if res.Response.Steps != steps || res.Response.FirstStep != 1 {
+		t.Errorf("%s: response %+v, want %d steps from step 1", id, res.Response, steps)
+	}
+	if got := e.sessionSteps(id); !slices.Equal(got, wantSteps(1, steps)) {
+		t.Errorf("%s: the session's steps are %q, want each of 1..%d once", id, got, steps)
+	}
+}
+
+// TestCheckpointedRuns: eight runs at once go through two checkpoints
+// (prepare, commit, owner snapshot, resume) and each finishes verified with
+// its one launch paused in place once per checkpoint that parked it, no
+// step lost or repeated; every commit wrote <checkpoint_dir>/gym/
+// records-<name>.jsonl with a header, the exported runs and an end line.
+func TestCheckpointedRuns(t *testing.T) {
+	e := newEnv(t, options{steps: 12})
+	f := runCheckpointFlow(t, e, 8, 12)
+	total := 0
+	for _, n := range f.pauses {
+		total += n
+	}
+	t.Logf("%d runs, %d pauses in all", len(f.ids), total)
+	if h := e.health(); h.Phase != "idle" || h.Runs != 0 || !h.OK {
+		t.Errorf("/healthz after the runs: %+v, want ok, idle, no runs", h)
+	}
+	// Retiring the first checkpoint: the driver forgets it, the owner drops
+	// its snapshots and keeps the second's.
+	ck1, ck2 := f.checkpoints[0].id, f.checkpoints[1].id
+	snaps := func(id string) int {
+		m, _ := filepath.Glob(filepath.Join(e.base, "snapshots", "ck-"+id+"-*"))
+		return len(m)
+	}
+	if snaps(ck1) == 0 || snaps(ck2) == 0 {
+		t.Fatalf("snapshots before retire: %d of %s, %d of %s", snaps(ck1), ck1, snaps(ck2), ck2)
+	}
+	e.ctl.must(t, "retire", plainBody(ck1), nil)
+	e.own.must(t, "retire", plainBody(ck1), nil)
+	if n := snaps(ck1); n != 0 {
+		t.Errorf("%d snapshots of the retired %s are left", n, ck1)
+	}
+	if snaps(ck2) == 0 {
+		t.Errorf("retiring %s removed the snapshots of %s", ck1, ck2)
+	}
+	e.wantPhase("idle")
+}
+
+// TestCommitStop: a commit with stop kills the launches the prepare left
+// paused, once the records are written; the runs stay parked, and after the
+// resume each relaunches on its saved session in the same sandbox and
+// finishes with every step taken once.
+func TestCommitStop(t *testing.T) {
+	const steps = 12
+	e := newEnv(t, options{steps: steps})
+	var ids []string
+	chans := map[string]<-chan runReply{}
+	for i := range 2 {
+		id := e.rollout(fmt.Sprintf("r%d", i))
+		ids = append(ids, id)
+		chans[id] = e.startRun("/run", id, e.body(id, steps, e.opts.stepS))
+	}
+	e.waitStepped(ids...)
+	id := e.prefix + "-ck1"
+	var prep prepared
+	e.ctl.must(t, "prepare", plainBody(id), &prep)
+	dir := filepath.Join(e.dir, "checkpoints", id)
+	var com struct {
+		Records int  `json:"records"`
+		Stopped bool `json:"stopped"`
+	}
+	e.ctl.must(t, "commit", commitBody(id, dir, nil, true), &com)
+	if !com.Stopped || com.Records != 2 {
+		t.Errorf("commit with stop answered %+v", com)
+	}
+	checkRecordsFile(t, filepath.Join(dir, "gym", "records-"+driverName+".jsonl"), id, prep.Records)
+	// Killed at once: nothing of the launches runs, and the runs did not
+	// return.
+	if left := e.leftovers(); len(left) != 0 {
+		t.Errorf("after the commit with stop, processes of the launches are left: %v", left)
+	}
+	done := map[string]int{}
+	for _, r := range prep.Records {
+		b := r.bookmark(t)
+		if b.Paused == nil {
+			t.Fatalf("%s was not exported paused: %s", r.RolloutID, r.Bookmark)
+		}
+		done[r.RolloutID] = len(e.sessionSteps(r.RolloutID))
+	}
+	e.own.must(t, "commit", commitBody(id, dir, nil, true), nil)
+	for _, id := range ids {
+		select {
+		case r := <-chans[id]:
+			t.Fatalf("run %s returned during the checkpoint: %s", id, r)
+		default:
+		}
+	}
+	e.resume(id)
+	for _, id := range ids {
+		res := await(t, chans[id]).result(t)
+		if res.Reward != 1 || len(res.Launches) != 2 {
+			t.Errorf("%s: reward %v, %d launches, want 1 and 2: %+v", id, res.Reward, len(res.Launches), res.Launches)
+			continue
+		}
+		first, second := res.Launches[0], res.Launches[1]
+		if first.ID != id+"-a1-l1" || first.Outcome != "interrupted" || first.Pauses != 1 || !strings.Contains(first.Error, "stopped at a checkpoint commit") {
+			t.Errorf("%s: first launch %+v, want interrupted after 1 pause, stopped by the commit", id, first)
+		}
+		reason := fmt.Sprintf("the saved session holds %d completed steps", done[id])
+		if second.ID != id+"-a1-l2" || !second.Resumed || second.Reason != reason || second.Outcome != "finished" || second.SandboxID != first.SandboxID {
+			t.Errorf("%s: relaunch %+v, want %s-a1-l2 resumed (%q) in the same sandbox", id, second, id, reason)
+		}
+		if res.Response.FirstStep != done[id]+1 || res.Response.Steps != steps {
+			t.Errorf("%s: response %+v, want steps %d..%d by the relaunch", id, res.Response, done[id]+1, steps)
+		}
+		if got := e.sessionSteps(id); !slices.Equal(got, wantSteps(1, steps)) {
+			t.Errorf("%s: the session's steps are %q, want each of 1..%d once", id, got, steps)
+		}
+	}
+}
+
+// metrics is a scrape of /metrics: series (name{labels}) -> value.
+type metrics map[string]float64
+
+func (e *env) scrape() metrics {
+	e.t.Helper()
+	m, err := scrapeURL(e.ctl.url)
+	if err != nil {
+		e.t.Fatalf("GET /metrics: %v", err)
+	}
+	return m
+}
+
+// scrapeQuiet scrapes without failing the test (for a watching goroutine).
+func scrapeQuiet(url string) (metrics, bool) {
+	m, err := scrapeURL(url)
+	return m, err == nil
+}
+
+func scrapeURL(url string) (metrics, error) {
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
+		return nil, fmt.Errorf("HTTP %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	m := metrics{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			return nil, fmt.Errorf("a line without a value: %q", line)
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %v", line, err)
+		}
+		m[line[:i]] = v
+	}
+	return m, nil
+}
+
+// sum adds the series of name whose labels include every one of labels
+// (each `key="value"`); found says whether there was one.
+func (m metrics) sum(name string, labels ...string) (total float64, found bool) {
+	for series, v := range m {
+		n, lbl, _ := strings.Cut(series, "{")
+		if n != name {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			if !strings.Contains(lbl, l) {
+				ok = false
+			}
+		}
+		if ok {
+			total += v
+			found = true
+		}
+	}
+	return total, found
+}
+
+// TestMetrics: after the checkpointed flow, /metrics holds the pauses,
+// the finished launches, the pause and continue latency histograms with
+// their counts, one observation per checkpoint phase call, and no run left;
+// /healthz answers.
+func TestMetrics(t *testing.T) {
+	e := newEnv(t, options{steps: 12})
+	f := runCheckpointFlow(t, e, 3, 12)
+	pauses := 0
+	for _, n := range f.pauses {
+		pauses += n
+	}
+	m := e.scrape()
+	want := func(name string, cond func(float64) bool, what string, labels ...string) {
+		t.Helper()
+		v, ok := m.sum(name, labels...)
+		if !ok || !cond(v) {
+			t.Errorf("/metrics: %s%v = %v (present %v), want %s", name, labels, v, ok, what)
+		}
+	}
+	eq := func(n float64) func(float64) bool { return func(v float64) bool { return v == n } }
+	ge := func(n float64) func(float64) bool { return func(v float64) bool { return v >= n } }
+	want("ngdriver_pauses_total", eq(float64(pauses)), fmt.Sprintf("the %d pauses the runs report", pauses))
+	want("ngdriver_pauses_total", ge(1), ">= 1")
+	want("ngdriver_launches_total", eq(3), "3", `outcome="finished"`)
+	want("ngdriver_pause_seconds_count", ge(float64(pauses)), fmt.Sprintf(">= %d", pauses))
+	want("ngdriver_pause_seconds_bucket", ge(float64(pauses)), "the +Inf bucket counting every pause", `le="+Inf"`)
+	want("ngdriver_pause_seconds_sum", ge(0), "present")
+	want("ngdriver_continue_seconds_count", eq(float64(pauses)), fmt.Sprintf("one continue per pause (%d)", pauses))
+	want("ngdriver_continue_seconds_sum", ge(0), "present")
+	for _, phase := range []string{"prepare", "commit", "resume"} {
+		want("ngdriver_checkpoint_phase_seconds_count", eq(2), "2 (two checkpoints)", `phase="`+phase+`"`)
+		want("ngdriver_checkpoint_phase_seconds_bucket", eq(2), "2 in the +Inf bucket", `phase="`+phase+`"`, `le="+Inf"`)
+	}
+	want("ngdriver_http_requests_total", eq(3), "3 runs answered 200", `route="run"`, `code="200"`)
+	if v, _ := m.sum("ngdriver_runs"); v != 0 {
+		t.Errorf("/metrics: ngdriver_runs sums to %v after every run returned", v)
+	}
+	if v, _ := m.sum("ngdriver_failed_pauses_total"); v != 0 {
+		t.Errorf("/metrics: %v failed pauses", v)
+	}
+	if h := e.health(); !h.OK || h.Phase != "idle" || h.Runs != 0 {
+		t.Errorf("/healthz: %+v, want ok, idle, no runs", h)
+	}
+}

@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestCrashRestore: a checkpoint is prepared and committed (driver and
+// owner), then the driver is killed with SIGKILL. A new driver on the same
+// config, after the owner's restore (forks of the snapshots) and its own
+// restore from the same checkpoint_dir, gets every run that had not
+// returned again (attempt 2, through the path /ng-rollout/<id>-a2/run or
+// the body's attempt). Each paused run relaunches in the fork with
+// resumed=true and the adapter's reason and continues after its last step
+// (no step twice), the run that was queued continues from its seed
+// bookmark, the restart run starts over, the run that had returned before
+// the checkpoint is not run again, and every rollout returns a verified
+// result.
+func TestCrashRestore(t *testing.T) {
+	const steps = 12
+	// Five slots: the four paused runs and the restart run take them, a
+	// sixth run waits in the queue and is exported at its seed bookmark.
+	e := newEnv(t, options{steps: steps, maxRuns: 5})
+	var paused []string
+	chans := map[string]<-chan runReply{}
+	bodies := map[string]map[string]any{}
+	for i := range 4 {
+		id := e.rollout(fmt.Sprintf("p%d", i))
+		paused = append(paused, id)
+		bodies[id] = e.body(id, steps, e.opts.stepS)
+	}
+	quick := e.rollout("quick")
+	bodies[quick] = e.body(quick, 1, 0.05)
+	restart := e.rollout("restart")
+	bodies[restart] = e.body(restart, steps, e.opts.stepS)
+	bodies[restart]["restart"] = true // the owner "cannot capture" it
+	// The quick run returns before the checkpoint: it is not lost, and not
+	// run again.
+	quickRes := postRun(t.Context(), e.ctl.url, "/run", quick, bodies[quick]).result(t)
+	checkOneLaunch(t, e, quick, quickRes, 1, 0)
+	for id, b := range bodies {
+		if id != quick {
+			chans[id] = e.startRun("/run", id, b)
+		}
+	}
+	e.waitStepped(append([]string{restart}, paused...)...)
+	queued := e.rollout("queued")
+	bodies[queued] = e.body(queued, 3, 0.1)
+	chans[queued] = e.startRun("/run", queued, bodies[queued])
+	eventually(t, "the sixth run waits for a slot", func() (bool, string) {
+		q, _ := e.scrape().sum("ngdriver_runs", `state="queued"`)
+		return q == 1, fmt.Sprintf("%v queued", q)
+	})
+
+	ck := e.prepareCommit(e.prefix + "-ck1")
+	exported := map[string]record{}
+	for _, r := range ck.prep.Records {
+		exported[r.RolloutID] = r
+	}
+	if _, ok := exported[restart]; ok {
+		t.Errorf("the restart run was exported: %s", exported[restart].Bookmark)
+	}
+	if _, ok := exported[quick]; ok {
+		t.Errorf("the run that had returned was exported")
+	}
+	if b := exported[queued].bookmark(t); b.Next != "seed" || exported[queued].Attempt != 1 {
+		t.Errorf("the queued run was exported as %s, want next=seed attempt 1", exported[queued].Bookmark)
+	}
+	atSnapshot := map[string]int{}
+	for _, id := range paused {
+		if !ck.paused[id] {
+			t.Fatalf("%s was not exported paused: %s", id, exported[id].Bookmark)
+		}
+		atSnapshot[id] = len(e.sessionSteps(id))
+	}
+
+	e.crashDriver()
+	for _, id := range append([]string{restart, queued}, paused...) {
+		if r := await(t, chans[id]); r.err == nil && r.status == http.StatusOK {
+			t.Fatalf("run %s returned although its driver was killed: %s", id, r)
+		}
+	}
+	e.startDriver()
+	var ownerRestore struct {
+		CheckpointID string `json:"checkpoint_id"`
+	}
+	e.own.must(t, "restore", restoreBody(ck.id, ck.dir, nil), &ownerRestore)
+	var restored struct {
+		Restored int `json:"restored"`
+	}
+	// The framework names the episodes it restores: every rollout of the
+	// test (the returned one has no record, and is not restored).
+	episodes := []string{}
+	for id := range bodies {
+		episodes = append(episodes, id)
+	}
+	e.ctl.must(t, "restore", restoreBody(ck.id, ck.dir, episodes), &restored)
+	if restored.Restored != len(ck.prep.Records) {
+		t.Fatalf("the driver restored %d records, want the %d committed", restored.Restored, len(ck.prep.Records))
+	}
+	if h := e.health(); h.Phase != "restored" {
+		t.Fatalf("after restore the phase is %q, want restored", h.Phase)
+	}
+
+	// Re-issue every run that had not returned: the same body, attempt 2.
+	again := map[string]<-chan runReply{}
+	for i, id := range append([]string{restart, queued}, paused...) {
+		if i%2 == 0 {
+			again[id] = e.startRun("/ng-rollout/"+id+"-a2/run", id, bodies[id])
+		} else {
+			b := map[string]any{}
+			for k, v := range bodies[id] {
+				b[k] = v
+			}
+			b["attempt"] = 2
+			again[id] = e.startRun("/run", id, b)
+		}
+	}
+	for _, id := range paused {
+		res := await(t, again[id]).result(t)
+		checkContinued(t, e, id, res, steps, atSnapshot[id], exported[id].bookmark(t))
+	}
+	// The restart run starts over from its input: one launch, from step 1,
+	// in a new session.
+	res := await(t, again[restart]).result(t)
+	if res.Reward != 1 || len(res.Launches) != 1 || res.Response.FirstStep != 1 || res.Response.Steps != steps {
+		t.Errorf("restart run: %+v, want reward 1, one launch, steps 1..%d", res, steps)
+	} else if l := res.Launches[0]; l.ID != restart+"-a2-l1" || l.Resumed || l.Reason != "first launch" || l.Outcome != "finished" || l.Pauses != 0 {
+		t.Errorf("restart run: launch %+v, want %s-a2-l1, a first launch that finished, never paused", l, restart)
+	}
+	// The queued run continues from its seed bookmark: a first launch, as
+	// attempt 2.
+	res = await(t, again[queued]).result(t)
+	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].ID != queued+"-a2-l1" || res.Launches[0].Resumed || res.Response.FirstStep != 1 {
+		t.Errorf("queued run: %+v, want reward 1 and one first launch %s-a2-l1", res, queued)
+	}
+	if h := e.health(); h.Runs != 0 {
+		t.Errorf("/healthz after every run returned: %+v", h)
+	}
+}
+
+// checkContinued checks a run restored from a bookmark taken while its
+// launch was paused after done steps: the first launch is recorded
+// interrupted after one pause, the second resumed the saved session in the
+// fork (a new sandbox) and took exactly the steps after done, each once.
+func checkContinued(t *testing.T, e *env, id string, res result, steps, done int, bm bookmark) {
+	t.Helper()
+	if res.Reward != 1 || res.FailureKind != "" {
+		t.Errorf("%s: reward %v failure %q %q, want 1", id, res.Reward, res.FailureKind, res.FailureReason)
+	}
+	if len(res.Launches) != 2 {
+		t.Errorf("%s: %d launches, want 2 (the paused one, the relaunch): %+v", id, len(res.Launches), res.Launches)
+		return
+	}
+	first, second := res.Launches[0], res.Launches[1]
+	if first.ID != id+"-a1-l1" || first.Outcome != "interrupted" || first.Pauses != 1 {
+		t.Errorf("%s: first launch %+v, want %s-a1-l1 interrupted after 1 pause", id, first, id)
+	}
+	wantReason := fmt.Sprintf("the saved session holds %d completed steps", done)
+	if second.ID != id+"-a2-l2" || !second.Resumed || second.Reason != wantReason || second.Outcome != "finished" || second.Pauses != 0 {
+		t.Errorf("%s: relaunch %+v, want %s-a2-l2 resumed (%q), finished", id, second, id, wantReason)
+	}
+	if second.SandboxID == first.SandboxID || second.SandboxID == "" {
+		t.Errorf("%s: relaunched in sandbox %q, want a fork under a new id (was %q)", id, second.SandboxID, first.SandboxID)
+	}
+	if res.Response.FirstStep != done+1 || res.Response.Steps != steps {
+		t.Errorf("%s: response %+v, want steps %d..%d taken by the relaunch", id, res.Response, done+1, steps)
+	}
+	// The fork's saved session: every step once, in order. The sandbox the
+	// paused launch ran in kept the snapshot's steps: that launch never went
+	// on after the crash (the owner's restore stopped it).
+	for _, c := range []struct {
+		sandbox string
+		want    []string
+	}{{second.SandboxID, wantSteps(1, steps)}, {first.SandboxID, wantSteps(1, done)}} {
+		path := filepath.Join(e.base, "sandboxes", c.sandbox, hostRel(bm.State.SessionDir, e.base, first.SandboxID), "steps")
+		got, err := stepsOf(path)
+		if err != nil {
+			t.Errorf("%s: the session in %s: %v", id, c.sandbox, err)
+		} else if !slices.Equal(got, c.want) {
+			t.Errorf("%s: the session in %s holds %q, want %q", id, c.sandbox, got, c.want)
+		}
+	}
+}
+
+// hostRel is a path inside a sandbox made relative to the sandbox's
+// folder: /sandbox/... with namespace isolation, the host folder without.
+func hostRel(p, base, sandboxID string) string {
+	if rel, ok := strings.CutPrefix(p, "/sandbox/"); ok {
+		return rel
+	}
+	rel, _ := strings.CutPrefix(p, filepath.Join(base, "sandboxes", sandboxID)+"/")
+	return rel
+}
