@@ -19,8 +19,6 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/config"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
-	"github.com/ngharness/ngharness/pkg/driver/sandbox"
-	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/driver/serve"
 )
 
@@ -105,19 +103,9 @@ func buildRunner(cfg config.Config, log *slog.Logger) (*driver.Runner, error) {
 	if cfg.Owner.URL == "" {
 		return nil, usagef("no owner: set owner.url in the config or --owner")
 	}
-	backends := map[string]sandbox.Backend{}
-	if l := cfg.Backends.Local; l != nil {
-		if l.Base == "" {
-			return nil, usagef("backends.local.base is required")
-		}
-		b, err := local.New(l.Base, local.Options{MountPoint: l.MountPoint, Isolation: l.Isolation})
-		if err != nil {
-			return nil, err
-		}
-		backends[b.Name()] = b
-	}
-	if len(backends) == 0 {
-		return nil, usagef("no sandbox backend configured (backends.local)")
+	backends, err := buildBackends(cfg.Backends)
+	if err != nil {
+		return nil, err
 	}
 	binaries := driver.DefaultBinaries(cfg.NgsupDir)
 	if len(binaries) == 0 {
@@ -187,15 +175,27 @@ func runServe(ctx context.Context, cfg config.Config) error {
 	return shutdown(rn.Participant, srv, hs, cfg.ShutdownTimeout.D(), log)
 }
 
-// shutdown stops taking runs, waits for running ones within the bound,
-// then leaves what is left to the checkpoint and closes the server.
+// shutdown stops taking runs, lets running ones finish for half the bound,
+// parks what is still running (harnesses paused in place, as at a
+// checkpoint) for the rest of it, then leaves the parked runs to the
+// checkpoint and closes the server.
 func shutdown(p *driver.Participant, srv *serve.Server, hs *http.Server, bound time.Duration, log *slog.Logger) error {
 	p.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	ctx, cancel := context.WithTimeout(context.Background(), bound/2)
 	defer cancel()
 	err := p.WaitFor(ctx, func(runs []driver.RunInfo) bool { return len(runs) == 0 })
 	if err != nil {
-		log.Warn("runs still in flight at the shutdown bound; leaving them to the checkpoint", "runs", len(p.Runs()))
+		n := len(p.Runs())
+		log.Warn("runs still in flight at half the shutdown bound; parking them", "runs", n)
+		res, perr := p.Prepare(context.Background(), "shutdown-"+time.Now().UTC().Format("20060102T150405Z"), time.Now().Add(bound/2))
+		switch {
+		case perr != nil:
+			log.Warn("could not park the runs", "error", perr.Error())
+		case !res.Parked:
+			log.Warn("runs not parked by the shutdown bound; leaving them running", "not_parked", res.NotParked)
+		default:
+			log.Info("runs parked for the shutdown; the next checkpoint restore continues them", "runs", len(res.Records))
+		}
 		srv.ParkAll()
 	}
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -11,9 +11,9 @@ import (
 // TestGracefulShutdown: SIGTERM while runs are in flight with a short
 // shutdown_timeout: a new POST /run answers 503 during the drain (and
 // /healthz still answers), a run that finishes within the bound returns
-// its verified result, the one that cannot is answered without a result
-// and left to the checkpoint, and the process exits 0 within the bound
-// plus a margin.
+// its verified result, the one that cannot is parked (its harness paused in
+// place) and answered without a result, left to the checkpoint, and the
+// process exits 0 within the bound plus a margin.
 func TestGracefulShutdown(t *testing.T) {
 	const bound = 8 * time.Second
 	e := newEnv(t, options{shutdown: bound.String()})
@@ -56,14 +56,14 @@ func TestGracefulShutdown(t *testing.T) {
 	if code != 0 {
 		t.Errorf("the driver exited %d after SIGTERM, want 0; stderr:\n%s", code, tail(d.errs.String(), 3000))
 	}
-	if took < bound {
-		t.Errorf("the driver exited %s after SIGTERM, before the bound %s, with a run in flight", took, bound)
+	if took < bound/2 {
+		t.Errorf("the driver exited %s after SIGTERM, before half the bound %s let the runs finish", took, bound)
 	}
-	if !strings.Contains(d.errs.String(), "leaving them to the checkpoint") {
-		t.Errorf("the driver did not log that it left the run in flight to the checkpoint")
+	if !strings.Contains(d.errs.String(), "runs parked for the shutdown") {
+		t.Errorf("the driver did not log that it parked the run in flight for the checkpoint")
 	}
-	// The long run's harness was left running for the checkpoint, not
-	// killed: the cleanup stops it.
+	// The long run's harness was parked (paused in place) for the
+	// checkpoint, not killed: the cleanup stops it.
 	if live := e.liveHarnesses(); len(live) != 1 {
 		t.Errorf("after the shutdown the live harnesses are %v, want the long run's only", live)
 	}

@@ -151,8 +151,8 @@ type checkpointRequest struct {
 var errUnauthorized = errors.New("unauthorized")
 
 func (s *Server) authorized(r *http.Request) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || s.Token == "" {
+	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || s.Token == "" {
 		return false
 	}
 	return subtle.ConstantTimeCompare([]byte(got), []byte(s.Token)) == 1
@@ -169,10 +169,10 @@ func (s *Server) control(call string) http.HandlerFunc {
 			s.fail(w, call, err)
 			return
 		}
+		// Fields this build does not know are ignored: the framework may
+		// add some; the ones read here are checked.
 		var req checkpointRequest
-		dec := json.NewDecoder(strings.NewReader(string(body)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
+		if err := json.Unmarshal(body, &req); err != nil {
 			s.fail(w, call, fmt.Errorf("%w: %s body: %v", driver.ErrBadRequest, call, err))
 			return
 		}
@@ -209,6 +209,9 @@ func (s *Server) do(ctx context.Context, call string, req checkpointRequest) (an
 	case "resume":
 		return map[string]any{"checkpoint_id": req.CheckpointID, "resumed": true}, p.Resume(req.CheckpointID)
 	case "restore":
+		if ph := p.Phase(); ph != driver.PhaseIdle {
+			return nil, fmt.Errorf("%w: cannot restore in %s", driver.ErrPhase, ph)
+		}
 		recs, err := driver.ReadRecords(req.CheckpointDir, req.CheckpointID)
 		if err != nil {
 			return nil, err

@@ -11,8 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/owner"
@@ -62,7 +64,13 @@ func (c *Client) httpClient() *http.Client {
 // call posts body to path with the cookies, retrying transport errors (and
 // 502/503/504, where the request never reached the owner's handler) with
 // backoff. It returns the reply's status, headers and body.
+//
+// A call that is not idempotent (seed, verify) is retried only when the
+// request cannot have reached the owner: the connection was refused, or a
+// proxy answered 502/503/504. An idempotent one (sandbox_access,
+// close_session) is retried after any transport error, a timeout too.
 func (c *Client) call(ctx context.Context, name, path string, cookies owner.Cookies, body []byte, timeout time.Duration) (*http.Response, []byte, error) {
+	idempotent := name == "sandbox_access" || name == "close_session"
 	if timeout <= 0 {
 		timeout = 60 * time.Second
 	}
@@ -93,6 +101,9 @@ func (c *Client) call(ctx context.Context, name, path string, cookies owner.Cook
 		}
 		if err != nil {
 			lastErr = err
+			if !idempotent && !notSent(err) {
+				break
+			}
 		} else {
 			lastErr = &Error{Call: name, Status: resp.StatusCode, Body: snippet(data)}
 		}
@@ -215,3 +226,13 @@ func (c *Client) CloseSession(ctx context.Context, ck owner.Cookies) error {
 }
 
 var _ owner.Owner = (*Client)(nil)
+
+// notSent reports a transport error that means the request never reached
+// the owner: the connection could not be made.
+func notSent(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
