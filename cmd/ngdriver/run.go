@@ -21,6 +21,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/opencode"
 )
 
 type runFlags struct {
@@ -29,6 +30,9 @@ type runFlags struct {
 	check        string
 	rollout      string
 	adapter      string
+	openCode     string
+	modelURL     string
+	model        string
 	steps        int
 	step         time.Duration
 	ignoreSIGINT bool
@@ -72,7 +76,10 @@ forks the snapshot and the run continues from its bookmark in the fork.`,
 	fl.StringVar(&f.task, "task", "count to the end, one step at a time", "the task text given to the harness")
 	fl.StringVar(&f.check, "check", "", "shell command the owner runs in the workdir to verify (exit 0 = reward 1); default: every step is in ./progress")
 	fl.StringVar(&f.rollout, "rollout-id", "demo-1", "the rollout id")
-	fl.StringVar(&f.adapter, "adapter", "fake", "the harness adapter (fake)")
+	fl.StringVar(&f.adapter, "adapter", "fake", "the harness adapter: fake or opencode")
+	fl.StringVar(&f.openCode, "opencode", "", "opencode adapter: the opencode binary (as the sandbox sees it)")
+	fl.StringVar(&f.modelURL, "model-url", "", "opencode adapter: the OpenAI-compatible model server's base URL (without /v1)")
+	fl.StringVar(&f.model, "model", "policy", "opencode adapter: the served model's name")
 	fl.IntVar(&f.steps, "steps", 12, "fake adapter: steps the harness takes")
 	fl.DurationVar(&f.step, "step", 500*time.Millisecond, "fake adapter: time per step")
 	fl.BoolVar(&f.ignoreSIGINT, "ignore-sigint", false, "fake adapter: the harness ignores SIGINT")
@@ -125,11 +132,15 @@ func buildBody(f runFlags) (json.RawMessage, error) {
 	}
 	setDefault("rollout_id", f.rollout)
 	setDefault("task", f.task)
-	if f.check == "" {
-		f.check = fmt.Sprintf(`test "$(grep -c '^step' progress)" -ge %d`, f.steps)
+	if f.adapter == "fake" {
+		if f.check == "" {
+			f.check = fmt.Sprintf(`test "$(grep -c '^step' progress)" -ge %d`, f.steps)
+		}
+		setDefault("fake", map[string]any{"steps": f.steps, "step_s": f.step.Seconds(), "ignore_sigint": f.ignoreSIGINT})
 	}
-	setDefault("check", f.check)
-	setDefault("fake", map[string]any{"steps": f.steps, "step_s": f.step.Seconds(), "ignore_sigint": f.ignoreSIGINT})
+	if f.check != "" {
+		setDefault("check", f.check)
+	}
 	return json.Marshal(body)
 }
 
@@ -145,8 +156,19 @@ func newLogger() *slog.Logger {
 }
 
 func runRollout(ctx context.Context, f runFlags) error {
-	if f.adapter != "fake" {
-		return usagef("--adapter %q: this build runs the fake adapter with `run`", f.adapter)
+	var adapter driver.Adapter
+	switch f.adapter {
+	case "fake":
+		adapter = &fake.Adapter{Pause: true}
+	case "opencode":
+		oc, err := opencode.New(opencode.Options{OpenCode: f.openCode, ModelURL: f.modelURL, Model: f.model,
+			ResumeBinaries: driver.FindBinaries(f.ngsupDir, "ngresume")})
+		if err != nil {
+			return usageError{err.Error()}
+		}
+		adapter = oc
+	default:
+		return usagef("--adapter %q: want fake or opencode", f.adapter)
 	}
 	checkpoints, err := parseTimes("checkpoint-at", f.checkpointAt)
 	if err != nil {
@@ -200,7 +222,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 	pause := f.pause
 	newRunner := func() *driver.Runner {
 		return &driver.Runner{
-			Adapter:            &fake.Adapter{Pause: true},
+			Adapter:            adapter,
 			Owner:              own,
 			Backends:           map[string]sandbox.Backend{backend.Name(): backend},
 			Ngsup:              ng,

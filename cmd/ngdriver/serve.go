@@ -20,6 +20,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
 	"github.com/ngharness/ngharness/pkg/driver/serve"
+	"github.com/ngharness/ngharness/pkg/opencode"
 )
 
 func newServeCmd() *cobra.Command {
@@ -134,6 +135,20 @@ func buildAdapter(cfg config.Config) (driver.Adapter, error) {
 		a := &fake.Adapter{Pause: true}
 		if err := remarshal(cfg.Fake, &a.Defaults); err != nil {
 			return nil, usagef("fake: %v", err)
+		}
+		return a, nil
+	case "opencode":
+		var opt opencode.Options
+		if err := remarshal(cfg.OpenCode, &opt); err != nil {
+			return nil, usagef("opencode: %v", err)
+		}
+		opt.ResumeBinaries = driver.FindBinaries(cfg.NgsupDir, "ngresume")
+		if len(opt.ResumeBinaries) == 0 {
+			return nil, fmt.Errorf("no ngresume binary found in %q (build with `make build`, or set ngsup_dir)", cfg.NgsupDir)
+		}
+		a, err := opencode.New(opt)
+		if err != nil {
+			return nil, usageError{err.Error()}
 		}
 		return a, nil
 	}
