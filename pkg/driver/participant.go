@@ -444,6 +444,14 @@ func (p *Participant) Resume(checkpointID string) error {
 		close(p.gate.open)
 		p.gate = nil
 	}
+	// A run parked at this checkpoint is about to continue: it is no longer
+	// held, so a prepare that follows at once must wait for it to park
+	// again rather than export it while its harness goes on.
+	for _, r := range p.runs {
+		if r.state == runParked {
+			r.state = runWaiting
+		}
+	}
 	p.phase = PhaseIdle
 	p.exported = nil
 	p.notify()

@@ -460,6 +460,9 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 			st.log.Warn("pausing a launch that should be supervised but is not: its processes are found by their tag", "launch", lv.ref.ID)
 		}
 		out := rn.Ngsup.Pause(ctx, st.sb, lv.bin, lv.ref, st.req.RolloutID)
+		if err := context.Cause(ctx); err != nil {
+			return false, false, err // cancelled or crashed meanwhile
+		}
 		rn.obs().Paused(out.Elapsed, out.Paused(), out.Cause())
 		switch {
 		case out.Ended():
@@ -491,6 +494,9 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 			}
 			began := time.Now()
 			res, err := rn.Ngsup.Continue(ctx, st.sb, lv.bin, lv.ref)
+			if cerr := context.Cause(ctx); cerr != nil {
+				return false, false, cerr // cancelled or crashed meanwhile
+			}
 			rn.obs().Continued(time.Since(began), err == nil)
 			if err == nil {
 				st.log.Info("continued", "launch", lv.ref.ID, "processes", res.Continued, "elapsed_ms", res.ElapsedMS)

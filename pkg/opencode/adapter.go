@@ -289,11 +289,18 @@ type exported struct {
 				Completed float64 `json:"completed"`
 			} `json:"time"`
 		} `json:"info"`
-		Parts []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		} `json:"parts"`
+		Parts []exportedPart `json:"parts"`
 	} `json:"messages"`
+}
+
+// exportedPart is one part of an exported message.
+type exportedPart struct {
+	Type  string `json:"type"`
+	Text  string `json:"text"`
+	State struct {
+		// Status is a tool part's: pending, running, completed, error.
+		Status string `json:"status"`
+	} `json:"state"`
 }
 
 // export runs `opencode export` in the sandbox for the rollout's latest
@@ -405,7 +412,7 @@ func decide(e *exported, task string) (driver.Decision, error) {
 				}
 			}
 		case "assistant":
-			if m.Info.Time.Completed > 0 {
+			if responded(m.Info.Time.Completed, m.Info.Finish, m.Parts) {
 				completed++
 			}
 		}
@@ -418,7 +425,32 @@ func decide(e *exported, task string) (driver.Decision, error) {
 	case completed == 0:
 		return driver.Decision{Resume: false, Reason: "the saved session holds no completed model response; starting over with the task in a fresh data folder"}, nil
 	}
-	return driver.Decision{Resume: true, Reason: fmt.Sprintf("session %s starts with the task and holds %d completed model responses", e.Info.ID, completed)}, nil
+	plural := "s"
+	if completed == 1 {
+		plural = ""
+	}
+	return driver.Decision{Resume: true, Reason: fmt.Sprintf("session %s starts with the task and holds %d completed model response%s", e.Info.ID, completed, plural)}, nil
+}
+
+// responded tells whether an assistant message holds a completed model
+// response: the message is completed or has a finish reason, or it holds a
+// tool call the model finished sending (a tool part past "pending"). A
+// message whose tool is still running (the state a checkpoint taken
+// mid-tool saves) has neither time.completed nor finish: OpenCode sets them
+// only once its tools have returned, yet the model's reply was complete.
+func responded(completedAt float64, finish string, parts []exportedPart) bool {
+	if completedAt > 0 || finish != "" {
+		return true
+	}
+	for _, p := range parts {
+		if p.Type == "tool" {
+			switch p.State.Status {
+			case "running", "completed", "error":
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Response implements driver.Adapter: the final assistant text and the

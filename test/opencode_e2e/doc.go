@@ -1,0 +1,22 @@
+// Package opencodee2e holds the end-to-end tests of the OpenCode adapter:
+// real OpenCode (installed by scripts/install-opencode.sh into .tools/)
+// driven by the real driver (driver.Runner and driver.Participant, in
+// process), under the real static ngsup, in real local sandboxes (a mount
+// namespace per exec, the sandbox's folder at /sandbox), lent by the real
+// local owner, with the project's fake OpenAI-compatible model server
+// (test/fakemodel) standing in for the model.
+//
+// The tests prove what the issue asks of OpenCode at checkpoints: a launch
+// paused mid-tool or while a model reply is held changes nothing (files,
+// opencode.db and its -wal and -shm, CPU times) and continues as the same
+// process with no repeated model call; a launch is paused four times and
+// still launched once; after a crash the fork of the snapshot is relaunched
+// and the static resume helper (ngresume) re-enters the saved user turn, so
+// the model sees the interrupted tool result and no user message is added;
+// a saved session with no model response starts fresh; a python3 of 3.6
+// first on PATH does not break the relaunch.
+//
+// TestMain builds the static ngsup and ngresume. A test that needs OpenCode
+// fails when it is missing and CI is set, and skips otherwise, naming
+// scripts/install-opencode.sh. The tests live in the _test.go files.
+package opencodee2e
