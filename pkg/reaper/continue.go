@@ -25,21 +25,11 @@ func Continue(dir string) (proto.ContinueResult, int, error) {
 func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 	begin := time.Now()
 	res := proto.ContinueResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
-	l, err := OpenLaunch(dir, id != "")
-	if err == nil {
-		err = l.Adopt(id)
-	}
+	l, unlock, code, err := openLocked(dir, id, id != "")
 	if err != nil {
-		return res, proto.ExitUsage, err
-	}
-	unlock, err := l.Lock()
-	if err != nil {
-		return res, proto.ExitInternal, err
+		return res, code, err
 	}
 	defer unlock()
-	if err := l.Reload(); err != nil && l.Receipt != nil {
-		return res, proto.ExitUsage, err
-	}
 	finish := func(code int) (proto.ContinueResult, int, error) {
 		if err := l.endPause(); err != nil {
 			return res, proto.ExitInternal, err

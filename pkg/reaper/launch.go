@@ -72,6 +72,29 @@ func OpenLaunch(dir string, create bool) (*Launch, error) {
 	return l, nil
 }
 
+// openLocked opens the launch for a control verb (pause, continue, stop):
+// it names it by id when it has no receipt, takes the folder's lock, and
+// re-reads the receipt under it (the run may have started meanwhile). It
+// returns the release of the lock, or the exit code of the failure.
+func openLocked(dir, id string, create bool) (*Launch, func(), int, error) {
+	l, err := OpenLaunch(dir, create)
+	if err == nil {
+		err = l.Adopt(id)
+	}
+	if err != nil {
+		return nil, nil, proto.ExitUsage, err
+	}
+	unlock, err := l.Lock()
+	if err != nil {
+		return nil, nil, proto.ExitInternal, err
+	}
+	if err := l.Reload(); err != nil && l.Receipt != nil {
+		unlock()
+		return nil, nil, proto.ExitUsage, err
+	}
+	return l, unlock, proto.ExitOK, nil
+}
+
 // Adopt names the launch when it has no receipt: an unsupervised launch,
 // found by its tag. With a receipt, id must match it (or be empty).
 func (l *Launch) Adopt(id string) error {

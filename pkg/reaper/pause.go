@@ -53,22 +53,11 @@ type PauseOptions struct {
 func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	begin := time.Now()
 	res := proto.PauseResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
-	l, err := OpenLaunch(dir, true)
-	if err == nil {
-		err = l.Adopt(opt.ID)
-	}
+	l, unlock, code, err := openLocked(dir, opt.ID, true)
 	if err != nil {
-		return res, proto.ExitUsage, err
-	}
-	unlock, err := l.Lock()
-	if err != nil {
-		return res, proto.ExitInternal, err
+		return res, code, err
 	}
 	defer unlock()
-	// Re-read under the lock: the run may have started meanwhile.
-	if err := l.Reload(); err != nil && l.Receipt != nil {
-		return res, proto.ExitUsage, err
-	}
 	created, err := touch(l.path(proto.PauseFile), strconv.FormatInt(time.Now().UnixNano(), 10))
 	if err != nil {
 		return res, proto.ExitInternal, err

@@ -31,21 +31,11 @@ func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, error) {
 	begin := time.Now()
 	res := proto.StopResult{Method: proto.MethodNone, Survivors: []proto.Pending{}}
-	l, err := OpenLaunch(dir, true)
-	if err == nil {
-		err = l.Adopt(id)
-	}
+	l, unlock, code, err := openLocked(dir, id, true)
 	if err != nil {
-		return res, proto.ExitUsage, err
-	}
-	unlock, err := l.Lock()
-	if err != nil {
-		return res, proto.ExitInternal, err
+		return res, code, err
 	}
 	defer unlock()
-	if err := l.Reload(); err != nil && l.Receipt != nil {
-		return res, proto.ExitUsage, err
-	}
 	if _, err := touch(l.path(proto.StopFile), ""); err != nil {
 		return res, proto.ExitInternal, err
 	}
