@@ -26,7 +26,7 @@ const (
 	ControlTimeout = 120 * time.Second
 	// WaitChunk is how long one `ngsup wait` blocks, so no exec stays open
 	// for the whole harness.
-	WaitChunk = 10 * time.Second
+	WaitChunk = 30 * time.Second
 	// StopGrace is the time between SIGINT and SIGKILL of a stop.
 	StopGrace = 10 * time.Second
 	// outputTail bounds how much of the harness's output is read back.
@@ -453,7 +453,7 @@ func (n *Ngsup) withID(ref LaunchRef, verb string) []string {
 // Output reads the tails of the launch's stdout and stderr.
 func Output(ctx context.Context, sb sandbox.Sandbox, ref LaunchRef) (stdout, stderr []byte, err error) {
 	read := func(name string) ([]byte, error) {
-		res, err := sb.Exec(ctx, sandbox.ExecRequest{
+		res, err := execRetry(ctx, sb, sandbox.ExecRequest{
 			Argv:      []string{"tail", "-c", strconv.Itoa(outputTail), path.Join(ref.Dir, name)},
 			Timeout:   60 * time.Second,
 			HostPaths: true,
@@ -487,7 +487,7 @@ func (n *Ngsup) StopSandboxGrace(ctx context.Context, sb sandbox.Sandbox, grace 
 		return err
 	}
 	dir := path.Join(sb.Root(), "launches")
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"ls", "-1", dir}, Timeout: 30 * time.Second, HostPaths: true})
+	res, err := execRetry(ctx, sb, sandbox.ExecRequest{Argv: []string{"ls", "-1", dir}, Timeout: 30 * time.Second, HostPaths: true})
 	if err != nil {
 		return fmt.Errorf("list the launches in %s: %w", sb.ID(), err)
 	}
