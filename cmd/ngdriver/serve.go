@@ -19,8 +19,6 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/config"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
-	"github.com/ngharness/ngharness/pkg/driver/sandbox"
-	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/driver/serve"
 	"github.com/ngharness/ngharness/pkg/opencode"
 )
@@ -106,19 +104,9 @@ func buildRunner(cfg config.Config, log *slog.Logger) (*driver.Runner, error) {
 	if cfg.Owner.URL == "" {
 		return nil, usagef("no owner: set owner.url in the config or --owner")
 	}
-	backends := map[string]sandbox.Backend{}
-	if l := cfg.Backends.Local; l != nil {
-		if l.Base == "" {
-			return nil, usagef("backends.local.base is required")
-		}
-		b, err := local.New(l.Base, local.Options{MountPoint: l.MountPoint, Isolation: l.Isolation})
-		if err != nil {
-			return nil, err
-		}
-		backends[b.Name()] = b
-	}
-	if len(backends) == 0 {
-		return nil, usagef("no sandbox backend configured (backends.local)")
+	backends, err := buildBackends(cfg.Backends)
+	if err != nil {
+		return nil, err
 	}
 	binaries := driver.DefaultBinaries(cfg.NgsupDir)
 	if len(binaries) == 0 {

@@ -123,7 +123,8 @@ func New(t *testing.T) *Env {
 	}
 	var tb [4]byte
 	_, _ = rand.Read(tb[:])
-	e := &Env{T: t, Local: lb, Backend: NewBackend(lb), Tag: hex.EncodeToString(tb[:]), logs: &lockedBuffer{}}
+	inner, lender := withBackend(t, lb) // local unless DRIVERTEST_BACKEND names another
+	e := &Env{T: t, Local: lb, Backend: NewBackend(inner), Tag: hex.EncodeToString(tb[:]), logs: &lockedBuffer{}}
 	var w interface{ Write([]byte) (int, error) } = e.logs
 	if os.Getenv("DRIVERTEST_VERBOSE") != "" {
 		w = teeWriter{e.logs, os.Stderr}
@@ -136,6 +137,7 @@ func New(t *testing.T) *Env {
 	e.Ngsup = &driver.Ngsup{Binaries: binaries, Log: e.Log}
 	e.LocalOwner = localowner.New(localowner.Options{
 		Backend:     lb,
+		Sandboxes:   lender,
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return e.Ngsup.StopSandbox(ctx, sb) },
 		Logger:      e.Log,
 	})

@@ -1,9 +1,11 @@
 // Package localowner is the embedded local sandbox owner: owner.Owner on
 // top of the local sandbox backend, so `ngdriver run` works with no other
-// server. It is also a checkpoint participant: at a commit it snapshots the
-// sandbox of every open session, at a restore it forks each snapshot under a
-// new sandbox id and makes the session current on the fork, and at retire
-// it removes the snapshots.
+// server. With Options.Sandboxes it lends the sandboxes of any backend that
+// can create, snapshot, fork and remove them (OpenSandbox, docker,
+// kubectl) the same way. It is also a checkpoint participant: at a commit
+// it snapshots the sandbox of every open session, at a restore it forks
+// each snapshot under a new sandbox id and makes the session current on
+// the fork, and at retire it removes the snapshots.
 //
 // The run body of its tasks (JSON; fields it does not know are kept):
 //
@@ -65,8 +67,13 @@ var ErrUnknownCheckpoint = errors.New("unknown checkpoint")
 
 // Options configure an Owner.
 type Options struct {
-	// Backend keeps the sandboxes. Required.
+	// Backend keeps the sandboxes: the local backend. Required unless
+	// Sandboxes is set.
 	Backend *local.Backend
+	// Sandboxes lends the sandboxes of any backend that can create,
+	// snapshot, fork and remove them (OpenSandbox, docker, kubectl); nil:
+	// Local(Backend).
+	Sandboxes Sandboxes
 	// StopSandbox ends every process of a sandbox (the driver passes a
 	// function that runs `ngsup stop` on each launch folder); nil: no
 	// process is stopped.
@@ -135,11 +142,14 @@ type SessionInfo struct {
 	Snapshots map[string]string `json:"snapshots,omitempty"`
 }
 
-// New returns an owner on opt.Backend. It panics without a backend (a
-// programming error).
+// New returns an owner on opt.Sandboxes (or the local opt.Backend). It
+// panics without either (a programming error).
 func New(opt Options) *Owner {
-	if opt.Backend == nil {
-		panic("localowner: Options.Backend is nil")
+	if opt.Sandboxes == nil {
+		if opt.Backend == nil {
+			panic("localowner: Options.Backend and Options.Sandboxes are nil")
+		}
+		opt.Sandboxes = Local(opt.Backend)
 	}
 	if opt.CheckTimeout <= 0 {
 		opt.CheckTimeout = DefaultCheckTimeout
@@ -216,8 +226,8 @@ func (o *Owner) SeedSessionWith(ctx context.Context, c owner.Cookies, body json.
 
 // newSandbox creates a sandbox with files in its workdir; on failure
 // nothing is left.
-func (o *Owner) newSandbox(ctx context.Context, id string, files map[string]string) (*local.Sandbox, error) {
-	sb, err := o.opt.Backend.Create(ctx, id)
+func (o *Owner) newSandbox(ctx context.Context, id string, files map[string]string) (sandbox.Sandbox, error) {
+	sb, err := o.opt.Sandboxes.Create(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -228,8 +238,8 @@ func (o *Owner) newSandbox(ctx context.Context, id string, files map[string]stri
 	sort.Strings(paths)
 	for _, p := range paths {
 		if err := sb.Upload(ctx, filepath.Join(sb.Workdir(), filepath.Clean(p)), []byte(files[p]), 0o644); err != nil {
-			if rerr := o.opt.Backend.Remove(context.WithoutCancel(ctx), id); rerr != nil {
-				o.log.Warn("remove a half-seeded sandbox", "sandbox", id, "err", rerr)
+			if rerr := o.opt.Sandboxes.Remove(context.WithoutCancel(ctx), sb.ID()); rerr != nil {
+				o.log.Warn("remove a half-seeded sandbox", "sandbox", sb.ID(), "err", rerr)
 			}
 			return nil, fmt.Errorf("write %s: %w", p, err)
 		}
@@ -289,7 +299,7 @@ func (o *Owner) SandboxAccess(ctx context.Context, c owner.Cookies) (owner.Acces
 	}
 	var a owner.Access
 	a.Connection.Kind = "direct"
-	a.Connection.Descriptor = sandbox.Descriptor{Provider: o.opt.Backend.Name(), SandboxID: s.sandboxID, Workdir: s.workdir}
+	a.Connection.Descriptor = sandbox.Descriptor{Provider: o.opt.Sandboxes.Name(), SandboxID: s.sandboxID, Workdir: s.workdir}
 	a.Workdir = s.workdir
 	return a, nil
 }
@@ -363,10 +373,10 @@ func (o *Owner) Verify(ctx context.Context, c owner.Cookies, body json.RawMessag
 
 // runCheck runs the session's check (s.mu held).
 func (o *Owner) runCheck(ctx context.Context, s *session) (sandbox.ExecResult, error) {
-	var sb *local.Sandbox
+	var sb sandbox.Sandbox
 	if s.sandboxID != "" {
 		var err error
-		if sb, err = o.opt.Backend.Open(s.sandboxID); err != nil {
+		if sb, err = o.opt.Sandboxes.Open(ctx, s.sandboxID); err != nil {
 			return sandbox.ExecResult{}, err
 		}
 	} else {
@@ -376,8 +386,8 @@ func (o *Owner) runCheck(ctx context.Context, s *session) (sandbox.ExecResult, e
 			return sandbox.ExecResult{}, err
 		}
 		defer func() {
-			if err := o.opt.Backend.Remove(context.WithoutCancel(ctx), id); err != nil {
-				o.log.Warn("remove the scratch sandbox of a check", "sandbox", id, "err", err)
+			if err := o.opt.Sandboxes.Remove(context.WithoutCancel(ctx), sb.ID()); err != nil {
+				o.log.Warn("remove the scratch sandbox of a check", "sandbox", sb.ID(), "err", err)
 			}
 		}()
 	}
@@ -432,7 +442,7 @@ func (o *Owner) end(ctx context.Context, id string, how func(context.Context, sa
 	if id == "" || how == nil {
 		return nil
 	}
-	sb, err := o.opt.Backend.Open(id)
+	sb, err := o.opt.Sandboxes.Open(ctx, id)
 	if errors.Is(err, sandbox.ErrGone) {
 		return nil
 	}
@@ -446,7 +456,7 @@ func (o *Owner) removeUnused(ctx context.Context, id string) {
 	if id == "" || !o.opt.RemoveUnused {
 		return
 	}
-	if err := o.opt.Backend.Remove(context.WithoutCancel(ctx), id); err != nil {
+	if err := o.opt.Sandboxes.Remove(context.WithoutCancel(ctx), id); err != nil {
 		o.log.Warn("remove an unused sandbox", "sandbox", id, "err", err)
 	}
 }
@@ -572,15 +582,11 @@ func (o *Owner) Snapshot(ctx context.Context, checkpointID string) (map[string]s
 		if done {
 			return nil
 		}
-		snap := snapshotID(checkpointID, s.id)
-		if o.opt.Backend.HasSnapshot(snap) {
-			// Left by a call that failed after copying: take it again.
-			if err := o.opt.Backend.RemoveSnapshot(ctx, snap); err != nil {
-				return fmt.Errorf("session %s: %w", s.id, err)
-			}
-		}
 		start := time.Now()
-		if err := o.opt.Backend.Snapshot(ctx, s.sandboxID, snap); err != nil {
+		// A snapshot of that name left by a call that failed after
+		// copying is taken again.
+		snap, err := o.opt.Sandboxes.Snapshot(ctx, s.sandboxID, snapshotID(checkpointID, s.id))
+		if err != nil {
 			return fmt.Errorf("session %s: %w", s.id, err)
 		}
 		s.snapshots[checkpointID] = snap
@@ -634,12 +640,18 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		if err := o.kill(ctx, old); err != nil {
 			o.log.Warn("stop the sandbox a restore replaces", "session", s.id, "sandbox", old, "err", err)
 		}
-		var fork *local.Sandbox
+		var fork sandbox.Sandbox
 		gen := s.generation
 		for {
 			gen++
+			name := sandboxID(s.id, gen)
+			if gen <= s.generation+100 {
+				if _, err := o.opt.Sandboxes.Open(ctx, name); err == nil {
+					continue // the name is taken (a restore that failed half way)
+				}
+			}
 			var err error
-			fork, err = o.opt.Backend.Fork(ctx, snap, sandboxID(s.id, gen))
+			fork, err = o.opt.Sandboxes.Fork(ctx, snap, name)
 			if err == nil {
 				break
 			}
@@ -677,7 +689,7 @@ func (o *Owner) Retire(ctx context.Context, checkpointID string) error {
 	sort.Strings(ids)
 	for _, id := range ids {
 		snap := taken[id]
-		if err := o.opt.Backend.RemoveSnapshot(ctx, snap); err != nil {
+		if err := o.opt.Sandboxes.RemoveSnapshot(ctx, snap); err != nil {
 			errs = append(errs, fmt.Errorf("session %s: %w", id, err))
 			continue
 		}

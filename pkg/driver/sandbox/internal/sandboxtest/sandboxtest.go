@@ -1,0 +1,366 @@
+// Package sandboxtest is the conformance suite every sandbox backend that
+// can also lend sandboxes passes (local, opensandbox, docker, kubectl):
+// exec semantics (argv, environment, folder, exit codes, stdin, nothing of
+// the task text executed), the timeout enforced in the sandbox, uploads,
+// the lifecycle an owner uses, and the error classes of a sandbox that is
+// gone or a service that cannot be reached.
+package sandboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/test/fakeexecd"
+)
+
+// Fixture is a backend under test. Its sandboxes keep their Root and
+// Workdir below MountPoint, which is where each sandbox's host folder
+// appears inside it.
+type Fixture struct {
+	// Lender makes, snapshots, forks and removes sandboxes.
+	Lender localowner.Sandboxes
+	// Backend connects to them as the driver does.
+	Backend sandbox.Backend
+	// HostFolder is the folder on this machine a sandbox's MountPoint is.
+	HostFolder func(id string) string
+	// MountPoint is where the host folder appears inside every sandbox.
+	MountPoint string
+	// Delete removes a sandbox behind the backend's back, as its service
+	// would (nil: that test is skipped).
+	Delete func(id string) error
+	// Down makes the service unreachable and returns the function that
+	// makes it reachable again (nil: that test is skipped).
+	Down func() (up func())
+}
+
+// Run runs the suite as subtests of t.
+func Run(t *testing.T, f Fixture) {
+	t.Run("exec", func(t *testing.T) { t.Parallel(); testExec(t, f) })
+	t.Run("timeout", func(t *testing.T) { t.Parallel(); testTimeout(t, f) })
+	t.Run("cancel", func(t *testing.T) { t.Parallel(); testCancel(t, f) })
+	t.Run("upload", func(t *testing.T) { t.Parallel(); testUpload(t, f) })
+	t.Run("lifecycle", func(t *testing.T) { t.Parallel(); testLifecycle(t, f) })
+	t.Run("deleted", func(t *testing.T) { t.Parallel(); testDeleted(t, f) })
+	if f.Down != nil {
+		t.Run("unreachable", func(t *testing.T) { testUnreachable(t, f) })
+	}
+}
+
+func create(t *testing.T, f Fixture, name string) sandbox.Sandbox {
+	t.Helper()
+	sb, err := f.Lender.Create(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = f.Lender.Remove(context.Background(), sb.ID())
+	})
+	// Connect as the driver does.
+	c, err := f.Backend.Connect(context.Background(), sandbox.Descriptor{Provider: f.Backend.Name(), SandboxID: sb.ID(), Workdir: sb.Workdir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ID() != sb.ID() || c.Root() != sb.Root() || c.Workdir() != sb.Workdir() {
+		t.Fatalf("connected %s %s %s, lent %s %s %s", c.ID(), c.Root(), c.Workdir(), sb.ID(), sb.Root(), sb.Workdir())
+	}
+	return c
+}
+
+// Host maps a path inside the sandbox to this machine.
+func Host(t *testing.T, f Fixture, sb sandbox.Sandbox, inside string) string {
+	t.Helper()
+	rel, ok := strings.CutPrefix(inside, f.MountPoint+"/")
+	if !ok {
+		t.Fatalf("%s is not below the mount point %s", inside, f.MountPoint)
+	}
+	return filepath.Join(f.HostFolder(sb.ID()), rel)
+}
+
+func run(t *testing.T, sb sandbox.Sandbox, req sandbox.ExecRequest) sandbox.ExecResult {
+	t.Helper()
+	res, err := sb.Exec(context.Background(), req)
+	if err != nil {
+		t.Fatalf("exec %q in %s: %v", req.Argv, sb.ID(), err)
+	}
+	return res
+}
+
+// Hostile is task text that would run commands if any layer let a shell
+// read it unquoted: each would create marker.
+func Hostile(marker string) string {
+	return fmt.Sprintf("$(touch %s) `touch %s` ' \" ; touch %s; exit 9\nnext line \\\" $HOME %%s", marker, marker, marker)
+}
+
+func testExec(t *testing.T, f Fixture) {
+	sb := create(t, f, "sbt-exec")
+	marker := filepath.Join(t.TempDir(), "pwned")
+	hostile := Hostile(marker)
+	res := run(t, sb, sandbox.ExecRequest{
+		Argv: []string{"sh", "-c", `printf '%s|%s|%s' "$1" "$V" "$(pwd)"; echo err >&2; exit 3`, "sh", hostile},
+		Env:  map[string]string{"V": hostile},
+	})
+	want := hostile + "|" + hostile + "|" + sb.Workdir()
+	if res.ExitCode != 3 || string(res.Stdout) != want || string(res.Stderr) != "err\n" {
+		t.Errorf("got exit %d stdout %q stderr %q, want 3 %q \"err\\n\"", res.ExitCode, res.Stdout, res.Stderr, want)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatalf("the task text ran a command: %s exists", marker)
+	}
+	res = run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "cat; pwd"}, Stdin: strings.NewReader("from stdin\n"), Dir: "/tmp"})
+	if res.ExitCode != 0 || string(res.Stdout) != "from stdin\n/tmp\n" {
+		t.Errorf("stdin and dir: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	res = run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "printf partial >&2; kill -TERM $$"}})
+	if res.ExitCode != 128+15 || string(res.Stderr) != "partial" {
+		t.Errorf("a command killed by SIGTERM: exit %d stderr %q, want 143 \"partial\"", res.ExitCode, res.Stderr)
+	}
+	res = run(t, sb, sandbox.ExecRequest{Argv: []string{"no-such-command-ngh"}})
+	if res.ExitCode != 127 {
+		t.Errorf("a missing command exited %d, want 127", res.ExitCode)
+	}
+	res = run(t, sb, sandbox.ExecRequest{Argv: []string{"pwd"}, Dir: "missing-sub"})
+	if res.ExitCode == 0 {
+		t.Errorf("cd into a missing folder succeeded: %q", res.Stdout)
+	}
+	if _, err := sb.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"true"}, Env: map[string]string{"A B": "x"}}); err == nil {
+		t.Errorf("an environment key with a space was accepted")
+	}
+	if _, err := sb.Exec(context.Background(), sandbox.ExecRequest{}); err == nil {
+		t.Errorf("an empty argv was accepted")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"touch", "late"}}); !errors.Is(err, context.Canceled) {
+		t.Errorf("exec with a cancelled context: %v", err)
+	}
+	if _, err := os.Stat(Host(t, f, sb, sb.Workdir()+"/late")); err == nil {
+		t.Errorf("a cancelled exec ran")
+	}
+}
+
+func testTimeout(t *testing.T, f Fixture) {
+	sb := create(t, f, "sbt-timeout")
+	res, err := sb.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"sh", "-c", "echo started; exec sleep 300"}, Timeout: time.Second})
+	if !errors.Is(err, sandbox.ErrTimeout) || !strings.Contains(err.Error(), sb.ID()) {
+		t.Fatalf("want ErrTimeout naming %s, got %v", sb.ID(), err)
+	}
+	if !strings.Contains(string(res.Stdout), "started") {
+		t.Errorf("the output before the timeout was lost: %q", res.Stdout)
+	}
+	WaitNoProcs(t, f.HostFolder(sb.ID()), f.MountPoint)
+}
+
+// testCancel: a command whose context ends is ended in the sandbox too
+// (what it left running in a session of its own is not touched).
+func testCancel(t *testing.T, f Fixture) {
+	sb := create(t, f, "sbt-cancel")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sh", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > left; touch started; exec sleep 300"}})
+		done <- err
+	}()
+	started := Host(t, f, sb, sb.Workdir()+"/started")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled exec returned %v", err)
+	}
+	// Only the process that left the command's group is left.
+	deadline = time.Now().Add(time.Minute)
+	for {
+		left := fakeexecd.ProcsIn(f.HostFolder(sb.ID()), f.MountPoint)
+		if len(left) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var d []string
+			for _, p := range left {
+				d = append(d, fakeexecd.Describe(p))
+			}
+			t.Fatalf("after the cancel, want only the setsid sleep left in the sandbox, got %v", d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "kill -KILL $(cat left)"}})
+	WaitNoProcs(t, f.HostFolder(sb.ID()), f.MountPoint)
+}
+
+// WaitNoProcs waits (up to a minute) until no process runs in the sandbox
+// whose host folder is given; the test fails naming them.
+func WaitNoProcs(t testing.TB, hostFolder, mountPoint string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		left := fakeexecd.ProcsIn(hostFolder, mountPoint)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			var d []string
+			for _, p := range left {
+				d = append(d, fakeexecd.Describe(p))
+			}
+			t.Fatalf("processes left in %s: %v", hostFolder, d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func testUpload(t *testing.T, f Fixture) {
+	sb := create(t, f, "sbt-upload")
+	p := sb.Root() + "/bin/deep er/tool"
+	if err := sb.Upload(context.Background(), p, []byte("#!/bin/sh\necho tool \"$@\"\n"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	host := Host(t, f, sb, p)
+	fi, err := os.Stat(host)
+	if err != nil || fi.Mode().Perm() != 0o750 {
+		t.Fatalf("uploaded file: %v %v", fi, err)
+	}
+	if res := run(t, sb, sandbox.ExecRequest{Argv: []string{p, "a b"}}); string(res.Stdout) != "tool a b\n" {
+		t.Errorf("the uploaded tool printed %q (stderr %q)", res.Stdout, res.Stderr)
+	}
+	big := make([]byte, 3<<20)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	if err := sb.Upload(context.Background(), p, big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(host)
+	if err != nil || string(got) != string(big) {
+		t.Errorf("the replaced file holds %d bytes (%v), want the %d uploaded", len(got), err, len(big))
+	}
+	if fi, _ := os.Stat(host); fi == nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("the replaced file's mode: %v", fi)
+	}
+	ents, _ := os.ReadDir(filepath.Dir(host))
+	if len(ents) != 1 {
+		t.Errorf("the uploads left temporary files: %v", ents)
+	}
+	if err := sb.Upload(context.Background(), "relative/path", []byte("x"), 0o644); err == nil {
+		t.Errorf("a relative upload path was accepted")
+	}
+}
+
+func testLifecycle(t *testing.T, f Fixture) {
+	ctx := context.Background()
+	sb := create(t, f, "sbt-origin")
+	run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "echo kept > file && mkdir -p \"$0\" && echo root > \"$0/r\"", sb.Root() + "/state"}})
+	snap, err := f.Lender.Snapshot(ctx, sb.ID(), "sbt-snap-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second snapshot of the same name replaces the first.
+	run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "echo kept2 > file"}})
+	if snap, err = f.Lender.Snapshot(ctx, sb.ID(), "sbt-snap-1"); err != nil {
+		t.Fatal(err)
+	}
+	fork, err := f.Lender.Fork(ctx, snap, "sbt-fork")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Lender.Remove(context.Background(), fork.ID()) })
+	if fork.ID() == sb.ID() || fork.Root() != sb.Root() || fork.Workdir() != sb.Workdir() {
+		t.Fatalf("fork %s (%s %s) of %s (%s %s): want a new id at the same paths", fork.ID(), fork.Root(), fork.Workdir(), sb.ID(), sb.Root(), sb.Workdir())
+	}
+	res := run(t, fork, sandbox.ExecRequest{Argv: []string{"sh", "-c", "cat file \"$0/r\"", sb.Root() + "/state"}})
+	if string(res.Stdout) != "kept2\nroot\n" {
+		t.Errorf("the fork's files: %q %q", res.Stdout, res.Stderr)
+	}
+	if o, err := f.Lender.Open(ctx, fork.ID()); err != nil || o.ID() != fork.ID() {
+		t.Errorf("open the fork: %v", err)
+	}
+	if err := f.Lender.Remove(ctx, sb.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Lender.Remove(ctx, sb.ID()); err != nil {
+		t.Errorf("removing a removed sandbox: %v", err)
+	}
+	if _, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, sandbox.ErrGone) || !strings.Contains(err.Error(), sb.ID()) {
+		t.Errorf("exec in a removed sandbox: %v, want ErrGone naming %s", err, sb.ID())
+	}
+	if err := sb.Upload(ctx, sb.Workdir()+"/x", []byte("x"), 0o644); !errors.Is(err, sandbox.ErrGone) {
+		t.Errorf("upload to a removed sandbox: %v", err)
+	}
+	if _, err := f.Lender.Open(ctx, sb.ID()); !errors.Is(err, sandbox.ErrGone) {
+		t.Errorf("open a removed sandbox: %v", err)
+	}
+	if err := f.Lender.RemoveSnapshot(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Lender.RemoveSnapshot(ctx, snap); err != nil {
+		t.Errorf("removing a removed snapshot: %v", err)
+	}
+	if late, err := f.Lender.Fork(ctx, snap, "sbt-late"); err == nil {
+		_ = f.Lender.Remove(ctx, late.ID())
+		t.Errorf("a fork of a removed snapshot succeeded")
+	}
+	// The fork does not depend on its snapshot.
+	run(t, fork, sandbox.ExecRequest{Argv: []string{"test", "-f", "file"}})
+}
+
+func testDeleted(t *testing.T, f Fixture) {
+	if f.Delete == nil {
+		t.Skip("the fixture cannot delete a sandbox behind the backend's back")
+	}
+	sb := create(t, f, "sbt-deleted")
+	host := f.HostFolder(sb.ID())
+	var wg sync.WaitGroup
+	var err error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, err = sb.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"sh", "-c", "touch started; exec sleep 300"}})
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, serr := os.Stat(filepath.Join(host, strings.TrimPrefix(sb.Workdir(), f.MountPoint+"/"), "started")); serr == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if derr := f.Delete(sb.ID()); derr != nil {
+		t.Fatal(derr)
+	}
+	wg.Wait()
+	if !errors.Is(err, sandbox.ErrGone) || !strings.Contains(err.Error(), sb.ID()) {
+		t.Errorf("a command whose sandbox was deleted under it: %v, want ErrGone naming %s", err, sb.ID())
+	}
+	if _, err := sb.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, sandbox.ErrGone) {
+		t.Errorf("exec in the deleted sandbox: %v", err)
+	}
+}
+
+func testUnreachable(t *testing.T, f Fixture) {
+	sb := create(t, f, "sbt-unreachable")
+	up := f.Down()
+	_, err := sb.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"true"}})
+	up()
+	if !errors.Is(err, sandbox.ErrTransport) || errors.Is(err, sandbox.ErrGone) {
+		t.Errorf("exec with the service unreachable: %v, want ErrTransport", err)
+	}
+	run(t, sb, sandbox.ExecRequest{Argv: []string{"true"}})
+}

@@ -1,0 +1,183 @@
+package backends_e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/test/fakeexecd"
+)
+
+// modeRun runs one rollout through the opensandbox backend with a
+// checkpoint in the middle (paused in place), while disturb does its worst
+// to execd once the harness has taken two steps. The run must verify with
+// one launch, paused once, the harness started once and every step once;
+// every command the driver sent was a foreground one (it never follows a
+// launch by execd's command ids).
+func modeRun(t *testing.T, w *world, disturb func(sandboxID string)) {
+	t.Helper()
+	ro := w.rollout("mode")
+	p := driver.NewParticipant(0)
+	h := w.start(w.runner(p, nil), ro, 1, task(ro, "count", 10, 0.4))
+	sb := w.session(ro).SandboxID
+	dir := w.sessionDir(sb, ro)
+	waitSteps(t, dir, 2)
+	disturb(sb)
+	if _, err := driver.Checkpoint(context.Background(), p, w.owner, "ckpt-1", 300*time.Millisecond, w.log); err != nil {
+		t.Fatal(err)
+	}
+	r := h.mustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	checkStepsOnce(t, dir, 10)
+	if n := harnesses(dir); n != 1 {
+		t.Errorf("the harness was started %d times, want once", n)
+	}
+	if _, bg := w.osb.CommandCounts(sb); bg != 0 {
+		t.Errorf("the driver ran %d background commands", bg)
+	}
+	w.checkNoProcs("after verify", sb)
+}
+
+// TestExecdLateCompletion proves a run verifies while execd reports every
+// finished background command 30 s late: the driver never waits on
+// execd's command status (a launch is followed with `ngsup wait` on the
+// sandbox's disk).
+func TestExecdLateCompletion(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "opensandbox")
+	w.osb.SetLateCompletion(30 * time.Second)
+	modeRun(t, w, func(string) {})
+}
+
+// TestExecdRestartsAndForgetsIDs proves a launch survives execd
+// restarting mid-run (its connections dropped, the `ngsup wait` in flight
+// killed, new connections refused for a second, every command id
+// forgotten) and execd forgetting its ids again later: the detached
+// supervisor keeps the launch, the driver retries its wait and goes on
+// with the same launch.
+func TestExecdRestartsAndForgetsIDs(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "opensandbox")
+	modeRun(t, w, func(sb string) {
+		if err := w.osb.RestartExecd(sb, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		w.osb.ForgetCommandIDs()
+	})
+}
+
+// TestExecdDropsConnections proves a run verifies when execd's connection
+// drops mid-stream: a `ngsup run` whose reply is lost after it ran (the
+// driver finds the launch by `ngsup status` instead of launching twice),
+// two `ngsup wait` cut after they started (retried), and a `ngsup
+// continue` whose reply is lost after it ran (sent again, harmlessly).
+func TestExecdDropsConnections(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "opensandbox")
+	has := func(word string) func(string) bool {
+		return func(c string) bool { return strings.Contains(c, " "+word+" --dir ") }
+	}
+	w.osb.DropStreams(has("run"), 1, fakeexecd.DropBeforeEnd)
+	modeRun(t, w, func(string) {
+		w.osb.DropStreams(has("wait"), 2, fakeexecd.DropAfterInit)
+		w.osb.DropStreams(has("continue"), 1, fakeexecd.DropBeforeEnd)
+	})
+	if n := w.osb.DropsPending(); n != 0 {
+		t.Errorf("%d of the dropped streams never happened", n)
+	}
+}
+
+// TestNgsupForTheSandboxArchitecture proves that ngsup is uploaded for the
+// architecture the sandbox reports (uname -m through the backend): arm64
+// gets the arm64 build, x86-64 the amd64 one, each at a path named by its
+// hash; a machine with no build is ErrNoNgsup.
+func TestNgsupForTheSandboxArchitecture(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "opensandbox")
+	ctx := context.Background()
+	sb, err := w.lender.Create(ctx, "arch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	arm := filepath.Join(t.TempDir(), "ngsup-linux-arm64")
+	armData := []byte("#!/bin/sh\necho arm64 stand-in\n")
+	if err := os.WriteFile(arm, armData, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bins := map[string]string{runtime.GOARCH: ngsupPath, "arm64": arm}
+	if runtime.GOARCH == "arm64" {
+		t.Skip("this machine is arm64: the stand-in would replace the real build")
+	}
+	if err := w.osb.SetMachine("aarch64"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := (&driver.Ngsup{Binaries: bins, Log: w.log}).Ensure(ctx, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(w.host(sb.ID(), p)); !bytes.Equal(got, armData) {
+		t.Errorf("an aarch64 sandbox got %s holding %q, want the arm64 build", p, got)
+	}
+	if err := w.osb.SetMachine("mips"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&driver.Ngsup{Binaries: bins}).Ensure(ctx, sb); !errors.Is(err, driver.ErrNoNgsup) {
+		t.Errorf("a mips sandbox: %v, want ErrNoNgsup", err)
+	}
+	if err := w.osb.SetMachine(""); err != nil {
+		t.Fatal(err)
+	}
+	p2, err := (&driver.Ngsup{Binaries: bins}).Ensure(ctx, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(ngsupPath)
+	if got, _ := os.ReadFile(w.host(sb.ID(), p2)); p2 == p || !bytes.Equal(got, want) {
+		t.Errorf("an x86-64 sandbox got %s, want the %s build at a path of its own", p2, runtime.GOARCH)
+	}
+	ups := w.osb.Uploads(sb.ID())
+	if len(ups) != 2 {
+		t.Errorf("uploads %v, want the two builds once each", ups)
+	}
+}
+
+// TestOwnerRenewsOpenSessions proves the owner renews, through the
+// lifecycle server, the expiration of the sandboxes of open sessions only.
+func TestOwnerRenewsOpenSessions(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "opensandbox")
+	ctx := context.Background()
+	open, err := w.owner.SeedSession(ctx, json.RawMessage(`{"rollout_id":"renew-open"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed, err := w.owner.SeedSession(ctx, json.RawMessage(`{"rollout_id":"renew-closed"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.owner.CloseSession(ctx, closed.Cookies); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.owner.RenewOpen(ctx, 3*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	oi, _ := w.owner.Session(open.Cookies)
+	ci, _ := w.owner.Session(closed.Cookies)
+	if r := w.osb.Renewals(oi.SandboxID); len(r) != 1 || r[0].Before(time.Now().Add(2*time.Hour)) {
+		t.Errorf("the open session's sandbox was renewed to %v", r)
+	}
+	if r := w.osb.Renewals(ci.SandboxID); len(r) != 0 {
+		t.Errorf("the closed session's sandbox was renewed: %v", r)
+	}
+}
