@@ -130,3 +130,24 @@ type VersionResult struct {
 	Commit    string `json:"commit"`
 	GoVersion string `json:"go_version"`
 }
+
+// PauseLine is one line of `ngsup pause` given several --dir: the
+// PauseResult of one launch folder, with the folder as given and the exit
+// code a pause of that folder alone would have had (0, 3, 4; or 2 or 1 with
+// Error naming a bad folder or an internal error).
+type PauseLine struct {
+	Dir  string `json:"dir"`
+	Code int    `json:"code"`
+	PauseResult
+}
+
+// ContinueLine is one line of `ngsup continue` given several --dir: the
+// ContinueResult of one launch folder, with the folder as given, the exit
+// code a continue of that folder alone would have had (0, 4; or 2 or 1),
+// and Error naming a bad folder or an internal error.
+type ContinueLine struct {
+	Dir  string `json:"dir"`
+	Code int    `json:"code"`
+	ContinueResult
+	Error string `json:"error,omitempty"`
+}

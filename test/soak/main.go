@@ -5,6 +5,10 @@
 // on loopback, as the rollout framework would, and prints a table: prepare
 // time (median, max), pauses, failed pauses and their causes, relaunches,
 // runs lost, runs that repeated a step, the driver's peak memory and CPU.
+// Like a trainer that keeps only its latest checkpoint, it retires the
+// previous committed checkpoint at the owner once the next one is
+// committed (its snapshots are dropped), so a run's disk use stays at about
+// two checkpoints' worth (512 sandboxes: a few GB each).
 //
 // Run it with `make soak` (root). It kills only the processes it started,
 // by their process groups, and stops every launch it made through ngsup.
@@ -339,6 +343,11 @@ backends:
 		}
 		if _, err := ctl.call(d.url, "resume", map[string]any{"checkpoint_id": id}); err != nil {
 			return err
+		}
+		if lastCommitted != "" {
+			if _, err := ctl.call(owner.url, "retire", map[string]any{"checkpoint_id": lastCommitted}); err != nil {
+				fmt.Fprintf(os.Stderr, "soak: retire %s: %v\n", lastCommitted, err)
+			}
 		}
 		lastCommitted = id
 		fmt.Fprintf(os.Stderr, "soak: %s at %5.1fs: prepare %.3fs, %d runs exported, %d finished\n",

@@ -92,3 +92,43 @@ type Backend interface {
 type Stopper interface {
 	Stop(ctx context.Context) error
 }
+
+// HostBatcher is the optional capability of a sandbox whose HostPaths
+// commands run on a host it shares with other sandboxes (the local
+// backend's). Sandboxes with the same BatchKey live on the same host, and a
+// command marked HostPaths run through any one of them may name the others'
+// paths by HostPathOf: one command may then cover several sandboxes at once
+// (the driver pauses and continues the launches of one host with one ngsup
+// process).
+type HostBatcher interface {
+	// BatchKey names the host (the backend instance); sandboxes with equal
+	// keys may be covered by one HostPaths command.
+	BatchKey() string
+	// HostPathOf maps an absolute path inside the sandbox to the path a
+	// HostPaths command of any sandbox with the same BatchKey reaches it
+	// at. It is an error for a path the sandbox cannot translate.
+	HostPathOf(inside string) (string, error)
+}
+
+// Unwrapper is implemented by a sandbox that wraps another (a layer that
+// records or intercepts its execs): Unwrap returns the wrapped sandbox.
+type Unwrapper interface {
+	Unwrap() Sandbox
+}
+
+// AsHostBatcher returns sb's HostBatcher, looking through wrappers
+// (Unwrapper); ok is false when sb has none. Commands still go through sb
+// itself, so a wrapper sees them.
+func AsHostBatcher(sb Sandbox) (HostBatcher, bool) {
+	for i := 0; sb != nil && i < 16; i++ {
+		if hb, ok := sb.(HostBatcher); ok {
+			return hb, true
+		}
+		u, ok := sb.(Unwrapper)
+		if !ok {
+			return nil, false
+		}
+		sb = u.Unwrap()
+	}
+	return nil, false
+}

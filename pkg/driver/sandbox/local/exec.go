@@ -68,6 +68,13 @@ func (s *Sandbox) Workdir() string { return s.workdir }
 // point, or the host folder without namespace isolation.
 func (s *Sandbox) Inside() string { return s.inside }
 
+// BatchKey implements sandbox.HostBatcher: every sandbox of the backend
+// (named by its base folder) runs its HostPaths commands on this machine,
+// where each one's HostPathOf reaches it.
+func (s *Sandbox) BatchKey() string { return "local:" + s.b.base }
+
+var _ sandbox.HostBatcher = (*Sandbox)(nil)
+
 // HostPathOf maps a path inside the sandbox to the host path it is at. It
 // is an error if p is not absolute or not below Inside().
 func (s *Sandbox) HostPathOf(p string) (string, error) {

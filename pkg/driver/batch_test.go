@@ -1,0 +1,246 @@
+package driver_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// batchWindow is the tests' batch window: long enough that every run
+// parked at one checkpoint joins the first command even on a loaded
+// machine (the window is a wait, never a speed the tests assert).
+const batchWindow = 500 * time.Millisecond
+
+// batchEnv is a drivertest.Env whose ngsup batches with batchWindow; it
+// skips when the tests run through a backend without the capability.
+func batchEnv(t *testing.T) *drivertest.Env {
+	t.Helper()
+	if b := os.Getenv(drivertest.BackendEnv); b != "" && b != "local" {
+		t.Skipf("%s=%s: only the local backend batches the commands of one host", drivertest.BackendEnv, b)
+	}
+	e := drivertest.New(t)
+	e.Ngsup.BatchWindow = batchWindow
+	return e
+}
+
+// dirsOf lists the --dir arguments of an exec.
+func dirsOf(x drivertest.Exec) []string {
+	var out []string
+	for i, a := range x.Argv {
+		if a == "--dir" && i+1 < len(x.Argv) {
+			out = append(out, x.Argv[i+1])
+		}
+	}
+	return out
+}
+
+// launchCounts counts, by launch id (its folder's name), how often each
+// launch was named by the execs.
+func launchCounts(execs []drivertest.Exec) map[string]int {
+	out := map[string]int{}
+	for _, x := range execs {
+		for _, d := range dirsOf(x) {
+			out[d[strings.LastIndexByte(d, '/')+1:]]++
+		}
+	}
+	return out
+}
+
+// batchedRun is one run of the batch tests.
+type batchedRun struct {
+	ro     string
+	h      *drivertest.Handle
+	sbID   string
+	sess   string
+	procs  []drivertest.Proc
+	launch string
+}
+
+// startBatchedRuns starts n runs of pauseSteps steps and waits until each
+// harness runs (every kind of process recorded, a step done).
+func startBatchedRuns(t *testing.T, e *drivertest.Env, rn *driver.Runner, name string, n int) []*batchedRun {
+	t.Helper()
+	runs := make([]*batchedRun, n)
+	for i := range runs {
+		ro := e.Rollout(fmt.Sprintf("%s-%02d", name, i))
+		runs[i] = &batchedRun{ro: ro, launch: ro + "-a1-l1",
+			h: e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))}
+	}
+	for _, r := range runs {
+		r.sbID = e.WaitSeeded(r.ro, 1).SandboxID
+		r.sess = e.WaitSession(r.sbID, r.ro)
+		r.procs = e.WaitPids(r.sess, allKinds...)
+		e.WaitSteps(r.sess, 1)
+	}
+	return runs
+}
+
+// TestBatchedPauseAndContinue proves that the launches of many runs paused
+// at one checkpoint are paused by far fewer `ngsup pause` commands than
+// runs (one command names several launch folders, by host path), that each
+// launch is named exactly once and confirmed paused (every process of it
+// stopped, exported as a paused launch), and that the continue after the
+// checkpoint is batched too: every launch continues in place, and each run
+// has one launch with pauses=1, every step once, verified.
+func TestBatchedPauseAndContinue(t *testing.T) {
+	t.Parallel()
+	const n = 12
+	e := batchEnv(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+	runs := startBatchedRuns(t, e, rn, "batch", n)
+
+	res := prepare(t, p, "ckpt-1")
+	for _, r := range runs {
+		_, bm := bookmarkOf(t, res.Records, r.ro)
+		if bm.Paused == nil || bm.Paused.ID != r.launch || !bm.Paused.Supervised {
+			t.Errorf("%s: want its launch exported paused, got %+v", r.ro, bm.Paused)
+		}
+		checkStates(t, r.ro+": while parked", r.procs, "Tt")
+		checkAllStopped(t, e, r.ro+": while parked", r.sbID)
+	}
+	pauses := e.Backend.Verbs("pause")
+	if len(pauses) > n/3 {
+		t.Errorf("%d runs were paused by %d ngsup pause commands, want at most %d", n, len(pauses), n/3)
+	}
+	counts := launchCounts(pauses)
+	for _, r := range runs {
+		if counts[r.launch] != 1 {
+			t.Errorf("launch %s was named by %d pause commands, want 1", r.launch, counts[r.launch])
+		}
+	}
+	batched := 0
+	for _, x := range pauses {
+		if len(dirsOf(x)) > 1 {
+			batched++
+			if x.ExitCode != 0 || x.Timeout != driver.ControlTimeout {
+				t.Errorf("batched pause %v: exit %d, budget %s; want 0 and %s", x.Argv, x.ExitCode, x.Timeout, driver.ControlTimeout)
+			}
+			for _, d := range dirsOf(x) {
+				if !strings.HasPrefix(d, e.Local.Base()+"/") {
+					t.Errorf("batched pause names %s, not a host path under %s", d, e.Local.Base())
+				}
+			}
+		}
+	}
+	if batched == 0 {
+		t.Errorf("no pause command named several launches: %d commands", len(pauses))
+	}
+
+	resume(t, p, "ckpt-1")
+	for _, r := range runs {
+		res := r.h.MustSucceed(t)
+		if len(res.Launches) != 1 {
+			t.Errorf("%s: want one launch, got %+v", r.ro, res.Launches)
+			continue
+		}
+		checkLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
+		checkVerified(t, e, r.ro, res)
+		drivertest.CheckStepsOnce(t, r.sess, pauseSteps)
+	}
+	continues := e.Backend.Verbs("continue")
+	if len(continues) >= n {
+		t.Errorf("%d runs were continued by %d ngsup continue commands, want fewer", n, len(continues))
+	}
+	counts = launchCounts(continues)
+	for _, r := range runs {
+		if counts[r.launch] != 1 {
+			t.Errorf("launch %s was named by %d continue commands, want 1", r.launch, counts[r.launch])
+		}
+		if n := len(drivertest.ForLaunch(e.Backend.Verbs("run"), r.launch)); n != 1 {
+			t.Errorf("launch %s was started %d times, want once", r.launch, n)
+		}
+	}
+	for _, r := range runs {
+		drivertest.CheckGone(t, r.ro+": after verify", r.procs)
+	}
+	e.CheckNoProcs("after verify")
+}
+
+// TestBatchedPauseKeepsEndedLaunch proves that a launch that had already
+// ended when its run was asked to park keeps its result inside a batched
+// pause: the command that names it with the others says exit 3 (its line
+// code 3, the others 0), the others are paused and continue in place
+// (pauses=1), and the ended run is neither paused nor continued (one
+// launch, pauses=0, finished, verified).
+func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
+	t.Parallel()
+	const n = 4
+	e := batchEnv(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+	short := e.Rollout("batch-ended")
+	shortLaunch := short + "-a1-l1"
+	held := make(chan struct{})
+	var waits atomic.Int32
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		if len(req.Argv) > 3 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "wait" &&
+			strings.HasSuffix(req.Argv[3], "/"+shortLaunch) && waits.Add(1) == 1 {
+			close(held)
+			<-ctx.Done() // held until the park request cancels the wait
+			return execRes{ExitCode: -1}, ctx.Err()
+		}
+		return next(ctx, req)
+	})
+	hShort := e.Start(rn, short, 1, drivertest.Task(short, 3, 0.1, nil))
+	runs := startBatchedRuns(t, e, rn, "batch-kept", n)
+	await(t, held, "the driver waits on the short launch", hShort)
+	shortSb := e.Session(short).SandboxID
+	drivertest.Eventually(t, "the short harness has ended", func() (bool, string) {
+		r := e.Receipt(shortSb, shortLaunch)
+		return r != nil && r.Ended, "no ended receipt"
+	})
+
+	res := prepare(t, p, "ckpt-1")
+	for _, r := range runs {
+		if _, bm := bookmarkOf(t, res.Records, r.ro); bm.Paused == nil {
+			t.Errorf("%s: want its launch exported paused", r.ro)
+		}
+		checkStates(t, r.ro+": while parked", r.procs, "Tt")
+	}
+	pauses := e.Backend.Verbs("pause")
+	withShort := drivertest.ForLaunch(pauses, shortLaunch)
+	if len(withShort) != 1 || len(dirsOf(withShort[0])) < 2 || withShort[0].ExitCode != proto.ExitEnded {
+		t.Errorf("want one batched pause naming the ended launch with others and exiting %d, got %+v", proto.ExitEnded, withShort)
+	}
+	counts := launchCounts(pauses)
+	for _, r := range runs {
+		if counts[r.launch] != 1 {
+			t.Errorf("launch %s was named by %d pause commands, want 1", r.launch, counts[r.launch])
+		}
+	}
+	resume(t, p, "ckpt-1")
+
+	rs := hShort.MustSucceed(t)
+	if len(rs.Launches) != 1 {
+		t.Fatalf("the ended run: want one launch, got %+v", rs.Launches)
+	}
+	checkLaunch(t, rs.Launches[0], driver.OutcomeFinished, 0, false)
+	checkVerified(t, e, short, rs)
+	if c := drivertest.ForLaunch(e.Backend.Verbs("continue"), shortLaunch); len(c) != 0 {
+		t.Errorf("the ended launch was continued: %+v", c)
+	}
+	for _, r := range runs {
+		res := r.h.MustSucceed(t)
+		if len(res.Launches) != 1 {
+			t.Errorf("%s: want one launch, got %+v", r.ro, res.Launches)
+			continue
+		}
+		checkLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
+		checkVerified(t, e, r.ro, res)
+		drivertest.CheckStepsOnce(t, r.sess, pauseSteps)
+	}
+	if slices.ContainsFunc(e.Backend.Verbs("run"), func(x drivertest.Exec) bool { return x.ExitCode != 0 }) {
+		t.Errorf("a launch failed to start")
+	}
+	e.CheckNoProcs("after verify")
+}
