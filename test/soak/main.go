@@ -47,12 +47,14 @@ type config struct {
 	stepS     float64
 	isolation string
 	maxRuns   int
+	keep      bool
 }
 
 func main() {
 	var c config
 	flag.StringVar(&c.bin, "bin", "bin", "folder with ngdriver and ngsup-linux-*")
 	flag.StringVar(&c.work, "work", "", "work folder (default: a new temp folder)")
+	flag.BoolVar(&c.keep, "keep", false, "keep the sandboxes and snapshots afterwards (gigabytes at 512 rollouts); logs are always kept")
 	flag.IntVar(&c.rollouts, "rollouts", 512, "concurrent rollouts")
 	flag.DurationVar(&c.duration, "duration", 2*time.Minute, "how long checkpoints are taken")
 	flag.DurationVar(&c.every, "every", 10*time.Second, "time between checkpoints")
@@ -212,6 +214,14 @@ func run(c config) error {
 		c.maxRuns = c.rollouts
 	}
 	base := filepath.Join(c.work, "local")
+	if !c.keep {
+		// Every sandbox and snapshot holds a copy of ngsup: at 512 rollouts
+		// they fill gigabytes. The logs and records stay for reading.
+		defer func() {
+			os.RemoveAll(base)
+			fmt.Fprintf(os.Stderr, "soak: logs in %s\n", c.work)
+		}()
+	}
 	token := "soak-" + strconv.Itoa(os.Getpid())
 	env := []string{"NG_CONTROL_TOKEN=" + token}
 	owner, err := start(filepath.Join(bin, "ngdriver"), filepath.Join(c.work, "owner.log"), env,
