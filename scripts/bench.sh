@@ -199,12 +199,15 @@ echo "## CLI on the 1,000-flat tree (1,001 processes; wall time per command, pro
 echo
 printf '| %-22s | %15s | %18s | %15s |\n' method "pause ms (med)" "continue ms (med)" "both ms (med)"
 printf '|%s|%s|%s|%s|\n' ------------------------ ----------------- -------------------- -----------------
-for m in default no-cgroup; do
+for m in default cgroup-first no-cgroup; do
 	flags=()
-	[ "$m" = no-cgroup ] && flags=(--no-cgroup)
+	[ "$m" != default ] && flags=(--"$m")
 	res=$(cli "${flags[@]}")
-	label="cgroup (default)"
-	[ "$m" = no-cgroup ] && label="signals (--no-cgroup)"
+	case $m in
+	default) label="default" ;;
+	cgroup-first) label="--cgroup-first" ;;
+	no-cgroup) label="--no-cgroup" ;;
+	esac
 	printf '| %-22s | %15s | %18s | %15s |\n' "$label" \
 		"$(echo "$res" | awk '{ print $1 }' | median)" \
 		"$(echo "$res" | awk '{ print $2 }' | median)" \
