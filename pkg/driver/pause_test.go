@@ -95,6 +95,13 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 			got := drivertest.Steps(sess)
 			return len(got) > len(held), "steps still " + itoa(len(got))
 		})
+		// Resume returns before the run's `ngsup continue` does, and the
+		// harness's group is continued before the processes outside it:
+		// the states are checked once that command has returned.
+		drivertest.Eventually(t, id+": ngsup continue returns", func() (bool, string) {
+			n := len(e.Backend.Verbs("continue"))
+			return n == i+1, itoa(n) + " continue commands returned"
+		})
 		checkStates(t, id+": after the resume", procs, "SRD")
 	}
 
