@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -78,12 +79,15 @@ func (c *Client) Run(ctx context.Context, call Call) (Result, error) {
 	}
 	pid := cmd.Process.Pid
 	done := make(chan struct{})
-	killed := make(chan struct{})
+	// killed is set before the kill is sent, so a Wait that returns
+	// because of it always sees it: the client's death is then the
+	// context's doing, not a broken connection.
+	var killed atomic.Bool
 	go func() {
 		select {
 		case <-ctx.Done():
+			killed.Store(true)
 			_ = syscall.Kill(-pid, syscall.SIGKILL)
-			close(killed)
 		case <-done:
 		}
 	}()
@@ -98,10 +102,8 @@ func (c *Client) Run(ctx context.Context, call Call) (Result, error) {
 			res.ExitCode = ws.ExitStatus()
 		}
 	}
-	select {
-	case <-killed:
+	if killed.Load() {
 		return res, ctxErr(ctx)
-	default:
 	}
 	var ee *exec.ExitError
 	if werr != nil && !errors.As(werr, &ee) && !errors.Is(werr, exec.ErrWaitDelay) {

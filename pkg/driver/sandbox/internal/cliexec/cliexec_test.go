@@ -1,6 +1,9 @@
 package cliexec
 
 import (
+	"context"
+	"errors"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -49,6 +52,46 @@ func TestScriptRunsUnderDashAndBash(t *testing.T) {
 		o := Parse([]byte(stderr.String()), n)
 		if !o.Ended || o.ExitCode != 143 || o.PID <= 0 || stdout.String() != "got line\n" || string(o.Stderr) != "oops\n" || len(o.Client) != 0 {
 			t.Errorf("%s: outcome %+v stdout %q raw stderr %q", shell, o, stdout.String(), stderr.String())
+		}
+	}
+}
+
+// TestRunCancelledReportsTheContext proves that a client killed because its
+// context ended is reported as the context's end every time, never as a
+// client that exited on its own (which Target.run would take for a broken
+// connection, and then not end the command in the sandbox). The kill and
+// the client's exit race, so it is tried many times.
+func TestRunCancelledReportsTheContext(t *testing.T) {
+	t.Parallel()
+	c := &Client{Path: "/bin/sh", Args: []string{"-c"}}
+	for i := range 200 {
+		ctx, cancel := context.WithCancel(context.Background())
+		started := make(chan struct{})
+		var res Result
+		var err error
+		finished := make(chan struct{})
+		go func() {
+			defer close(finished)
+			r, w, perr := os.Pipe()
+			if perr != nil {
+				err = perr
+				close(started)
+				return
+			}
+			go func() {
+				buf := make([]byte, 1)
+				_, _ = r.Read(buf)
+				r.Close()
+				close(started)
+			}()
+			res, err = c.Run(ctx, Call{Args: []string{"echo x; exec sleep 30"}, Stdout: w})
+			w.Close()
+		}()
+		<-started
+		cancel()
+		<-finished
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("try %d: a cancelled client returned %v (exit %d), want context.Canceled", i, err, res.ExitCode)
 		}
 	}
 }
