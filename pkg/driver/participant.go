@@ -89,13 +89,15 @@ func newGate() *gate {
 // exports their bookmarks, and lets them go on. The HTTP control plane is a
 // thin layer over it.
 type Participant struct {
-	mu       sync.Mutex
-	runs     map[string]*run
-	slots    chan struct{}
-	phase    Phase
-	gate     *gate // the checkpoint in progress, nil when none
-	next     *gate // the next checkpoint's, made ahead so runs can wait on it
-	changed  chan struct{}
+	mu      sync.Mutex
+	runs    map[string]*run
+	slots   chan struct{}
+	phase   Phase
+	gate    *gate // the checkpoint in progress, nil when none
+	next    *gate // the next checkpoint's, made ahead so runs can wait on it
+	changed chan struct{}
+	// restored holds the restored records whose rollouts have not come
+	// back yet; each is exported by every prepare until its run claims it.
 	restored map[string]Record
 	closing  bool
 	// exported is the last prepare's export, for commit.
@@ -370,6 +372,11 @@ func (p *Participant) Prepare(ctx context.Context, checkpointID string, deadline
 }
 
 // exportLocked returns every exportable run's record, sorted by rollout.
+// A restored record whose rollout has not come back yet (its next /run has
+// not arrived) is exported unchanged: it is still that rollout's latest
+// bookmark, and a checkpoint taken between a restore and the runs posted
+// again must not drop it, or a second crash would start those rollouts
+// over.
 func (p *Participant) exportLocked() []Record {
 	out := []Record{}
 	for _, r := range p.runs {
@@ -381,6 +388,9 @@ func (p *Participant) exportLocked() []Record {
 			continue
 		}
 		out = append(out, Record{RolloutID: r.rollout, Attempt: r.attempt, Bookmark: data})
+	}
+	for _, rec := range p.restored {
+		out = append(out, rec)
 	}
 	slices.SortFunc(out, func(a, b Record) int {
 		switch {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -201,5 +202,72 @@ func TestParticipantRejectsCallsOutOfOrder(t *testing.T) {
 		if c.Method != drivertest.CallSeed {
 			t.Errorf("the owner was called: %+v", c)
 		}
+	}
+}
+
+// TestRestoredRecordsCarriedUntilClaimed proves that a checkpoint taken
+// after a restore, before the rollouts are posted again, exports the
+// restored records unchanged (same attempt, same bookmark), so a second
+// crash loses none of them; that a record claimed by its run is no longer
+// exported as restored; and that a driver restored from that second
+// checkpoint continues the rollout from the first one's bookmark.
+func TestRestoredRecordsCarriedUntilClaimed(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	ctx := context.Background()
+	back, late := e.Rollout("back"), e.Rollout("late")
+	stored := json.RawMessage(`{"reward":1,"stored":"late"}`)
+	recs := []driver.Record{
+		{RolloutID: back, Attempt: 1, Bookmark: json.RawMessage(`{"v":1,"next":"seed"}`)},
+		{RolloutID: late, Attempt: 3, Bookmark: json.RawMessage(`{"v":1,"next":"return","result":{"reward":1,"stored":"late"}}`)},
+	}
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(3, 0.1), p)
+	if err := p.Restore("ckpt-1", recs); err != nil {
+		t.Fatal(err)
+	}
+
+	// A checkpoint before any rollout came back: both records, unchanged.
+	res := prepare(t, p, "ckpt-2")
+	if len(res.Records) != 2 {
+		t.Fatalf("ckpt-2 exported %d records, want the 2 restored: %+v", len(res.Records), res.Records)
+	}
+	for i, rec := range res.Records {
+		if rec.RolloutID != recs[i].RolloutID || rec.Attempt != recs[i].Attempt || string(rec.Bookmark) != string(recs[i].Bookmark) {
+			t.Errorf("ckpt-2 exported %s attempt %d %s, want %s attempt %d %s", rec.RolloutID, rec.Attempt, rec.Bookmark, recs[i].RolloutID, recs[i].Attempt, recs[i].Bookmark)
+		}
+	}
+	commit(t, e, p, "ckpt-2", false)
+	resume(t, p, "ckpt-2")
+
+	// One rollout comes back and finishes: only the other is carried on.
+	checkVerified(t, e, back, e.Start(rn, back, 2, drivertest.Task(back, 3, 0.1, nil)).MustSucceed(t))
+	res = prepare(t, p, "ckpt-3")
+	if len(res.Records) != 1 || res.Records[0].RolloutID != late || res.Records[0].Attempt != 3 || string(res.Records[0].Bookmark) != string(recs[1].Bookmark) {
+		t.Fatalf("ckpt-3 exported %+v, want only %s's restored record", res.Records, late)
+	}
+	commit(t, e, p, "ckpt-3", false)
+	resume(t, p, "ckpt-3")
+
+	// A second crash: the driver restored from ckpt-3 returns the stored
+	// result of the first restore's bookmark, without seeding.
+	p2 := driver.NewParticipant(0)
+	rn2 := e.Runner(drivertest.Fake(3, 0.1), p2)
+	if err := p2.Restore("ckpt-3", res.Records); err != nil {
+		t.Fatal(err)
+	}
+	out, err := rn2.Run(ctx, driver.RunRequest{RolloutID: late, Attempt: 4, Body: drivertest.Task(late, 3, 0.1, nil)})
+	if err != nil {
+		t.Fatalf("the run restored twice: %v", err)
+	}
+	var got, want any
+	if json.Unmarshal(out, &got) != nil || json.Unmarshal(stored, &want) != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("the run restored twice returned %s, want the stored result %s", out, stored)
+	}
+	if n := e.Owner.Count(drivertest.CallSeed, late); n != 0 {
+		t.Errorf("the run restored twice seeded %d times", n)
+	}
+	if runs := p2.Runs(); len(runs) != 0 {
+		t.Errorf("runs still registered: %+v", runs)
 	}
 }
