@@ -205,32 +205,69 @@ func Arch(ctx context.Context, sb sandbox.Sandbox) (string, error) {
 // verb runs one ngsup verb and decodes its one line of JSON into out. It
 // returns the exit code; an error means the outcome is unknown or the
 // output was not what the contract promises.
+//
+// wait, status, continue and stop are safe to send again: they are sent
+// again after a transient failure, and also when what came back is not one
+// whole line of JSON (an exec whose output was cut, under load, must not
+// fail the run: the launch is still there to ask).
 func (n *Ngsup) verb(ctx context.Context, sb sandbox.Sandbox, bin string, timeout time.Duration, out any, args ...string) (int, sandbox.ExecResult, error) {
 	req := sandbox.ExecRequest{Argv: append([]string{bin}, args...), Timeout: timeout, HostPaths: true}
+	// check reads the last line of the output, the verb's answer.
+	check := func(res sandbox.ExecResult) ([]byte, error) {
+		line := bytes.TrimSpace(res.Stdout)
+		if i := bytes.LastIndexByte(line, '\n'); i >= 0 {
+			line = line[i+1:]
+		}
+		if out != nil && len(line) > 0 && !json.Valid(line) {
+			return nil, fmt.Errorf("ngsup %s in %s exited %d and printed %d bytes that are not one line of JSON: %q", args[0], sb.ID(), res.ExitCode, len(line), truncateMiddle(line, 200))
+		}
+		return line, nil
+	}
 	var res sandbox.ExecResult
-	var err error
+	var line []byte
 	if args[0] == "pause" {
 		// A pause is retried only as the contract says (an empty answer,
 		// once), never after its budget ran out: the caller falls back
 		// to stop.
-		res, err = sb.Exec(ctx, req)
-	} else {
-		// wait, status, continue and stop are safe to send again.
-		res, err = execRetry(ctx, sb, req)
-	}
-	if err != nil {
-		return -1, res, fmt.Errorf("run ngsup %s in %s: %w", args[0], sb.ID(), err)
-	}
-	line := bytes.TrimSpace(res.Stdout)
-	if out != nil && len(line) > 0 {
-		if i := bytes.LastIndexByte(line, '\n'); i >= 0 {
-			line = line[i+1:]
+		var err error
+		if res, err = sb.Exec(ctx, req); err != nil {
+			return -1, res, fmt.Errorf("run ngsup %s in %s: %w", args[0], sb.ID(), err)
 		}
+		if line, err = check(res); err != nil {
+			return res.ExitCode, res, err
+		}
+	} else {
+		err := retry(ctx, func() (bool, error) {
+			var err error
+			res, err = sb.Exec(ctx, req)
+			switch {
+			case err != nil:
+				return transientErr(err), fmt.Errorf("run ngsup %s in %s: %w", args[0], sb.ID(), err)
+			case busyBinary(res):
+				return true, fmt.Errorf("run ngsup %s in %s: %s is busy", args[0], sb.ID(), bin)
+			}
+			line, err = check(res)
+			return err != nil, err
+		})
+		if err != nil && !busyBinary(res) {
+			return -1, res, err
+		}
+	}
+	if out != nil && len(line) > 0 {
 		if err := json.Unmarshal(line, out); err != nil {
 			return res.ExitCode, res, fmt.Errorf("ngsup %s in %s printed %q: %w", args[0], sb.ID(), truncateBytes(line, 200), err)
 		}
 	}
 	return res.ExitCode, res, nil
+}
+
+// truncateMiddle keeps the head and the tail of b, at most n bytes in all,
+// so a message about cut output shows where it was cut.
+func truncateMiddle(b []byte, n int) string {
+	if len(b) <= n {
+		return string(b)
+	}
+	return string(b[:n/2]) + " ... " + string(b[len(b)-n/2:])
 }
 
 func truncateBytes(b []byte, n int) string {

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/ngharness/ngharness/pkg/driver"
@@ -217,5 +219,55 @@ func killUntaggedOrphans(t *testing.T, hostSessionDir string) {
 		if p.Kind == "untagged" && p.Kill() {
 			t.Logf("known limit of the unsupervised fallback: killed the orphaned untagged child %s of a finished launch", p)
 		}
+	}
+}
+
+// TestCutAnswersAreAskedAgain proves that an `ngsup wait` (and status,
+// continue, stop) whose answer comes back cut short, as an exec's output can
+// under load, is sent again instead of failing the run: the first answer of
+// every such command is cut in half (the command itself ran), and the run
+// still finishes verified with one launch, each cut verb sent again.
+func TestCutAnswersAreAskedAgain(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	var mu sync.Mutex
+	cut := map[string]int{}
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		res, err := next(ctx, req)
+		if err != nil || len(req.Argv) < 2 || !drivertest.IsNgsup(req.Argv[0]) || len(res.Stdout) < 4 {
+			return res, err
+		}
+		switch verb := req.Argv[1]; verb {
+		case "wait", "status", "continue", "stop":
+			mu.Lock()
+			defer mu.Unlock()
+			key := verb + " " + strings.Join(req.Argv[2:], " ")
+			if cut[key] == 0 {
+				cut[key]++
+				res.Stdout = res.Stdout[:len(res.Stdout)/2]
+			}
+		}
+		return res, err
+	})
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("cut-answers")
+	r := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil)).MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	checkVerified(t, e, ro, r)
+	mu.Lock()
+	n := len(cut)
+	mu.Unlock()
+	waits := e.Backend.Verbs("wait")
+	if n == 0 || len(waits) < 2 {
+		t.Fatalf("no answer was cut (%d cut, %d waits): the test proves nothing", n, len(waits))
+	}
+	// The last wait is the one that saw the end: its answer was whole.
+	last := waits[len(waits)-1]
+	if last.ExitCode != 0 {
+		t.Errorf("the last wait exited %d, want 0 (ended)", last.ExitCode)
 	}
 }

@@ -297,6 +297,13 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if werr != nil && !errors.As(werr, &ee) && !errors.Is(werr, exec.ErrWaitDelay) {
 		return res, fmt.Errorf("exec in %s: %w", s.id, werr)
 	}
+	if errors.Is(werr, exec.ErrWaitDelay) && req.HostPaths {
+		// Nothing a HostPaths command starts should hold its output open;
+		// when something did for ioGrace, the pipes were closed under
+		// the reader and what it printed may be cut. The command ran:
+		// say so, so that a caller sends it again only if that is safe.
+		return res, fmt.Errorf("exec in %s: %w: its output was still held open %s after it exited; what it printed may be cut", s.id, sandbox.ErrTransport, ioGrace)
+	}
 	if readyc != nil {
 		var got []byte
 		select {
