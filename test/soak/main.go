@@ -17,7 +17,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -60,7 +59,7 @@ func main() {
 	flag.DurationVar(&c.every, "every", 10*time.Second, "time between checkpoints")
 	flag.DurationVar(&c.crashAt, "crash-at", time.Minute, "crash the driver after the first checkpoint committed at or after this time (0: no crash)")
 	flag.Float64Var(&c.stepS, "step", 1, "seconds per fake step")
-	flag.StringVar(&c.isolation, "isolation", "none", "local sandboxes: none, auto or namespace")
+	flag.StringVar(&c.isolation, "isolation", "auto", "local sandboxes: auto (a mount namespace per sandbox when root), namespace or none")
 	flag.IntVar(&c.maxRuns, "max-runs", 0, "the driver's max_runs (0: the number of rollouts)")
 	flag.Parse()
 	if err := run(c); err != nil {
@@ -196,6 +195,10 @@ type result struct {
 		Reason  string `json:"reason"`
 	}
 	attempts int
+	// failed holds the errors of attempts the driver answered with a
+	// failure (not the connection the crash broke): each such rollout
+	// started over from its input on its next attempt.
+	failed []string
 }
 
 func run(c config) error {
@@ -286,8 +289,12 @@ backends:
 			for attempt := 1; attempt <= 3; attempt++ {
 				results[i].attempts = attempt
 				out, code, err := ctl.post(fmt.Sprintf("%s/ng-rollout/%s-a%d/run", currentDriver().url, id, attempt), body, false)
+				if err == nil && code >= 500 && code != 503 {
+					results[i].failed = append(results[i].failed, fmt.Sprintf("attempt %d answered %d: %.400s", attempt, code, out))
+				}
 				if err != nil || code >= 500 && code != 503 || code == 499 {
-					// The driver died under us: wait for the restore.
+					// The driver died under us (or failed the run): wait
+					// for the restore, then post the next attempt.
 					<-restored
 					continue
 				}
@@ -444,9 +451,15 @@ func metric(metrics []byte, name string) map[string]float64 {
 }
 
 func report(c config, results []result, prepares []float64, notParked []string, metrics []byte, peakMB, cpuS float64, wall time.Duration, base string) {
-	lost, pauses, relaunched, resumed := 0, 0, 0, 0
-	var errs []string
+	lost, pauses, relaunched, resumed, failedRuns := 0, 0, 0, 0, 0
+	var errs, failures []string
 	for i, r := range results {
+		if len(r.failed) > 0 {
+			failedRuns++
+			if len(failures) < 5 {
+				failures = append(failures, fmt.Sprintf("soak-%04d: %s", i, r.failed[0]))
+			}
+		}
 		if !r.ok {
 			lost++
 			if len(errs) < 5 {
@@ -508,11 +521,14 @@ func report(c config, results []result, prepares []float64, notParked []string, 
 	}
 	fmt.Printf("| relaunches (resumed the saved session) | %d (%d) |\n", relaunched, resumed)
 	fmt.Printf("| runs lost | %d |\n", lost)
+	fmt.Printf("| runs the driver failed (started over on the next attempt) | %d |\n", failedRuns)
 	fmt.Printf("| runs that repeated a finished step | %d (of %d sessions checked) |\n", repeated, len(bySandboxRollout))
 	fmt.Printf("| driver peak memory (VmHWM, max of both drivers) | %.0f MB |\n", peakMB)
 	fmt.Printf("| driver CPU (both drivers) | %.1f s over %.0f s wall (%.0f%% of one core) |\n", cpuS, wall.Seconds(), 100*cpuS/wall.Seconds())
 	for _, e := range errs {
 		fmt.Printf("\nlost: %s\n", e)
 	}
-	_ = context.Background
+	for _, e := range failures {
+		fmt.Printf("\nfailed: %s\n", e)
+	}
 }
