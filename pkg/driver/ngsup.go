@@ -290,7 +290,12 @@ func stderrLine(res sandbox.ExecResult) string {
 }
 
 // Start launches spec under ngsup run --detach and returns once the
-// supervisor has recorded itself.
+// supervisor has recorded itself. A try whose outcome is unknown (the exec
+// broke, or its answer came back cut) is followed by a look at the launch
+// folder before anything else: a supervisor that started must not be taken
+// for one that could not, or the caller would launch the harness a second
+// time, unsupervised (and a second `ngsup run` on the folder fails because
+// the first one worked).
 func (n *Ngsup) Start(ctx context.Context, sb sandbox.Sandbox, bin string, ref LaunchRef, spec LaunchSpec) error {
 	args := []string{"run", "--dir", ref.Dir, "--id", ref.ID, "--detach"}
 	if spec.Timeout > 0 {
@@ -298,12 +303,21 @@ func (n *Ngsup) Start(ctx context.Context, sb sandbox.Sandbox, bin string, ref L
 	}
 	args = append(append(args, "--"), spec.Argv...)
 	req := sandbox.ExecRequest{Argv: append([]string{bin}, args...), Env: spec.Env, Dir: spec.Dir, Timeout: 60 * time.Second}
+	started := func() bool {
+		r, err := n.Status(ctx, sb, bin, ref)
+		return err == nil && r.ID == ref.ID
+	}
 	var lastErr error
+	unknown := false // some try may have started the supervisor
+	fail := func(err error) error {
+		if unknown && started() {
+			return nil
+		}
+		return err
+	}
 	for attempt := 0; attempt < execAttempts; attempt++ {
 		if attempt > 0 {
-			// The outcome of the last try is unknown: the launch folder's
-			// receipt says whether a supervisor of this launch started.
-			if r, err := n.Status(ctx, sb, bin, ref); err == nil && r.ID == ref.ID {
+			if unknown && started() {
 				return nil
 			}
 			if err := sleepCtx(ctx, backoff(attempt)); err != nil {
@@ -315,24 +329,26 @@ func (n *Ngsup) Start(ctx context.Context, sb sandbox.Sandbox, bin string, ref L
 		case err != nil:
 			lastErr = fmt.Errorf("%w: ngsup run in %s: %v", ErrLaunch, sb.ID(), err)
 			if !transientErr(err) {
-				return lastErr
+				return fail(lastErr)
 			}
+			unknown = true
 			continue
 		case res.ExitCode != 0:
 			lastErr = fmt.Errorf("%w: ngsup run in %s exited %d: %s", ErrLaunch, sb.ID(), res.ExitCode, stderrLine(res))
 			if !busyBinary(res) {
-				return lastErr
+				return fail(lastErr)
 			}
 			continue
 		}
 		var d proto.DetachResult
 		if err := json.Unmarshal(bytes.TrimSpace(res.Stdout), &d); err != nil || d.ID != ref.ID || d.PID <= 0 {
 			lastErr = fmt.Errorf("%w: ngsup run in %s printed %q", ErrLaunch, sb.ID(), truncateBytes(res.Stdout, 200))
+			unknown = true
 			continue
 		}
 		return nil
 	}
-	return lastErr
+	return fail(lastErr)
 }
 
 // Wait blocks up to chunk for the launch to end and returns its receipt and

@@ -12,6 +12,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/proto"
 )
 
 // only returns fake options that turn off every extra process but those
@@ -269,5 +270,56 @@ func TestCutAnswersAreAskedAgain(t *testing.T) {
 	last := waits[len(waits)-1]
 	if last.ExitCode != 0 {
 		t.Errorf("the last wait exited %d, want 0 (ended)", last.ExitCode)
+	}
+}
+
+// TestCutRunAnswerLaunchesOnce proves that an `ngsup run --detach` whose
+// answer comes back cut (the supervisor did start) is never followed by a
+// second harness: every run answer is cut, and the first look at the launch
+// folder fails too, so the driver sends `ngsup run` again, which refuses
+// (the folder holds a launch); the driver then finds the receipt and
+// follows that supervised launch. One launch, supervised, every step once,
+// no unsupervised start.
+func TestCutRunAnswerLaunchesOnce(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	var mu sync.Mutex
+	statuses := 0
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		if len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "status" {
+			mu.Lock()
+			statuses++
+			first := statuses == 1
+			mu.Unlock()
+			if first {
+				return execRes{ExitCode: 2, Stderr: []byte("ngsup: no launch in this folder (drivertest)\n")}, nil
+			}
+		}
+		res, err := next(ctx, req)
+		if err == nil && len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "run" && len(res.Stdout) > 2 {
+			res.Stdout = res.Stdout[:len(res.Stdout)/2]
+		}
+		return res, err
+	})
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("cut-run")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 1 || !r.Launches[0].Supervised {
+		t.Fatalf("want one supervised launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+	if n := len(e.Backend.Verbs("run")); n != 2 {
+		t.Errorf("ngsup run ran %d times, want 2 (the second refused)", n)
+	}
+	for _, x := range e.Backend.Execs() {
+		if len(x.Argv) > 1 && x.Argv[0] == "sh" && x.Argv[1] == "-c" && x.Env[proto.TagEnv] != "" {
+			t.Errorf("the harness was started unsupervised too: %v", x.Argv)
+		}
 	}
 }
