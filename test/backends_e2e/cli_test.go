@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/syncbuf"
 )
 
 // TestNgdriverServeWithEachBackend proves the wiring a user configures:
@@ -85,7 +87,7 @@ func startServer(t *testing.T, w *world, env []string, args ...string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

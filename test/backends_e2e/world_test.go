@@ -1,13 +1,13 @@
 package backends_e2e
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
@@ -68,7 +69,7 @@ type world struct {
 	// osb is the fake OpenSandbox (opensandbox only).
 	osb *fakeexecd.Server
 	log *slog.Logger
-	buf *lockedBuffer
+	buf *syncbuf.Buffer
 
 	mu      sync.Mutex
 	handles []*handle
@@ -80,10 +81,10 @@ func newWorld(t *testing.T, name string) *world {
 		t.Skip("the backends' fakes run sandboxes in mount namespaces of their own: they need root")
 	}
 	base := t.TempDir()
-	w := &world{t: t, name: name, buf: &lockedBuffer{}}
-	var out interface{ Write([]byte) (int, error) } = w.buf
+	w := &world{t: t, name: name, buf: &syncbuf.Buffer{}}
+	var out io.Writer = w.buf
 	if os.Getenv("BACKENDS_E2E_VERBOSE") != "" {
-		out = teeWriter{w.buf, os.Stderr}
+		out = io.MultiWriter(w.buf, os.Stderr)
 	}
 	w.log = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
 	root, work := mountPoint+"/"+local.RootFolder, mountPoint+"/"+local.WorkFolder
@@ -587,31 +588,4 @@ func (o *trackingOwner) seeds(rollout string) []owner.Cookies {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return slices.Clone(o.cookies[rollout])
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-type teeWriter struct {
-	a *lockedBuffer
-	b *os.File
-}
-
-func (w teeWriter) Write(p []byte) (int, error) {
-	w.a.Write(p)
-	return w.b.Write(p)
 }

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
@@ -83,7 +84,7 @@ type world struct {
 	owner   *localowner.Owner
 	ng      *driver.Ngsup
 	log     *slog.Logger
-	logs    *lockedBuffer
+	logs    *syncbuf.Buffer
 	obs     *observer
 
 	mu   sync.Mutex
@@ -105,7 +106,7 @@ func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
 	t.Cleanup(func() { os.RemoveAll(base) })
 	// The rollout id is the base folder's name: unique, and it carries
 	// runTag, so TestMain's last look finds its launches by their tags.
-	w := &world{t: t, rollout: filepath.Base(base), oc: oc, base: base, logs: &lockedBuffer{}, obs: &observer{}}
+	w := &world{t: t, rollout: filepath.Base(base), oc: oc, base: base, logs: &syncbuf.Buffer{}, obs: &observer{}}
 	var out io.Writer = w.logs
 	if os.Getenv(verboseEnv) != "" {
 		out = io.MultiWriter(w.logs, os.Stderr)
@@ -642,21 +643,4 @@ func compareStill(t *testing.T, a, b still) string {
 		b.at.Sub(a.at).Round(time.Millisecond), len(a.procs), strings.Join(procs, ", "), len(a.files),
 		len(a.db["opencode.db"]), len(a.db["opencode.db-wal"]), len(a.db["opencode.db-shm"]),
 		a.supervisor.PID, a.supervisor.CPU(), b.supervisor.CPU())
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

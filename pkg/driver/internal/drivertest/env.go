@@ -1,7 +1,6 @@
 package drivertest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -9,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
@@ -97,7 +98,7 @@ type Env struct {
 	// Tag is this Env's unique word; rollout ids from Rollout carry it.
 	Tag string
 
-	logs    *lockedBuffer
+	logs    *syncbuf.Buffer
 	mu      sync.Mutex
 	handles []*Handle
 }
@@ -124,10 +125,10 @@ func New(t *testing.T) *Env {
 	var tb [4]byte
 	_, _ = rand.Read(tb[:])
 	inner, lender := withBackend(t, lb) // local unless DRIVERTEST_BACKEND names another
-	e := &Env{T: t, Local: lb, Backend: NewBackend(inner), Tag: hex.EncodeToString(tb[:]), logs: &lockedBuffer{}}
-	var w interface{ Write([]byte) (int, error) } = e.logs
+	e := &Env{T: t, Local: lb, Backend: NewBackend(inner), Tag: hex.EncodeToString(tb[:]), logs: &syncbuf.Buffer{}}
+	var w io.Writer = e.logs
 	if os.Getenv("DRIVERTEST_VERBOSE") != "" {
-		w = teeWriter{e.logs, os.Stderr}
+		w = io.MultiWriter(e.logs, os.Stderr)
 	}
 	e.Log = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
 	binaries := driver.DefaultBinaries(ngsupDir)
@@ -144,33 +145,6 @@ func New(t *testing.T) *Env {
 	e.Owner = NewOwner(e.LocalOwner)
 	t.Cleanup(e.cleanup)
 	return e
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-type teeWriter struct {
-	a *lockedBuffer
-	b *os.File
-}
-
-func (w teeWriter) Write(p []byte) (int, error) {
-	w.a.Write(p)
-	return w.b.Write(p)
 }
 
 // Rollout returns a rollout id unique to this Env: name-<tag>.

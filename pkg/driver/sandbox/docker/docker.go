@@ -38,8 +38,8 @@ const Name = "docker"
 
 // Defaults of Options.
 const (
-	DefaultRoot               = "/var/lib/ngharness"
-	DefaultWorkdir            = "/workspace"
+	DefaultRoot               = sandbox.DefaultRoot
+	DefaultWorkdir            = sandbox.DefaultWorkdir
 	DefaultSnapshotRepository = "ngharness-snapshot"
 	// Label marks the containers the backend created.
 	Label = "io.ngharness.sandbox=1"
@@ -99,18 +99,9 @@ func New(opt Options) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker: the client %q: %w", opt.Binary, err)
 	}
-	if opt.Root == "" {
-		opt.Root = DefaultRoot
+	if opt.Root, opt.Workdir, err = sandbox.Folders(opt.Root, opt.Workdir); err != nil {
+		return nil, fmt.Errorf("docker: %w", err)
 	}
-	if opt.Workdir == "" {
-		opt.Workdir = DefaultWorkdir
-	}
-	for what, p := range map[string]string{"root": opt.Root, "workdir": opt.Workdir} {
-		if !path.IsAbs(p) {
-			return nil, fmt.Errorf("docker: the %s %q is not an absolute path", what, p)
-		}
-	}
-	opt.Root, opt.Workdir = path.Clean(opt.Root), path.Clean(opt.Workdir)
 	if len(opt.Command) == 0 {
 		opt.Command = []string{"sleep", "infinity"}
 	}

@@ -44,8 +44,8 @@ const Name = "kubectl"
 // Defaults of Options.
 const (
 	DefaultNamespace = "default"
-	DefaultRoot      = "/var/lib/ngharness"
-	DefaultWorkdir   = "/workspace"
+	DefaultRoot      = sandbox.DefaultRoot
+	DefaultWorkdir   = sandbox.DefaultWorkdir
 	// Label marks the pods the backend created.
 	Label = "app.kubernetes.io/managed-by=ngharness"
 )
@@ -116,18 +116,9 @@ func New(opt Options) (*Backend, error) {
 	if opt.Namespace == "" {
 		opt.Namespace = DefaultNamespace
 	}
-	if opt.Root == "" {
-		opt.Root = DefaultRoot
+	if opt.Root, opt.Workdir, err = sandbox.Folders(opt.Root, opt.Workdir); err != nil {
+		return nil, fmt.Errorf("kubectl: %w", err)
 	}
-	if opt.Workdir == "" {
-		opt.Workdir = DefaultWorkdir
-	}
-	for what, p := range map[string]string{"root": opt.Root, "workdir": opt.Workdir} {
-		if !path.IsAbs(p) {
-			return nil, fmt.Errorf("kubectl: the %s %q is not an absolute path", what, p)
-		}
-	}
-	opt.Root, opt.Workdir = path.Clean(opt.Root), path.Clean(opt.Workdir)
 	if len(opt.Command) == 0 {
 		opt.Command = []string{"sleep", "infinity"}
 	}

@@ -45,10 +45,10 @@ const Name = "opensandbox"
 
 // Defaults of Options.
 const (
-	DefaultRoot    = "/var/lib/ngharness"
-	DefaultWorkdir = "/workspace"
+	DefaultRoot    = sandbox.DefaultRoot
+	DefaultWorkdir = sandbox.DefaultWorkdir
 	// DefaultTimeout bounds a command whose request sets no timeout.
-	DefaultTimeout = 10 * time.Minute
+	DefaultTimeout = sandbox.DefaultTimeout
 	// DefaultRetryFor is how long a request that could not be sent is
 	// tried again.
 	DefaultRetryFor = 30 * time.Second
@@ -116,18 +116,10 @@ func New(opt Options) (*Backend, error) {
 	if !strings.HasPrefix(opt.Server, "http://") && !strings.HasPrefix(opt.Server, "https://") {
 		return nil, fmt.Errorf("opensandbox: the server URL %q is not http:// or https://", opt.Server)
 	}
-	if opt.Root == "" {
-		opt.Root = DefaultRoot
+	var err error
+	if opt.Root, opt.Workdir, err = sandbox.Folders(opt.Root, opt.Workdir); err != nil {
+		return nil, fmt.Errorf("opensandbox: %w", err)
 	}
-	if opt.Workdir == "" {
-		opt.Workdir = DefaultWorkdir
-	}
-	for what, p := range map[string]string{"root": opt.Root, "workdir": opt.Workdir} {
-		if !path.IsAbs(p) {
-			return nil, fmt.Errorf("opensandbox: the %s %q is not an absolute path", what, p)
-		}
-	}
-	opt.Root, opt.Workdir = path.Clean(opt.Root), path.Clean(opt.Workdir)
 	if opt.RetryFor <= 0 {
 		opt.RetryFor = DefaultRetryFor
 	}
@@ -293,24 +285,9 @@ func (s *Sandbox) withExecd(ctx context.Context, what string, call func(*Execd) 
 func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	start := time.Now()
 	fail := sandbox.ExecResult{ExitCode: -1}
-	if err := ctx.Err(); err != nil {
-		return fail, fmt.Errorf("exec in %s: %w", s.id, err)
-	}
-	if req.Dir == "" {
-		req.Dir = s.workdir
-	} else if !path.IsAbs(req.Dir) {
-		req.Dir = path.Join(s.workdir, req.Dir)
-	}
-	timeout := req.Timeout
-	if timeout <= 0 {
-		timeout = DefaultTimeout
-	}
-	line, err := sandbox.CommandLine(req)
+	req, timeout, line, err := sandbox.PrepareExec(ctx, s.id, s.workdir, req)
 	if err != nil {
-		return fail, fmt.Errorf("exec in %s: %w", s.id, err)
-	}
-	if strings.IndexByte(line, 0) >= 0 {
-		return fail, fmt.Errorf("exec in %s: the argv, environment or folder holds a NUL byte", s.id)
+		return fail, err
 	}
 	var stdinFile string
 	if req.Stdin != nil {

@@ -287,7 +287,7 @@ func UploadLine(path string, mode uint32) string {
 }
 
 // DefaultTimeout bounds a command whose request sets no timeout.
-const DefaultTimeout = 10 * time.Minute
+const DefaultTimeout = sandbox.DefaultTimeout
 
 // slack is how much longer than a command's timeout the client may run
 // before it is killed (the timeout itself is enforced inside).
@@ -320,25 +320,9 @@ type Target struct {
 // (sandbox.ErrTransport, or ErrGone if the sandbox is gone).
 func (t *Target) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	start := time.Now()
-	fail := sandbox.ExecResult{ExitCode: -1}
-	if err := ctx.Err(); err != nil {
-		return fail, fmt.Errorf("exec in %s: %w", t.ID, err)
-	}
-	if req.Dir == "" {
-		req.Dir = t.Workdir
-	} else if !strings.HasPrefix(req.Dir, "/") {
-		req.Dir = strings.TrimRight(t.Workdir, "/") + "/" + req.Dir
-	}
-	timeout := req.Timeout
-	if timeout <= 0 {
-		timeout = DefaultTimeout
-	}
-	line, err := sandbox.CommandLine(req)
+	req, timeout, line, err := sandbox.PrepareExec(ctx, t.ID, t.Workdir, req)
 	if err != nil {
-		return fail, fmt.Errorf("exec in %s: %w", t.ID, err)
-	}
-	if strings.IndexByte(line, 0) >= 0 {
-		return fail, fmt.Errorf("exec in %s: the argv, environment or folder holds a NUL byte", t.ID)
+		return sandbox.ExecResult{ExitCode: -1}, err
 	}
 	return t.run(ctx, line, timeout, req.Stdin, nil, start)
 }
