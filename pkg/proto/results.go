@@ -65,6 +65,12 @@ type PauseResult struct {
 	Pending []Pending `json:"pending"`
 	// Error is a one-line reason when Paused is false.
 	Error string `json:"error,omitempty"`
+	// RecoveredFreeze is true when the pause found the launch's cgroup
+	// frozen by a verb that no longer runs (a pause killed between freeze
+	// and thaw) and recovered it.
+	RecoveredFreeze bool `json:"recovered_freeze,omitempty"`
+	// SkippedLines counts unreadable lines skipped in the bookkeeping files.
+	SkippedLines int `json:"skipped_lines,omitempty"`
 }
 
 // ContinueResult is what `ngsup continue` prints.
@@ -80,6 +86,8 @@ type ContinueResult struct {
 	Method string `json:"method"`
 	// Pending lists processes still stopped afterwards.
 	Pending []Pending `json:"pending"`
+	// SkippedLines counts unreadable lines skipped in the bookkeeping files.
+	SkippedLines int `json:"skipped_lines,omitempty"`
 }
 
 // StopResult is what `ngsup stop` prints.
@@ -97,7 +105,37 @@ type StopResult struct {
 	Supervised bool `json:"supervised"`
 	// Survivors lists processes still alive at the end.
 	Survivors []Pending `json:"survivors"`
+	// Searched names the sources this stop looked in for the launch's
+	// processes (Source* constants), in the order it used them.
+	Searched []string `json:"searched"`
+	// Partial is true when the supervisor's tree could not be searched (the
+	// supervisor was gone or never ran): processes it had adopted were
+	// found only through the other sources, so an empty Survivors is not
+	// proof that nothing is left.
+	Partial bool `json:"partial,omitempty"`
+	// OutOfTime is true when the stop reached its own time bound before a
+	// sweep found nothing: Survivors lists what the last sweep saw.
+	OutOfTime bool `json:"out_of_time,omitempty"`
+	// SkippedLines counts unreadable lines skipped in the launch's
+	// bookkeeping files (the known and paused sets).
+	SkippedLines int `json:"skipped_lines,omitempty"`
 }
+
+// Sources a stop (or pause) searches for a launch's processes.
+const (
+	// SourceTree: the supervisor's subtree, read from every thread's
+	// children file while the supervisor lives.
+	SourceTree = "tree"
+	// SourceGroup: the harness's process group, while the harness lives.
+	SourceGroup = "group"
+	// SourceCgroup: the launch's cgroup.
+	SourceCgroup = "cgroup"
+	// SourceKnown: every process an earlier pass or the supervisor
+	// recorded, by pid and start time.
+	SourceKnown = "known"
+	// SourceTag: every process whose environment carries the launch's tag.
+	SourceTag = "tag"
+)
 
 // TreeProc is one process in `ngsup tree --json`.
 type TreeProc struct {
