@@ -184,8 +184,13 @@ func (s *supervisor) endUnstarted(why string) error {
 	return s.write()
 }
 
-// start forks the harness into its own process group (and the launch's
-// cgroup where one can be made), with the launch's tag in its environment.
+// start forks the harness into its own session and process group (and the
+// launch's cgroup where one can be made), with the launch's tag in its
+// environment. In a session of its own the harness's group is orphaned from
+// birth (no member has a parent in another group of the same session), so
+// the supervisor's death changes nothing for it: the kernel sends SIGHUP and
+// SIGCONT only to a group that becomes orphaned while a member is stopped,
+// which would wake a paused launch or kill its members.
 func (s *supervisor) start() error {
 	argv := s.opt.Command
 	path, code, err := lookCommand(argv[0])
@@ -200,7 +205,7 @@ func (s *supervisor) start() error {
 	attr := &syscall.ProcAttr{
 		Env:   taggedEnv(os.Environ(), s.opt.ID),
 		Files: files,
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
 	if !s.opt.NoCgroup {
 		s.cg, _ = CreateCgroup("ngsup-" + s.opt.ID + "-" + strconv.Itoa(os.Getpid()))
@@ -217,7 +222,7 @@ func (s *supervisor) start() error {
 	s.receipt.Started = true
 	s.receipt.StartedAt = s.begin
 	s.receipt.HarnessPID = pid
-	s.receipt.HarnessPGID = pid
+	s.receipt.HarnessPGID = pid // a session leader leads its group too
 	if st, err := ProcFS.ReadStat(pid); err == nil {
 		s.receipt.HarnessStartTicks = st.StartTicks
 	}
