@@ -11,7 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +27,9 @@ import (
 func init() {
 	fixtures["group-harness"] = fixtureGroupHarness
 	fixtures["spin"] = fixtureSpin
+	fixtures["escape-harness"] = fixtureEscapeHarness
+	fixtures["escape-middle"] = fixtureEscapeMiddle
+	fixtures["escaper"] = fixtureEscaper
 }
 
 // fixtureGroupHarness records itself as "harness" and starts, in its own
@@ -57,6 +63,61 @@ func fixtureSpin(args []string) int {
 			x++
 		}
 		time.Sleep(4 * time.Millisecond)
+	}
+}
+
+// fixtureEscapeHarness records itself as "harness", starts "escape-middle"
+// and waits for it, then sleeps forever.
+func fixtureEscapeHarness(args []string) int {
+	must(writeRecord("harness", os.Getpid()))
+	must(helperProc("escape-middle").Run())
+	sleepForever()
+	return 0
+}
+
+// fixtureEscapeMiddle starts "escaper" and exits without waiting for it: the
+// escaper is orphaned, and adopted by the supervisor.
+func fixtureEscapeMiddle(args []string) int {
+	must(helperProc("escaper").Start())
+	return 0
+}
+
+// fixtureEscaper leaves every trace of the launch it can: it starts a
+// session of its own, moves itself out of the launch's cgroup (where it can:
+// to the parent cgroup, on v2 and on the v1 freezer), records itself as
+// "escaper" and becomes a sleep with an empty environment (no tag).
+func fixtureEscaper(args []string) int {
+	_, err := unix.Setsid()
+	must(err)
+	leaveLaunchCgroup()
+	must(writeRecord("escaper", os.Getpid()))
+	must(syscall.Exec("/bin/sleep", []string{"sleep", "1000"}, []string{}))
+	return 0
+}
+
+// leaveLaunchCgroup moves the calling process from every ngsup-* cgroup it
+// is in to that cgroup's parent. Failures are ignored (not root, or no
+// cgroup): the test checks where the process ended up.
+func leaveLaunchCgroup() {
+	data, _ := os.ReadFile("/proc/self/cgroup")
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || !strings.HasPrefix(filepath.Base(parts[2]), "ngsup-") {
+			continue
+		}
+		roots := []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"}
+		if parts[1] != "" {
+			if !slices.Contains(strings.Split(parts[1], ","), "freezer") {
+				continue
+			}
+			roots = []string{"/sys/fs/cgroup/freezer"}
+		}
+		for _, root := range roots {
+			if os.WriteFile(filepath.Join(root, filepath.Dir(parts[2]), "cgroup.procs"), pid, 0) == nil {
+				break
+			}
+		}
 	}
 }
 
@@ -162,5 +223,56 @@ func TestPauseHoldsAfterSupervisorKilled(t *testing.T) {
 		waitRunning(t, procs)
 		l.stop("1s")
 		wantGone(t, procs)
+	})
+}
+
+// TestStopFindsAdoptedAfterSupervisorKilled proves that a process the
+// supervisor adopted is still found by stop once the supervisor is gone,
+// although nothing else names it: a double-forked daemon that started a
+// session of its own, left the launch's cgroup and cleared its environment
+// (so no tag). The supervisor recorded it in the launch's known set when it
+// adopted it; `stop --grace 1s` ends it and exits 0.
+func TestStopFindsAdoptedAfterSupervisorKilled(t *testing.T) {
+	t.Parallel()
+	cgroupModes(t, func(t *testing.T, runFlags []string, method string) {
+		l := newLaunch(t)
+		l.detach(runFlags, helper("escape-harness"))
+		h, d := l.role("harness"), l.role("escaper")
+		l.own(d) // the cleanup kills it by pid and start time if stop did not
+		tag := proto.TagEnv + "=" + l.ID
+		waitFor(t, "the escaper to be adopted by the supervisor and to drop its tag", func() (bool, string) {
+			st, err := readStat(d.PID)
+			if err != nil || st.Start != d.Start {
+				return false, fmt.Sprintf("escaper %v gone: %v", d, err)
+			}
+			return st.PPID == l.Sup.PID && st.Comm == "sleep" && !environHas(d.PID, tag),
+				fmt.Sprintf("ppid %d (supervisor %d), comm %s, tagged %v", st.PPID, l.Sup.PID, st.Comm, environHas(d.PID, tag))
+		})
+		if st, _ := readStat(d.PID); st.SID != d.PID || st.PGID == h.PID {
+			t.Fatalf("fixture: the escaper should lead a session of its own: %+v", st)
+		}
+		if cg := l.status().Cgroup; cg != "" {
+			if bytes.Contains(readFile(fmt.Sprintf("/proc/%d/cgroup", d.PID)), []byte("/"+filepath.Base(cg)+"\n")) {
+				t.Fatalf("fixture: the escaper is still in the launch's cgroup %s", cg)
+			}
+		}
+		// Give the supervisor's timer a moment to record it (not an
+		// assertion: the stop below is the test).
+		line := []byte(fmt.Sprintf("%d ", d.PID))
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if known := readFile(filepath.Join(l.Dir, proto.KnownFile)); bytes.HasPrefix(known, line) || bytes.Contains(known, append([]byte("\n"), line...)) {
+				break
+			}
+		}
+		killSupervisor(t, l)
+		if !alive(d) {
+			t.Fatalf("the escaper %v died with the supervisor", d)
+		}
+		res := l.stop("1s")
+		if alive(d) {
+			st, _ := readStat(d.PID)
+			t.Fatalf("stop left the adopted daemon %v alive (state %c) and answered %+v", d, st.State, res)
+		}
+		wantGone(t, map[string]proc{"harness": h})
 	})
 }

@@ -43,6 +43,11 @@ type RunOptions struct {
 // pollStart is how often a run held by a pause file looks again.
 const pollStart = 20 * time.Millisecond
 
+// recordEvery is how often the supervisor records the processes it holds
+// (its children, among them every orphan it adopted) in the launch's known
+// set, besides at each reap: once it is gone, they are found from there.
+const recordEvery = 250 * time.Millisecond
+
 // forwarded are the signals the supervisor passes on to the harness's group.
 var forwarded = []os.Signal{unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2}
 
@@ -80,6 +85,11 @@ type supervisor struct {
 	begin   time.Time
 	status  unix.WaitStatus
 	exited  bool
+	// held maps the children recorded in the known set to their start
+	// times; a child leaves it when reaped, so a pid reused later by a new
+	// child is recorded again, and the set never outgrows the children.
+	held map[int]uint64
+	kids []int
 }
 
 // newSupervisor checks the options, becomes a child subreaper, and writes the
@@ -120,7 +130,7 @@ func newSupervisor(opt RunOptions) (*supervisor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read own start time: %w", err)
 	}
-	s := &supervisor{opt: opt, sigs: make(chan os.Signal, 64)}
+	s := &supervisor{opt: opt, sigs: make(chan os.Signal, 64), held: map[int]uint64{}}
 	signal.Notify(s.sigs, append([]os.Signal{unix.SIGCHLD}, forwarded...)...)
 	s.receipt = proto.Receipt{
 		ID:                   opt.ID,
@@ -342,17 +352,21 @@ func (s *supervisor) stdio() ([]uintptr, func(), error) {
 }
 
 // loop is the supervisor's one loop: wait for a signal, reap everything,
-// forward what is meant for the harness, until the harness has exited.
+// forward what is meant for the harness, record the processes it holds,
+// until the harness has exited.
 func (s *supervisor) loop() {
 	pgid := s.receipt.HarnessPGID
 	var timeout, kill <-chan time.Time
 	if s.opt.Timeout > 0 {
 		timeout = time.After(s.opt.Timeout)
 	}
+	record := time.NewTicker(recordEvery)
+	defer record.Stop()
 	// The harness may have exited before the signal handler saw it.
 	if s.reap() {
 		return
 	}
+	s.record()
 	for {
 		select {
 		case sig := <-s.sigs:
@@ -360,9 +374,12 @@ func (s *supervisor) loop() {
 				if s.reap() {
 					return
 				}
+				s.record()
 				continue
 			}
 			unix.Kill(-pgid, sig.(unix.Signal))
+		case <-record.C:
+			s.record()
 		case <-timeout:
 			timeout = nil
 			if left := s.runningTimeLeft(); left > 0 {
@@ -419,12 +436,39 @@ func (s *supervisor) reap() bool {
 		if err != nil || pid <= 0 {
 			break
 		}
+		delete(s.held, pid)
 		if pid == hpid && !s.exited {
 			s.exited = true
 			s.status = ws
 		}
 	}
 	return s.exited
+}
+
+// record appends to the launch's known set (pid and start time) every child
+// of the supervisor not recorded yet: the harness and every orphan it
+// adopted. The walk of a later stop or pause finds their descendants. The
+// children of every thread are read: each thread's file lists only the
+// children it forked or adopted.
+func (s *supervisor) record() {
+	self := os.Getpid()
+	s.kids, _ = ProcFS.Children(self, 0, s.kids[:0])
+	var fresh []proto.Proc
+	for _, pid := range s.kids {
+		if _, ok := s.held[pid]; ok {
+			continue
+		}
+		st, err := ProcFS.ReadStat(pid)
+		if err != nil || st.PPID != self {
+			continue
+		}
+		s.held[pid] = st.StartTicks
+		fresh = append(fresh, procOf(st))
+	}
+	l := Launch{Dir: s.opt.Dir}
+	if err := l.remember(fresh); err != nil {
+		s.opt.Log("ngsup: launch %s: %v", s.opt.ID, err)
+	}
 }
 
 // finish waits (briefly) for the harness's process group to empty, reaping,
@@ -445,6 +489,9 @@ func (s *supervisor) finish() (int, error) {
 		unix.Kill(-pgid, unix.SIGKILL)
 		time.Sleep(5 * time.Millisecond)
 	}
+	// What outlives the harness (detached processes it adopted) is found
+	// from the known set once the supervisor has exited.
+	s.record()
 	code := -1
 	switch {
 	case s.status.Exited():
