@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -218,7 +217,7 @@ func (s *supervisor) start() error {
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
 	if !s.opt.NoCgroup {
-		s.cg, _ = CreateCgroup("ngsup-" + s.opt.ID + "-" + strconv.Itoa(os.Getpid()))
+		s.cg, _ = CreateCgroup(cgroupName(s.opt.ID, os.Getpid()))
 	}
 	pid, err := s.fork(path, argv, attr)
 	if err != nil {
@@ -508,7 +507,9 @@ func (s *supervisor) finish() (int, error) {
 		s.receipt.Error = "processes were left in the harness's process group after it exited"
 	}
 	if s.cg != nil {
-		s.cg.Remove() // stays while detached processes live in it
+		// It stays while detached processes live in it: a later stop, wait
+		// or status that finds it empty removes it.
+		s.cg.Release(time.Second, false)
 	}
 	if err := s.write(); err != nil {
 		return code, err
