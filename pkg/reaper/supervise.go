@@ -84,10 +84,10 @@ type supervisor struct {
 	begin   time.Time
 	status  unix.WaitStatus
 	exited  bool
-	// held maps the children recorded in the known set to their start
-	// times; a child leaves it when reaped, so a pid reused later by a new
-	// child is recorded again, and the set never outgrows the children.
-	held map[int]uint64
+	// held are the children already recorded in the known set; a child
+	// leaves it when reaped, so a pid reused later by a new child is
+	// recorded again, and the set never outgrows the children.
+	held map[int]bool
 	kids []int
 }
 
@@ -129,7 +129,7 @@ func newSupervisor(opt RunOptions) (*supervisor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read own start time: %w", err)
 	}
-	s := &supervisor{opt: opt, sigs: make(chan os.Signal, 64), held: map[int]uint64{}}
+	s := &supervisor{opt: opt, sigs: make(chan os.Signal, 64), held: map[int]bool{}}
 	signal.Notify(s.sigs, append([]os.Signal{unix.SIGCHLD}, forwarded...)...)
 	s.receipt = proto.Receipt{
 		ID:                   opt.ID,
@@ -454,14 +454,14 @@ func (s *supervisor) record() {
 	s.kids, _ = ProcFS.Children(self, 0, s.kids[:0])
 	var fresh []proto.Proc
 	for _, pid := range s.kids {
-		if _, ok := s.held[pid]; ok {
+		if s.held[pid] {
 			continue
 		}
 		st, err := ProcFS.ReadStat(pid)
 		if err != nil || st.PPID != self {
 			continue
 		}
-		s.held[pid] = st.StartTicks
+		s.held[pid] = true
 		fresh = append(fresh, procOf(st))
 	}
 	l := Launch{Dir: s.opt.Dir}
