@@ -25,8 +25,10 @@ func newRunCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "run --dir D --id ID [--detach] [--timeout DUR] -- CMD ARGS...",
 		Short: "Launch CMD as the harness, supervised",
-		Long: `Launch CMD as the harness: its own process group, ngsup as the child subreaper
-of everything it starts, and NEMO_GYM_HARNESS_LAUNCH=ID in its environment.
+		Long: `Launch CMD as the harness: its own session and process group (so that the
+supervisor's death, even while the launch is paused, neither wakes nor hangs
+up the harness's group), ngsup as the child subreaper of everything it starts,
+and NEMO_GYM_HARNESS_LAUNCH=ID in its environment.
 Refuses to start if D/stop exists; waits while D/pause exists. When the harness
 exits, what it left in its process group is killed and reaped, and the receipt
 records the end.

@@ -33,9 +33,9 @@ func TestRunSupervisorIsSubreaper(t *testing.T) {
 	}
 }
 
-// TestRunHarnessOwnProcessGroup proves that the harness leads a process
-// group of its own (pgid == harness pid), which is not the supervisor's, and
-// that the receipt records it.
+// TestRunHarnessOwnProcessGroup proves that the harness leads a session and
+// a process group of its own (sid == pgid == harness pid), which are not the
+// supervisor's, and that the receipt records the group.
 func TestRunHarnessOwnProcessGroup(t *testing.T) {
 	t.Parallel()
 	l := newLaunch(t)
@@ -54,6 +54,9 @@ func TestRunHarnessOwnProcessGroup(t *testing.T) {
 	}
 	if st.PGID == sup.PGID {
 		t.Errorf("harness shares the supervisor's process group %d", sup.PGID)
+	}
+	if st.SID != h.PID || st.SID == sup.SID {
+		t.Errorf("harness %d is in session %d (the supervisor's is %d), want its own", h.PID, st.SID, sup.SID)
 	}
 	if st.PPID != l.Sup.PID {
 		t.Errorf("harness's parent is %d, want the supervisor %d", st.PPID, l.Sup.PID)

@@ -17,7 +17,8 @@ func newWaitCmd() *cobra.Command {
 		Long: `Block until the launch has ended, or until --timeout passes, then print the
 receipt as one line of JSON. Exit 0 when the launch has ended, 3 when it is
 still running. A launch whose supervisor died without recording the end, with
-its harness gone too, is reported ended with exit_code -1 and an error.`,
+its harness gone too, is reported ended with exit_code -1 and an error. The
+cgroup of an ended launch is removed when nothing is left in it.`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, args []string) error {
 			if timeout < 0 {

@@ -90,6 +90,12 @@ func under(m mount, self string) string {
 	return filepath.Join(m.point, rel)
 }
 
+// cgroupName is the name of the cgroup the supervisor (pid) makes for the
+// launch id.
+func cgroupName(id string, pid int) string {
+	return "ngsup-" + id + "-" + strconv.Itoa(pid)
+}
+
 // CreateCgroup makes a cgroup named name beside nothing else of the sandbox:
 // a child of this process's own cgroup, on the v2 hierarchy if one is mounted
 // and writable, else under the v1 freezer. It returns ErrNoCgroup (wrapped)
@@ -282,4 +288,31 @@ func (c *Cgroup) Remove() error {
 		return fmt.Errorf("remove cgroup %s: %w", c.Path, err)
 	}
 	return nil
+}
+
+// Release removes the cgroup once it is empty, and reports whether it is
+// gone. rmdir fails (EBUSY) until the kernel has let go of every member, a
+// moment after the last one was reaped, so Release tries again for up to d.
+// While cgroup.procs still lists a process it gives up at once (a detached
+// process lives on in it), unless dying says those listed were killed and
+// are on their way out.
+func (c *Cgroup) Release(d time.Duration, dying bool) bool {
+	deadline := time.Now().Add(d)
+	wait := time.Millisecond
+	for {
+		err := unix.Rmdir(c.Path)
+		if err == nil || err == unix.ENOENT {
+			return true
+		}
+		if err != unix.EBUSY || time.Now().After(deadline) {
+			return false
+		}
+		if !dying {
+			if pids, err := c.Procs(); err != nil || len(pids) > 0 {
+				return false
+			}
+		}
+		time.Sleep(wait)
+		wait = min(wait*2, 20*time.Millisecond)
+	}
 }

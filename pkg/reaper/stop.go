@@ -109,7 +109,7 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 	}
 	slices.SortFunc(res.Survivors, func(a, b proto.Pending) int { return a.PID - b.PID })
 	if l.Cgroup != nil && len(res.Survivors) == 0 {
-		l.Cgroup.Remove()
+		l.Cgroup.Release(time.Second, true)
 	}
 	res.Stopped = len(res.Survivors) == 0
 	res.ElapsedMS = ms(time.Since(begin))

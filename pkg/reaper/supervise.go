@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -42,6 +41,11 @@ type RunOptions struct {
 
 // pollStart is how often a run held by a pause file looks again.
 const pollStart = 20 * time.Millisecond
+
+// recordEvery is how often the supervisor records the processes it holds
+// (its children, among them every orphan it adopted) in the launch's known
+// set, besides at each reap: once it is gone, they are found from there.
+const recordEvery = 250 * time.Millisecond
 
 // forwarded are the signals the supervisor passes on to the harness's group.
 var forwarded = []os.Signal{unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2}
@@ -80,6 +84,11 @@ type supervisor struct {
 	begin   time.Time
 	status  unix.WaitStatus
 	exited  bool
+	// held are the children already recorded in the known set; a child
+	// leaves it when reaped, so a pid reused later by a new child is
+	// recorded again, and the set never outgrows the children.
+	held map[int]bool
+	kids []int
 }
 
 // newSupervisor checks the options, becomes a child subreaper, and writes the
@@ -120,7 +129,7 @@ func newSupervisor(opt RunOptions) (*supervisor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read own start time: %w", err)
 	}
-	s := &supervisor{opt: opt, sigs: make(chan os.Signal, 64)}
+	s := &supervisor{opt: opt, sigs: make(chan os.Signal, 64), held: map[int]bool{}}
 	signal.Notify(s.sigs, append([]os.Signal{unix.SIGCHLD}, forwarded...)...)
 	s.receipt = proto.Receipt{
 		ID:                   opt.ID,
@@ -184,8 +193,13 @@ func (s *supervisor) endUnstarted(why string) error {
 	return s.write()
 }
 
-// start forks the harness into its own process group (and the launch's
-// cgroup where one can be made), with the launch's tag in its environment.
+// start forks the harness into its own session and process group (and the
+// launch's cgroup where one can be made), with the launch's tag in its
+// environment. In a session of its own the harness's group is orphaned from
+// birth (no member has a parent in another group of the same session), so
+// the supervisor's death changes nothing for it: the kernel sends SIGHUP and
+// SIGCONT only to a group that becomes orphaned while a member is stopped,
+// which would wake a paused launch or kill its members.
 func (s *supervisor) start() error {
 	argv := s.opt.Command
 	path, code, err := lookCommand(argv[0])
@@ -200,10 +214,10 @@ func (s *supervisor) start() error {
 	attr := &syscall.ProcAttr{
 		Env:   taggedEnv(os.Environ(), s.opt.ID),
 		Files: files,
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
 	if !s.opt.NoCgroup {
-		s.cg, _ = CreateCgroup("ngsup-" + s.opt.ID + "-" + strconv.Itoa(os.Getpid()))
+		s.cg, _ = CreateCgroup(cgroupName(s.opt.ID, os.Getpid()))
 	}
 	pid, err := s.fork(path, argv, attr)
 	if err != nil {
@@ -217,7 +231,7 @@ func (s *supervisor) start() error {
 	s.receipt.Started = true
 	s.receipt.StartedAt = s.begin
 	s.receipt.HarnessPID = pid
-	s.receipt.HarnessPGID = pid
+	s.receipt.HarnessPGID = pid // a session leader leads its group too
 	if st, err := ProcFS.ReadStat(pid); err == nil {
 		s.receipt.HarnessStartTicks = st.StartTicks
 	}
@@ -337,17 +351,21 @@ func (s *supervisor) stdio() ([]uintptr, func(), error) {
 }
 
 // loop is the supervisor's one loop: wait for a signal, reap everything,
-// forward what is meant for the harness, until the harness has exited.
+// forward what is meant for the harness, record the processes it holds,
+// until the harness has exited.
 func (s *supervisor) loop() {
 	pgid := s.receipt.HarnessPGID
 	var timeout, kill <-chan time.Time
 	if s.opt.Timeout > 0 {
 		timeout = time.After(s.opt.Timeout)
 	}
+	record := time.NewTicker(recordEvery)
+	defer record.Stop()
 	// The harness may have exited before the signal handler saw it.
 	if s.reap() {
 		return
 	}
+	s.record()
 	for {
 		select {
 		case sig := <-s.sigs:
@@ -355,9 +373,12 @@ func (s *supervisor) loop() {
 				if s.reap() {
 					return
 				}
+				s.record()
 				continue
 			}
 			unix.Kill(-pgid, sig.(unix.Signal))
+		case <-record.C:
+			s.record()
 		case <-timeout:
 			timeout = nil
 			if left := s.runningTimeLeft(); left > 0 {
@@ -414,12 +435,39 @@ func (s *supervisor) reap() bool {
 		if err != nil || pid <= 0 {
 			break
 		}
+		delete(s.held, pid)
 		if pid == hpid && !s.exited {
 			s.exited = true
 			s.status = ws
 		}
 	}
 	return s.exited
+}
+
+// record appends to the launch's known set (pid and start time) every child
+// of the supervisor not recorded yet: the harness and every orphan it
+// adopted. The walk of a later stop or pause finds their descendants. The
+// children of every thread are read: each thread's file lists only the
+// children it forked or adopted.
+func (s *supervisor) record() {
+	self := os.Getpid()
+	s.kids, _ = ProcFS.Children(self, 0, s.kids[:0])
+	var fresh []proto.Proc
+	for _, pid := range s.kids {
+		if s.held[pid] {
+			continue
+		}
+		st, err := ProcFS.ReadStat(pid)
+		if err != nil || st.PPID != self {
+			continue
+		}
+		s.held[pid] = true
+		fresh = append(fresh, procOf(st))
+	}
+	l := Launch{Dir: s.opt.Dir}
+	if err := l.remember(fresh); err != nil {
+		s.opt.Log("ngsup: launch %s: %v", s.opt.ID, err)
+	}
 }
 
 // finish waits (briefly) for the harness's process group to empty, reaping,
@@ -440,6 +488,9 @@ func (s *supervisor) finish() (int, error) {
 		unix.Kill(-pgid, unix.SIGKILL)
 		time.Sleep(5 * time.Millisecond)
 	}
+	// What outlives the harness (detached processes it adopted) is found
+	// from the known set once the supervisor has exited.
+	s.record()
 	code := -1
 	switch {
 	case s.status.Exited():
@@ -456,7 +507,9 @@ func (s *supervisor) finish() (int, error) {
 		s.receipt.Error = "processes were left in the harness's process group after it exited"
 	}
 	if s.cg != nil {
-		s.cg.Remove() // stays while detached processes live in it
+		// It stays while detached processes live in it: a later stop, wait
+		// or status that finds it empty removes it.
+		s.cg.Release(time.Second, false)
 	}
 	if err := s.write(); err != nil {
 		return code, err

@@ -1,6 +1,7 @@
 package reaper
 
 import (
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -45,6 +46,7 @@ func Wait(dir string, timeout time.Duration) (*proto.Receipt, int, error) {
 	lastCheck := time.Time{}
 	for {
 		if l.Receipt.Ended {
+			removeEndedCgroup(l.Receipt)
 			return l.Receipt, proto.ExitOK, nil
 		}
 		if time.Since(lastCheck) >= waitCheck {
@@ -124,11 +126,30 @@ func (w dirWatch) close() {
 	}
 }
 
-// Status returns the launch's receipt.
+// Status returns the launch's receipt. An ended launch's cgroup is removed
+// if it is empty.
 func Status(dir string) (*proto.Receipt, error) {
 	dir, err := proto.ValidateDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	return proto.ReadReceipt(dir)
+	r, err := proto.ReadReceipt(dir)
+	if err == nil {
+		removeEndedCgroup(r)
+	}
+	return r, err
+}
+
+// removeEndedCgroup removes the cgroup of an ended launch if it is empty:
+// the supervisor leaves it while a detached process lives in it, and when
+// that process ends by itself, the next verb to look is the one that sees
+// it empty. Only a folder named as the supervisor names the launch's cgroup
+// is touched.
+func removeEndedCgroup(r *proto.Receipt) {
+	if !r.Ended || filepath.Base(r.Cgroup) != cgroupName(r.ID, r.SupervisorPID) {
+		return
+	}
+	if cg := OpenCgroup(r.Cgroup, r.CgroupVersion); cg != nil {
+		cg.Remove()
+	}
 }
