@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"path"
 	"strings"
 	"time"
@@ -28,7 +29,8 @@ type Options struct {
 	OpenCode string `json:"opencode"`
 	// ModelURL is the model server's base URL (OpenAI-compatible, without
 	// /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added, as the
-	// framework does, so every model call is attributed to its rollout.
+	// framework does, so every model call is attributed to its rollout (the
+	// segment escaped: see rolloutSegment).
 	ModelURL string `json:"model_url"`
 	// Model is the served model's name; APIKey is sent to it.
 	Model  string `json:"model"`
@@ -182,9 +184,11 @@ func (a *Adapter) env(st State, rollout string, attempt int) (map[string]string,
 }
 
 // rolloutSegment is the path segment that attributes model calls to a
-// rollout attempt: <id>-a<attempt>.
+// rollout attempt: <id>-a<attempt>, escaped as one path segment, so that
+// no character of the id ('/', '?', '#', '%', a space) changes the URL's
+// shape, and the model server reads the exact id back.
 func rolloutSegment(rollout string, attempt int) string {
-	return fmt.Sprintf("%s-a%d", strings.ReplaceAll(rollout, "/", "_"), attempt)
+	return url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
 }
 
 // taskText reads the task from a run body: "task", or the last user input
