@@ -120,7 +120,9 @@ func fakeSandbox(t *testing.T, mode string) (*Adapter, driver.LentSandbox, json.
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := State{Home: path.Join(sb.Root(), "state", "opencode", "r1-a1-1")}
+	// A state folder whose name a shell would act on: the commands the
+	// adapter builds must pass it as data.
+	st := State{Home: path.Join(sb.Root(), "state", "opencode", `r1 it's $(touch pwned) "x"; touch pwned2 #`)}
 	if err := sb.Upload(context.Background(), path.Join(st.Home, taskFileName), []byte(fakeTask), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -170,6 +172,11 @@ func TestExportPastAPipeIsReadWhole(t *testing.T) {
 	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"ls", "-a", home.Home}})
 	if err != nil || strings.Contains(string(res.Stdout), exportFileName) || strings.Contains(string(res.Stdout), sessionsFileName) {
 		t.Errorf("the state folder holds %q (%v), want no %s or %s left", res.Stdout, err, exportFileName, sessionsFileName)
+	}
+	for _, f := range []string{"pwned", "pwned2"} {
+		if res, _ := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"test", "-e", f}}); res.ExitCode == 0 {
+			t.Errorf("the state folder's name ran a command: %s exists in the workdir", f)
+		}
 	}
 	t.Logf("export of %d bytes read whole through a non-blocking writer by the decision (%q) and the response", len(fakeExport(fakeExportSize)), d.Reason)
 }
