@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
-	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
@@ -38,7 +37,7 @@ func TestRolloutURLEscapedInOpenCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Timeout: 3 * time.Minute})
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, Timeout: patience})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("opencode run: exit %d (%v): %.2000s", res.ExitCode, err, res.Stderr)
 	}
