@@ -9,10 +9,12 @@
 package opencode
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"path"
 	"strings"
 	"time"
@@ -27,7 +29,8 @@ type Options struct {
 	OpenCode string `json:"opencode"`
 	// ModelURL is the model server's base URL (OpenAI-compatible, without
 	// /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added, as the
-	// framework does, so every model call is attributed to its rollout.
+	// framework does, so every model call is attributed to its rollout (the
+	// segment escaped: see rolloutSegment).
 	ModelURL string `json:"model_url"`
 	// Model is the served model's name; APIKey is sent to it.
 	Model  string `json:"model"`
@@ -181,9 +184,11 @@ func (a *Adapter) env(st State, rollout string, attempt int) (map[string]string,
 }
 
 // rolloutSegment is the path segment that attributes model calls to a
-// rollout attempt: <id>-a<attempt>.
+// rollout attempt: <id>-a<attempt>, escaped as one path segment, so that
+// no character of the id ('/', '?', '#', '%', a space) changes the URL's
+// shape, and the model server reads the exact id back.
 func rolloutSegment(rollout string, attempt int) string {
-	return fmt.Sprintf("%s-a%d", strings.ReplaceAll(rollout, "/", "_"), attempt)
+	return url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
 }
 
 // taskText reads the task from a run body: "task", or the last user input
@@ -303,16 +308,40 @@ type exportedPart struct {
 	} `json:"state"`
 }
 
+// Files the adapter has OpenCode write its JSON output to, in the rollout's
+// folder, before reading them back (see runToFile).
+const (
+	sessionsFileName = "sessions.json"
+	exportFileName   = "export.json"
+)
+
+// toFileScript runs "$@" with its stdout in the file $1 (its folder made
+// first), prints the file and removes it; it exits with the first failure.
+// Everything it is given arrives as an argument, never as shell text.
+const toFileScript = `out=$1; shift
+mkdir -p -- "${out%/*}" && "$@" >"$out" && cat -- "$out"
+rc=$?; rm -f -- "$out"; exit $rc`
+
+// runToFile runs OpenCode with args in the sandbox and returns what it
+// printed. OpenCode writes its stdout to a file inside the sandbox, which
+// is then read with cat: written straight into the exec channel's pipe,
+// OpenCode exits before the pipe drains, and anything past the first 64 KiB
+// or so is lost (a 195 KB export came through whole in 2 to 3 runs of 10);
+// written to a file it is always whole, and cat waits for the pipe.
+func (a *Adapter) runToFile(ctx context.Context, sb driver.LentSandbox, env map[string]string, file string, args ...string) (sandbox.ExecResult, error) {
+	argv := append([]string{"/bin/sh", "-c", toFileScript, "sh", file, a.opt.OpenCode}, args...)
+	return sb.Exec(ctx, sandbox.ExecRequest{Argv: argv, Env: env, Dir: sb.Workdir(), Timeout: 2 * time.Minute})
+}
+
 // export runs `opencode export` in the sandbox for the rollout's latest
-// session. It returns nil, nil when there is no session.
+// session. It returns nil, nil when there is no session. An export that is
+// not one whole JSON document is taken again once before it is an error.
 func (a *Adapter) export(ctx context.Context, sb driver.LentSandbox, st State, rollout string, attempt int) (*exported, json.RawMessage, error) {
 	env, err := a.env(st, rollout, attempt)
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{
-		Argv: []string{a.opt.OpenCode, "session", "list", "--format", "json"}, Env: env, Dir: sb.Workdir(), Timeout: 2 * time.Minute,
-	})
+	res, err := a.runToFile(ctx, sb, env, path.Join(st.Home, sessionsFileName), "session", "list", "--format", "json")
 	if err != nil {
 		return nil, nil, fmt.Errorf("opencode: list sessions: %w", err)
 	}
@@ -341,29 +370,44 @@ func (a *Adapter) export(ctx context.Context, sb driver.LentSandbox, st State, r
 	if id == "" {
 		return nil, nil, nil
 	}
-	res, err = sb.Exec(ctx, sandbox.ExecRequest{
-		Argv: []string{a.opt.OpenCode, "export", id}, Env: env, Dir: sb.Workdir(), Timeout: 2 * time.Minute,
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("opencode: export session %s: %w", id, err)
+	for try := 1; ; try++ {
+		res, err = a.runToFile(ctx, sb, env, path.Join(st.Home, exportFileName), "export", id)
+		if err != nil {
+			return nil, nil, fmt.Errorf("opencode: export session %s: %w", id, err)
+		}
+		if res.ExitCode != 0 {
+			return nil, nil, fmt.Errorf("opencode: export session %s exited %d: %.300s", id, res.ExitCode, res.Stderr)
+		}
+		e, raw, err := parseExport(res.Stdout)
+		if err == nil {
+			return e, raw, nil
+		}
+		if try == 2 {
+			return nil, nil, fmt.Errorf("opencode: the export of session %s is not one whole JSON document (%d bytes, twice): %w", id, len(res.Stdout), err)
+		}
 	}
-	if res.ExitCode != 0 {
-		return nil, nil, fmt.Errorf("opencode: export session %s exited %d: %.300s", id, res.ExitCode, res.Stderr)
-	}
-	raw := res.Stdout
-	if i := strings.IndexByte(string(raw), '{'); i > 0 {
+}
+
+// parseExport reads what `opencode export` printed: a banner, then the
+// session as one JSON document, which must be whole.
+func parseExport(out []byte) (*exported, json.RawMessage, error) {
+	raw := out
+	if i := bytes.IndexByte(raw, '{'); i > 0 {
 		raw = raw[i:] // a banner before the JSON
 	}
 	var e exported
 	if err := json.Unmarshal(raw, &e); err != nil {
-		return nil, nil, fmt.Errorf("opencode: read the export of %s: %w", id, err)
+		return nil, nil, err
 	}
 	return &e, json.RawMessage(raw), nil
 }
 
 // ResumeDecision implements driver.Adapter: a saved session is continued
 // only if it starts with the task and holds a completed model response;
-// otherwise the relaunch starts over with the task in a fresh folder.
+// otherwise the relaunch starts over with the task in a fresh folder. A
+// saved session (or task) that cannot be read starts over too, the reason
+// naming what failed: the rollout goes on. Only a cancelled ctx, or a
+// state that names no folder, is an error.
 func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, rollout string, attempt int) (driver.Decision, error) {
 	st, err := parseState(raw)
 	if err != nil {
@@ -375,14 +419,20 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 	}
 	e, _, err := a.export(ctx, sb, st, rollout, attempt)
 	if err != nil {
-		return driver.Decision{}, err
+		if ctx.Err() != nil {
+			return driver.Decision{}, err
+		}
+		return fresh(fmt.Sprintf("the saved session could not be read (%v)", err))
 	}
 	if e == nil {
 		return fresh("the saved data folder holds no session")
 	}
 	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(st.Home, taskFileName)}, Timeout: time.Minute})
 	if err != nil {
-		return driver.Decision{}, fmt.Errorf("opencode: read the task beside the session: %w", err)
+		if ctx.Err() != nil {
+			return driver.Decision{}, err
+		}
+		return fresh(fmt.Sprintf("the task beside the saved session could not be read (%v)", err))
 	}
 	if res.ExitCode != 0 {
 		return fresh("the saved data folder holds no task")

@@ -14,7 +14,11 @@
 // and the static resume helper (ngresume) re-enters the saved user turn, so
 // the model sees the interrupted tool result and no user message is added;
 // a saved session with no model response starts fresh; a python3 of 3.6
-// first on PATH does not break the relaunch.
+// first on PATH does not break the relaunch; a session whose export is
+// over 200 KB is read whole by the resume decision and the response; a
+// rollout id holding '?', '#', '/' or '%' reaches the model on its own
+// path. One test documents a limit rather than a feature: time paused
+// counts toward OpenCode's tool timeouts.
 //
 // TestMain builds the static ngsup and ngresume. A test that needs OpenCode
 // fails when it is missing and CI is set, and skips otherwise, naming

@@ -329,7 +329,9 @@ func (w *world) exportSaved(root string) session {
 }
 
 // runOpenCode runs OpenCode on the host in a process group of its own,
-// killed if it runs past its time, and returns its stdout.
+// killed if it runs past its time, and returns its stdout. Its stdout is a
+// file, not a pipe: OpenCode exits before a pipe drains and loses what it
+// wrote past 64 KiB.
 func (w *world) runOpenCode(env []string, dir string, args ...string) []byte {
 	w.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -339,10 +341,19 @@ func (w *world) runOpenCode(env []string, dir string, args ...string) []byte {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	stdout, err := os.CreateTemp(w.t.TempDir(), "stdout-")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer stdout.Close()
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		w.t.Fatalf("opencode %s: %v: %s", strings.Join(args, " "), err, stderr.String())
 	}
-	return stdout.Bytes()
+	out, err := os.ReadFile(stdout.Name())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return out
 }
