@@ -40,14 +40,12 @@ func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 	if l.unstarted() {
 		return finish(proto.ExitOK)
 	}
-	paused, err := readProcSet(l.path(proto.PausedFile))
-	if err != nil {
-		return res, proto.ExitInternal, err
-	}
+	paused, skipped := readProcSet(l.path(proto.PausedFile))
 	f, err := newFinder(l, false)
 	if err != nil {
 		return res, proto.ExitInternal, err
 	}
+	res.SkippedLines = skipped + f.skipped
 	res.Method = f.method(false)
 	if l.Cgroup != nil {
 		if frozen, _ := l.Cgroup.Frozen(); frozen {

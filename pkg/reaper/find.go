@@ -103,6 +103,7 @@ type finder struct {
 	tag     string
 	sweep   bool // also the tag scan and the known set, even when supervised
 	known   []proto.Proc
+	skipped int // lines of the known set that were not records
 	cgname  []byte
 }
 
@@ -127,11 +128,7 @@ func newFinder(l *Launch, sweep bool) (*finder, error) {
 		f.cgname = []byte("/" + filepath.Base(l.Cgroup.Path))
 	}
 	if sweep || !l.Supervised {
-		known, err := readProcSet(l.path(proto.KnownFile))
-		if err != nil {
-			return nil, err
-		}
-		f.known = known
+		f.known, f.skipped = readProcSet(l.path(proto.KnownFile))
 	}
 	return f, nil
 }

@@ -1,9 +1,10 @@
 package reaper
 
 import (
-	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -195,36 +196,96 @@ func touch(path string, content string) (bool, error) {
 	return true, nil
 }
 
+// Caps on what is read of a bookkeeping file (the known and paused sets).
+// A record is "pid start" (optionally a third field), at most a few dozen
+// bytes, so maxProcSetBytes (16 MiB) holds hundreds of thousands of them. A
+// larger file is read from its last maxProcSetBytes, where the newest records
+// are; the part before counts as one skipped line. A line longer than
+// maxProcSetLine is not a record and is skipped.
+const (
+	maxProcSetBytes = 16 << 20
+	maxProcSetLine  = 256
+)
+
 // readProcSet reads a file of "pid start" lines. A missing file is empty.
-func readProcSet(path string) ([]proto.Proc, error) {
+// It never fails: lines that are not records (garbage, a torn last line, a
+// line too long) are skipped and counted, and a file that cannot be read
+// counts as one skipped line, so that no bookkeeping file can keep a verb
+// from using its other ways of finding the launch's processes.
+func readProcSet(path string) ([]proto.Proc, int) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, 0
 	}
 	if err != nil {
-		return nil, err
+		return nil, 1
 	}
 	defer f.Close()
+	skipped := 0
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return nil, 1
+	}
+	cut := fi.Size() > maxProcSetBytes
+	if cut {
+		if _, err := f.Seek(fi.Size()-maxProcSetBytes, io.SeekStart); err != nil {
+			return nil, 1
+		}
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxProcSetBytes))
+	if err != nil {
+		skipped++ // what was read is still used
+	}
+	if cut {
+		// The records before the cut, and the line the cut fell in.
+		skipped++
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			data = data[i+1:]
+		} else {
+			data = nil
+		}
+	}
 	var out []proto.Proc
 	seen := map[proto.Proc]bool{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		a, b, ok := strings.Cut(strings.TrimSpace(sc.Text()), " ")
-		if !ok {
-			continue // a torn last line from a crash: skip it
+	for len(data) > 0 {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			data = nil
 		}
-		pid, err1 := strconv.Atoi(a)
-		start, err2 := strconv.ParseUint(b, 10, 64)
-		if err1 != nil || err2 != nil || pid <= 0 {
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 {
 			continue
 		}
-		p := proto.Proc{PID: pid, StartTicks: start}
+		p, ok := parseProcLine(line)
+		if !ok {
+			skipped++
+			continue
+		}
 		if !seen[p] {
 			seen[p] = true
 			out = append(out, p)
 		}
 	}
-	return out, sc.Err()
+	return out, skipped
+}
+
+// parseProcLine parses one "pid start" record.
+func parseProcLine(line []byte) (proto.Proc, bool) {
+	if len(line) > maxProcSetLine {
+		return proto.Proc{}, false
+	}
+	a, b, ok := bytes.Cut(line, []byte(" "))
+	if !ok {
+		return proto.Proc{}, false
+	}
+	pid, err1 := strconv.Atoi(string(a))
+	start, err2 := strconv.ParseUint(string(b), 10, 64)
+	if err1 != nil || err2 != nil || pid <= 0 {
+		return proto.Proc{}, false
+	}
+	return proto.Proc{PID: pid, StartTicks: start}, true
 }
 
 func formatProcSet(procs []proto.Proc) []byte {

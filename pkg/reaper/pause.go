@@ -83,6 +83,7 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 		return res, proto.ExitInternal, err
 	}
 	res.Supervised = l.Supervised
+	res.SkippedLines = p.f.skipped
 	ok := p.run()
 	res.Method = p.f.method(p.frozen)
 	res.Passes = p.passes
@@ -102,7 +103,9 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	}
 	held := p.held()
 	// Keep what an earlier pause of the same hold recorded, if still alive.
-	if prev, _ := readProcSet(l.path(proto.PausedFile)); len(prev) > 0 && !created {
+	prev, skipped := readProcSet(l.path(proto.PausedFile))
+	res.SkippedLines += skipped
+	if len(prev) > 0 && !created {
 		for _, q := range prev {
 			if !slices.Contains(held, q) && l.FS.Alive(q) {
 				held = append(held, q)

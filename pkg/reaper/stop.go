@@ -50,6 +50,7 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		return res, proto.ExitInternal, err
 	}
 	res.Method = f.method(false)
+	res.SkippedLines = f.skipped
 	if l.Cgroup != nil {
 		l.Cgroup.Thaw() // a frozen task cannot act on SIGINT
 	}
