@@ -1,6 +1,9 @@
 package main
 
 import (
+	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,16 +19,31 @@ func newStopCmd() *cobra.Command {
 		Short: "End every process of the launch and confirm none is left",
 		Long: `Create D/stop (a launch that has not started never starts), send SIGINT to every
 process of the launch and SIGCONT so it lands on stopped ones, SIGKILL after
---grace, then SIGKILL again to anything still found, until none is left. Works
-when the supervisor is gone: processes are then found by their tag, by what
-earlier passes recorded, and as descendants of those.
+--grace, then SIGKILL again to anything still found, until none is left.
+Processes are found through the supervisor's tree, the harness's process group
+and the launch's cgroup. Only when the supervisor is gone (or never ran) does
+stop search every process for the launch's tag, and what earlier passes
+recorded: a stop never sweeps by tag while the supervisor lives, so a launch
+elsewhere with the same id is left alone.
+
+Prints {"stopped","interrupted","killed","elapsed_ms","method","supervised",
+"survivors":[...],"searched":[...]}; "searched" names the sources used (tree,
+group, cgroup, known, tag), "partial" is true when the supervisor's tree could
+not be searched (then "stopped" means none of the other sources names a live
+process: a process the supervisor had adopted and none of them names may be
+left, and stderr says so).
 Exit 0 none left, 4 survivors listed.`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, args []string) error {
 			if grace < 0 {
 				return usagef("--grace %s is negative", grace)
 			}
-			return result(reaper.StopLaunch(dir, id, grace))
+			res, code, err := reaper.StopLaunch(dir, id, grace)
+			if err == nil && res.Partial {
+				fmt.Fprintf(os.Stderr, "ngsup: stop --dir %s: the supervisor was gone, so its tree could not be searched (searched: %s)\n",
+					dir, strings.Join(res.Searched, ", "))
+			}
+			return result(res, code, err)
 		},
 	}
 	addDirFlag(c, &dir)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -87,6 +88,11 @@ func TestStopAfterSupervisorKilled(t *testing.T) {
 		if res.Supervised || res.Method != proto.MethodScan {
 			t.Errorf("stop: supervised %v method %q, want false %q", res.Supervised, res.Method, proto.MethodScan)
 		}
+		// The reply says the tree could not be searched, and what was.
+		if !res.Partial || slices.Contains(res.Searched, proto.SourceTree) ||
+			!slices.Contains(res.Searched, proto.SourceTag) || !slices.Contains(res.Searched, proto.SourceKnown) {
+			t.Errorf("stop: partial %v searched %v, want true, the tag and the known set, not the tree", res.Partial, res.Searched)
+		}
 		wantGone(t, procs)
 		r := l.verb("wait", "--timeout", "10s")
 		wantCode(t, r, 0)
@@ -120,5 +126,40 @@ func TestStopLeavesOtherLaunchesAlone(t *testing.T) {
 	}
 	if rc := b.status(); rc.Ended {
 		t.Errorf("the other launch ended: %+v", rc)
+	}
+}
+
+// TestStopLeavesLaunchWithSameIDAlone proves that a stop sweeps by tag only
+// when the supervisor is gone: two supervised launches with the same id in
+// two folders (ids can collide, and local sandboxes share one pid
+// namespace), and a stop of one leaves every process of the other running,
+// its supervisor alive and its launch not ended. The stop's reply names the
+// sources it searched: the tree, not the tag, and is not partial.
+func TestStopLeavesLaunchWithSameIDAlone(t *testing.T) {
+	t.Parallel()
+	a, b := newLaunch(t), newLaunch(t)
+	b.ID = a.ID
+	roles := []string{"harness", "bg", "setsid", "daemon", "noenv"}
+	a.detach(nil, helper("harness", "-bg", "-setsid", "-daemon", "-noenv"))
+	b.detach(nil, helper("harness", "-bg", "-setsid", "-daemon", "-noenv"))
+	pa, pb := map[string]proc{}, map[string]proc{}
+	for _, role := range roles {
+		pa[role], pb[role] = a.role(role), b.role(role)
+	}
+	res := a.stop("1s")
+	wantGone(t, pa)
+	for _, name := range sortedKeys(pb) {
+		if ok, why := running(pb[name]); !ok {
+			t.Errorf("the other launch's %s: %s", name, why)
+		}
+	}
+	if !alive(proc{b.Sup.PID, b.Sup.StartTicks}) {
+		t.Errorf("the other launch's supervisor is gone")
+	}
+	if rc := b.status(); rc.Ended {
+		t.Errorf("the other launch ended: %+v", rc)
+	}
+	if res.Partial || !slices.Contains(res.Searched, proto.SourceTree) || slices.Contains(res.Searched, proto.SourceTag) {
+		t.Errorf("stop of a supervised launch: partial %v searched %v, want false, the tree and not the tag", res.Partial, res.Searched)
 	}
 }

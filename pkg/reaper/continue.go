@@ -41,10 +41,7 @@ func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 		return finish(proto.ExitOK)
 	}
 	paused, skipped := readProcSet(l.path(proto.PausedFile))
-	f, err := newFinder(l, false)
-	if err != nil {
-		return res, proto.ExitInternal, err
-	}
+	f := newFinder(l)
 	res.SkippedLines = skipped + f.skipped
 	res.Method = f.method(false)
 	if l.Cgroup != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -94,21 +95,32 @@ func kill(pid int, sig unix.Signal) error {
 }
 
 // finder finds the processes of a launch: the supervisor's subtree, the
-// launch's cgroup, and (as the fallback, or when sweep is set) every process
-// carrying the launch's tag and every process an earlier pass recorded, with
-// all their descendants.
+// harness (by the receipt's pid and start time) and its descendants, the
+// launch's cgroup; and, as the fallback for a supervisor that is gone or
+// never ran, every process carrying the launch's tag and every process an
+// earlier pass recorded, with all their descendants.
+//
+// The tag is searched only when the supervisor was already gone when the
+// verb began. Launch ids can collide (local sandboxes share one pid
+// namespace), and while the supervisor lives its tree holds every process of
+// the launch; a supervisor that exits during the verb (a stop ends the
+// harness, and the supervisor with it) leaves what the verb already found,
+// which its passes keep following, and the known set, which names processes
+// by pid and start time and so cannot name another launch's.
 type finder struct {
-	l       *Launch
-	exclude map[int]bool
-	tag     string
-	sweep   bool // also the tag scan and the known set, even when supervised
-	known   []proto.Proc
-	skipped int // lines of the known set that were not records
-	cgname  []byte
+	l         *Launch
+	exclude   map[int]bool
+	tag       string
+	fallback  bool // the supervisor was gone (or never ran) when the verb began
+	known     []proto.Proc
+	readKnown bool // the known set was read from the launch folder
+	skipped   int  // lines of the known set that were not records
+	cgname    []byte
+	used      map[string]bool // sources searched (Source* constants)
 }
 
-func newFinder(l *Launch, sweep bool) (*finder, error) {
-	f := &finder{l: l, exclude: map[int]bool{0: true, 1: true}, sweep: sweep}
+func newFinder(l *Launch) *finder {
+	f := &finder{l: l, exclude: map[int]bool{0: true, 1: true}, fallback: !l.Supervised, used: map[string]bool{}}
 	if l.ID != "" {
 		f.tag = proto.TagEnv + "=" + l.ID
 	}
@@ -127,10 +139,37 @@ func newFinder(l *Launch, sweep bool) (*finder, error) {
 	if l.Cgroup != nil {
 		f.cgname = []byte("/" + filepath.Base(l.Cgroup.Path))
 	}
-	if sweep || !l.Supervised {
-		f.known, f.skipped = readProcSet(l.path(proto.KnownFile))
+	if f.fallback {
+		f.loadKnown()
 	}
-	return f, nil
+	return f
+}
+
+// loadKnown adds the launch's known set to what the finder follows, once.
+func (f *finder) loadKnown() {
+	if f.readKnown {
+		return
+	}
+	f.readKnown = true
+	known, skipped := readProcSet(f.l.path(proto.KnownFile))
+	f.skipped += skipped
+	for _, p := range known {
+		if !slices.Contains(f.known, p) {
+			f.known = append(f.known, p)
+		}
+	}
+}
+
+// searched lists the sources the finder used, in the order of the
+// Source* constants.
+func (f *finder) searched() []string {
+	out := []string{}
+	for _, s := range []string{proto.SourceTree, proto.SourceGroup, proto.SourceCgroup, proto.SourceKnown, proto.SourceTag} {
+		if f.used[s] {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // method names how this finder reaches the processes.
@@ -180,6 +219,7 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 	// supervisor lives. It is checked on every pass: it may exit mid-stop.
 	l.Supervised = l.Receipt != nil && l.FS.Live(l.supervisor())
 	if l.Supervised {
+		f.used[proto.SourceTree] = true
 		sup := l.Receipt.SupervisorPID
 		var queue []candidate
 		kids, _ = l.FS.Children(sup, 0, kids[:0])
@@ -193,8 +233,12 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 	if h := l.harness(); h.PID > 0 {
 		queue = append(queue, candidate{pid: h.PID, start: h.StartTicks, src: fromKnown})
 	}
+	if !l.Supervised {
+		f.loadKnown() // the supervisor is gone: what it recorded is needed now
+	}
 	if l.Cgroup != nil {
 		if pids, err := l.Cgroup.Procs(); err == nil {
+			f.used[proto.SourceCgroup] = true
 			for _, p := range pids {
 				if _, ok := seen[p]; !ok {
 					queue = append(queue, candidate{pid: p, src: fromCgroup})
@@ -202,13 +246,17 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 			}
 		}
 	}
+	if f.readKnown {
+		f.used[proto.SourceKnown] = true
+	}
 	for _, p := range f.known {
 		if _, ok := seen[p.PID]; !ok {
 			queue = append(queue, candidate{pid: p.PID, start: p.StartTicks, src: fromKnown})
 		}
 	}
-	if f.tag != "" && (f.sweep || !l.Supervised) {
+	if f.tag != "" && f.fallback {
 		if pids, err := l.FS.PIDs(); err == nil {
+			f.used[proto.SourceTag] = true
 			for _, p := range pids {
 				if _, ok := seen[p]; !ok && !f.exclude[p] && l.FS.HasEnv(p, f.tag) {
 					queue = append(queue, candidate{pid: p, src: fromTag})

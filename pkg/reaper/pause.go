@@ -153,10 +153,7 @@ type pauser struct {
 }
 
 func newPauser(l *Launch, opt PauseOptions) (*pauser, error) {
-	f, err := newFinder(l, false)
-	if err != nil {
-		return nil, err
-	}
+	f := newFinder(l)
 	if opt.StopBudget == 0 {
 		opt.StopBudget = StopBudget
 	}

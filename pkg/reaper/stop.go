@@ -19,9 +19,13 @@ const killBudget = 5 * time.Second
 // has not started never starts), sends SIGINT to every process and SIGCONT so
 // the SIGINT lands on stopped ones, SIGKILL after the grace, then SIGKILL
 // again to anything still found, until a sweep finds nothing. Processes are
-// found through the supervisor's tree, the cgroup, the tag, and every process
-// an earlier pass recorded, with their descendants: a stop works on a launch
-// whose supervisor is gone. Exit 0 none left, 4 survivors listed.
+// found through the supervisor's tree, the harness's group and the cgroup;
+// when the supervisor is gone (or never ran), through the tag and every
+// process an earlier pass recorded instead of the tree, each with its
+// descendants. The reply names the sources searched, and says Partial when
+// the tree could not be: then an empty Survivors means none of the other
+// sources names a live process, not that none is left. Exit 0 none left
+// (as far as the sources searched tell), 4 survivors listed.
 func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 	return StopLaunch(dir, "", grace)
 }
@@ -30,7 +34,7 @@ func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 // runs without a supervisor): its processes are found by their tag.
 func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, error) {
 	begin := time.Now()
-	res := proto.StopResult{Method: proto.MethodNone, Survivors: []proto.Pending{}}
+	res := proto.StopResult{Method: proto.MethodNone, Survivors: []proto.Pending{}, Searched: []string{}}
 	l, unlock, code, err := openLocked(dir, id, true)
 	if err != nil {
 		return res, code, err
@@ -45,10 +49,7 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		res.ElapsedMS = ms(time.Since(begin))
 		return res, proto.ExitOK, nil
 	}
-	f, err := newFinder(l, true)
-	if err != nil {
-		return res, proto.ExitInternal, err
-	}
+	f := newFinder(l)
 	res.Method = f.method(false)
 	res.SkippedLines = f.skipped
 	if l.Cgroup != nil {
@@ -69,7 +70,9 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		f.learn(found)
 		return found
 	}
-	l.signalGroup(unix.SIGINT)
+	if l.signalGroup(unix.SIGINT) {
+		f.used[proto.SourceGroup] = true
+	}
 	l.signalGroup(unix.SIGCONT)
 	found := interrupt()
 	deadline := begin.Add(grace)
@@ -113,6 +116,8 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		l.Cgroup.Remove()
 	}
 	res.Stopped = len(res.Survivors) == 0
+	res.Searched = f.searched()
+	res.Partial = f.fallback
 	res.ElapsedMS = ms(time.Since(begin))
 	if !res.Stopped {
 		return res, proto.ExitNotConfirmed, nil
