@@ -225,6 +225,22 @@ func (c *Cgroup) Frozen() (bool, error) {
 	return string(bytes.TrimSpace(data)) == "FROZEN", nil
 }
 
+// FreezeAsked reports whether a freeze of the cgroup was asked for and not
+// undone (v2: cgroup.freeze holds 1; v1: freezer.state is FROZEN or
+// FREEZING), whether or not the kernel has finished it.
+func (c *Cgroup) FreezeAsked() bool {
+	file := "freezer.state"
+	if c.Version == 2 {
+		file = "cgroup.freeze"
+	}
+	data, err := os.ReadFile(filepath.Join(c.Path, file))
+	if err != nil {
+		return false
+	}
+	v := string(bytes.TrimSpace(data))
+	return v == "1" || v == "FROZEN" || v == "FREEZING"
+}
+
 // Freeze freezes the cgroup and confirms it before deadline. If the freeze
 // cannot be confirmed it thaws the cgroup back and returns an error, so a
 // failed freeze never leaves a half-frozen launch.

@@ -84,6 +84,7 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	}
 	res.Supervised = l.Supervised
 	res.SkippedLines = p.f.skipped
+	res.RecoveredFreeze = p.recoverFreeze()
 	ok := p.run()
 	res.Method = p.f.method(p.frozen)
 	res.Passes = p.passes
@@ -218,6 +219,12 @@ func (p *pauser) freezeAndStop() {
 	if err := p.l.Cgroup.Freeze(time.Now().Add(time.Second)); err != nil {
 		return
 	}
+	p.stopFrozen()
+}
+
+// stopFrozen sends SIGSTOP to every member of the frozen cgroup and thaws
+// it: each member takes its SIGSTOP before it runs another instruction.
+func (p *pauser) stopFrozen() {
 	p.frozen = true
 	if pids, err := p.l.Cgroup.Procs(); err == nil {
 		for _, pid := range pids {
@@ -225,6 +232,26 @@ func (p *pauser) freezeAndStop() {
 		}
 	}
 	p.l.Cgroup.Thaw()
+}
+
+// recoverFreeze handles a cgroup found frozen (or freezing) when the pause
+// begins. The control verbs are serialised by the folder's lock, which this
+// pause holds, so no running verb holds that freeze: a pause was killed
+// between its freeze and its thaw. Waiting for T would spin the whole budget
+// (frozen tasks never show T), so the freeze is finished as the pause's own:
+// SIGSTOP to every member while frozen, then thaw. It reports whether it
+// found such a freeze.
+func (p *pauser) recoverFreeze() bool {
+	if p.l.Cgroup == nil || !p.l.Cgroup.FreezeAsked() {
+		return false
+	}
+	// Let a freeze the kernel has not finished complete, so that no member
+	// runs between the listing and its SIGSTOP; one that cannot complete
+	// is thawed back by Freeze, and the pause goes on with signals alone.
+	if err := p.l.Cgroup.Freeze(time.Now().Add(time.Second)); err == nil {
+		p.stopFrozen()
+	}
+	return true
 }
 
 // step is one pass. Every process reached is checked; one not stopped yet is
