@@ -31,14 +31,20 @@ Prints {"stopped","interrupted","killed","elapsed_ms","method","supervised",
 group, cgroup, known, tag), "partial" is true when the supervisor's tree could
 not be searched (then "stopped" means none of the other sources names a live
 process: a process the supervisor had adopted and none of them names may be
-left, and stderr says so).
-Exit 0 none left, 4 survivors listed.`,
+left, and stderr says so). With --id, a receipt that cannot be read (corrupt,
+or of an unknown version) does not stop the stop: the launch is found by its
+tag, the receipt is left as it is, and "receipt_error" says why it was not used.
+Exit 0 none left, 4 survivors listed; 2 for a bad or unwritable launch folder
+(nothing is stopped).`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, args []string) error {
 			if grace < 0 {
 				return usagef("--grace %s is negative", grace)
 			}
 			res, code, err := reaper.StopLaunch(dir, id, grace)
+			if err == nil && res.ReceiptError != "" {
+				fmt.Fprintf(os.Stderr, "ngsup: stop --dir %s: the receipt is unreadable, stopped by the launch's tag instead: %s\n", dir, res.ReceiptError)
+			}
 			if err == nil && res.Partial {
 				fmt.Fprintf(os.Stderr, "ngsup: stop --dir %s: the supervisor was gone, so its tree could not be searched (searched: %s)\n",
 					dir, strings.Join(res.Searched, ", "))
@@ -48,6 +54,6 @@ Exit 0 none left, 4 survivors listed.`,
 	}
 	addDirFlag(c, &dir)
 	c.Flags().DurationVar(&grace, "grace", reaper.DefaultGrace, "time between SIGINT and SIGKILL")
-	c.Flags().StringVar(&id, "id", "", "the launch id, for a launch run without a supervisor (no receipt): found by its tag")
+	c.Flags().StringVar(&id, "id", "", "the launch id, for a launch run without a supervisor (no receipt), or whose receipt is unreadable: found by its tag")
 	return c
 }

@@ -25,7 +25,7 @@ func Continue(dir string) (proto.ContinueResult, int, error) {
 func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 	begin := time.Now()
 	res := proto.ContinueResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
-	l, unlock, code, err := openLocked(dir, id, id != "")
+	l, unlock, code, err := openLocked(dir, lockOptions{id: id, create: id != "", undone: "continued"})
 	if err != nil {
 		return res, code, err
 	}

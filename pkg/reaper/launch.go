@@ -33,6 +33,9 @@ type Launch struct {
 	Supervised bool
 	// Cgroup is the launch's cgroup, nil when it has none.
 	Cgroup *Cgroup
+	// ReceiptErr is why the receipt could not be read, when a stop named
+	// by id went on without it (found by its tag).
+	ReceiptErr error
 }
 
 // OpenLaunch reads dir's receipt. A folder with no receipt is a launch that
@@ -40,17 +43,31 @@ type Launch struct {
 // not exist is ErrNoLaunch only when create is false; with create it is made,
 // so that pause or stop can leave their file for a run that starts later.
 func OpenLaunch(dir string, create bool) (*Launch, error) {
+	l, err := openFolder(dir, create)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.readReceipt(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// openFolder checks dir (and makes it with create) without reading the
+// receipt.
+func openFolder(dir string, create bool) (*Launch, error) {
 	dir, err := proto.ValidateDir(dir)
 	if err != nil {
 		return nil, err
 	}
 	l := &Launch{Dir: dir, FS: ProcFS}
-	if create {
+	fi, err := os.Stat(dir)
+	if create && errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("%w: create %s: %v", proto.ErrBadDir, dir, err)
 		}
+		fi, err = os.Stat(dir)
 	}
-	fi, err := os.Stat(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("%w: %s does not exist", proto.ErrNoLaunch, dir)
@@ -60,40 +77,80 @@ func OpenLaunch(dir string, create bool) (*Launch, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("%w: %s is not a folder", proto.ErrBadDir, dir)
 	}
-	r, err := proto.ReadReceipt(dir)
-	if err != nil && !errors.Is(err, proto.ErrNoLaunch) {
-		return nil, err
-	}
-	if err == nil {
-		l.Receipt = r
-		l.ID = r.ID
-		l.Supervised = l.FS.Live(l.supervisor())
-		l.Cgroup = OpenCgroup(r.Cgroup, r.CgroupVersion)
-	}
 	return l, nil
+}
+
+// readReceipt reads the receipt into l; a folder without one leaves
+// Receipt nil.
+func (l *Launch) readReceipt() error {
+	r, err := proto.ReadReceipt(l.Dir)
+	if errors.Is(err, proto.ErrNoLaunch) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	l.Receipt = r
+	l.ID = r.ID
+	l.Supervised = l.FS.Live(l.supervisor())
+	l.Cgroup = OpenCgroup(r.Cgroup, r.CgroupVersion)
+	return nil
+}
+
+// lockOptions says how a control verb opens its launch.
+type lockOptions struct {
+	// id names the launch when it has no receipt (--id).
+	id string
+	// create makes the folder when it does not exist.
+	create bool
+	// undone is what the verb would have done, for the message of a
+	// folder it cannot write ("paused", "continued", "stopped").
+	undone string
+	// byTag goes on with id when the receipt cannot be read (corrupt, or
+	// of an unknown version): the launch is then found by its tag, and
+	// ReceiptErr says why the receipt was not used. Only stop does this:
+	// ending a launch must not depend on its record being whole.
+	byTag bool
 }
 
 // openLocked opens the launch for a control verb (pause, continue, stop):
 // it names it by id when it has no receipt, takes the folder's lock, and
 // re-reads the receipt under it (the run may have started meanwhile). It
-// returns the release of the lock, or the exit code of the failure.
-func openLocked(dir, id string, create bool) (*Launch, func(), int, error) {
-	l, err := OpenLaunch(dir, create)
+// returns the release of the lock, or the exit code of the failure. A
+// folder it cannot write is a bad launch folder (exit 2): nothing is done
+// to any process, and the error says so.
+func openLocked(dir string, opt lockOptions) (*Launch, func(), int, error) {
+	l, err := openFolder(dir, opt.create)
 	if err == nil {
-		err = l.Adopt(id)
+		err = l.readReceipt()
+		if err != nil && opt.byTag && opt.id != "" &&
+			(errors.Is(err, proto.ErrCorruptReceipt) || errors.Is(err, proto.ErrUnknownVersion)) {
+			l.ReceiptErr, err = err, nil
+		}
+	}
+	if err == nil {
+		err = l.Adopt(opt.id)
 	}
 	if err != nil {
 		return nil, nil, proto.ExitUsage, err
 	}
 	unlock, err := l.Lock()
 	if err != nil {
-		return nil, nil, proto.ExitInternal, err
+		return nil, nil, proto.ExitUsage, unwritable(err, opt.undone)
 	}
-	if err := l.Reload(); err != nil && l.Receipt != nil {
-		unlock()
-		return nil, nil, proto.ExitUsage, err
+	if l.ReceiptErr == nil {
+		if err := l.Reload(); err != nil && l.Receipt != nil {
+			unlock()
+			return nil, nil, proto.ExitUsage, err
+		}
 	}
 	return l, unlock, proto.ExitOK, nil
+}
+
+// unwritable is the error of a launch folder in which the verb could not
+// create its file: exit 2, and nothing was done.
+func unwritable(err error, undone string) error {
+	return fmt.Errorf("%w: %v; nothing was %s", proto.ErrBadDir, err, undone)
 }
 
 // Adopt names the launch when it has no receipt: an unsupervised launch,
@@ -156,9 +213,10 @@ func (l *Launch) Lock() (func(), error) {
 }
 
 func lockDir(dir string) (func(), error) {
-	fd, err := unix.Open(filepath.Join(dir, proto.LockFile), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+	path := filepath.Join(dir, proto.LockFile)
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("open lock of %s: %w", dir, err)
+		return nil, fmt.Errorf("cannot write in %s: open %s: %w", dir, path, err)
 	}
 	for {
 		err = unix.Flock(fd, unix.LOCK_EX)

@@ -53,14 +53,14 @@ type PauseOptions struct {
 func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	begin := time.Now()
 	res := proto.PauseResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
-	l, unlock, code, err := openLocked(dir, opt.ID, true)
+	l, unlock, code, err := openLocked(dir, lockOptions{id: opt.ID, create: true, undone: "paused"})
 	if err != nil {
 		return res, code, err
 	}
 	defer unlock()
 	created, err := touch(l.path(proto.PauseFile), strconv.FormatInt(time.Now().UnixNano(), 10))
 	if err != nil {
-		return res, proto.ExitInternal, err
+		return res, proto.ExitUsage, unwritable(err, "paused")
 	}
 	done := func() (proto.PauseResult, int, error) {
 		res.ElapsedMS = ms(time.Since(begin))

@@ -35,13 +35,16 @@ func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, error) {
 	begin := time.Now()
 	res := proto.StopResult{Method: proto.MethodNone, Survivors: []proto.Pending{}, Searched: []string{}}
-	l, unlock, code, err := openLocked(dir, id, true)
+	l, unlock, code, err := openLocked(dir, lockOptions{id: id, create: true, undone: "stopped", byTag: true})
 	if err != nil {
 		return res, code, err
 	}
 	defer unlock()
 	if _, err := touch(l.path(proto.StopFile), ""); err != nil {
-		return res, proto.ExitInternal, err
+		return res, proto.ExitUsage, unwritable(err, "stopped")
+	}
+	if l.ReceiptErr != nil {
+		res.ReceiptError = l.ReceiptErr.Error()
 	}
 	res.Supervised = l.Supervised
 	if l.Receipt == nil && l.ID == "" {
