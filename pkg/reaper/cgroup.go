@@ -292,6 +292,27 @@ func (c *Cgroup) Kill() bool {
 	return c.write("cgroup.kill", "1") == nil
 }
 
+// KillAll sends SIGKILL to every process in the cgroup at once: through
+// cgroup.kill where the kernel offers it (v2, which also kills what is forked
+// meanwhile), else by freezing the cgroup (so no member forks or exits while
+// it is listed), sending SIGKILL to each member by pid, and thawing it (a
+// frozen task dies once thawed). With a freeze that cannot be confirmed
+// before deadline, the members listed are killed all the same.
+func (c *Cgroup) KillAll(deadline time.Time) {
+	if c.Kill() {
+		return
+	}
+	err := c.Freeze(deadline)
+	if pids, perr := c.Procs(); perr == nil {
+		for _, pid := range pids {
+			kill(pid, unix.SIGKILL)
+		}
+	}
+	if err == nil {
+		c.Thaw()
+	}
+}
+
 // Remove deletes the cgroup if it is empty.
 func (c *Cgroup) Remove() error {
 	if err := unix.Rmdir(c.Path); err != nil && err != unix.ENOENT {

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
-	"slices"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -117,10 +117,15 @@ type finder struct {
 	skipped   int  // lines of the known set that were not records
 	cgname    []byte
 	used      map[string]bool // sources searched (Source* constants)
+	isKnown   map[proto.Proc]bool
+	// deadline, when set, ends a pass early (a fork storm can outgrow a
+	// walk); cut says the last pass was ended so.
+	deadline time.Time
+	cut      bool
 }
 
 func newFinder(l *Launch) *finder {
-	f := &finder{l: l, exclude: map[int]bool{0: true, 1: true}, fallback: !l.Supervised, used: map[string]bool{}}
+	f := &finder{l: l, exclude: map[int]bool{0: true, 1: true}, fallback: !l.Supervised, used: map[string]bool{}, isKnown: map[proto.Proc]bool{}}
 	if l.ID != "" {
 		f.tag = proto.TagEnv + "=" + l.ID
 	}
@@ -153,11 +158,21 @@ func (f *finder) loadKnown() {
 	f.readKnown = true
 	known, skipped := readProcSet(f.l.path(proto.KnownFile))
 	f.skipped += skipped
-	for _, p := range known {
-		if !slices.Contains(f.known, p) {
+	f.add(known)
+}
+
+// add appends to the known processes the ones not there yet, and returns
+// those.
+func (f *finder) add(procs []proto.Proc) []proto.Proc {
+	var fresh []proto.Proc
+	for _, p := range procs {
+		if !f.isKnown[p] {
+			f.isKnown[p] = true
 			f.known = append(f.known, p)
+			fresh = append(fresh, p)
 		}
 	}
+	return fresh
 }
 
 // searched lists the sources the finder used, in the order of the
@@ -189,9 +204,16 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 	seen := map[int]Stat{}
 	l := f.l
 	var kids []int
+	f.cut = false
+	late := func() bool {
+		if !f.cut && !f.deadline.IsZero() && time.Now().After(f.deadline) {
+			f.cut = true
+		}
+		return f.cut
+	}
 	// drain visits the queued candidates and all their descendants.
 	drain := func(queue []candidate) {
-		for len(queue) > 0 {
+		for len(queue) > 0 && !late() {
 			c := queue[0]
 			queue = queue[1:]
 			if f.exclude[c.pid] {
@@ -258,6 +280,9 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 		if pids, err := l.FS.PIDs(); err == nil {
 			f.used[proto.SourceTag] = true
 			for _, p := range pids {
+				if late() {
+					break
+				}
 				if _, ok := seen[p]; !ok && !f.exclude[p] && l.FS.HasEnv(p, f.tag) {
 					queue = append(queue, candidate{pid: p, src: fromTag})
 				}
