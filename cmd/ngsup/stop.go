@@ -46,7 +46,7 @@ Exit 0 none left, 4 survivors listed; 2 for a bad or unwritable launch folder
 				fmt.Fprintf(os.Stderr, "ngsup: stop --dir %s: the receipt is unreadable, stopped by the launch's tag instead: %s\n", dir, res.ReceiptError)
 			}
 			if err == nil && res.Partial {
-				fmt.Fprintf(os.Stderr, "ngsup: stop --dir %s: the supervisor was gone, so its tree could not be searched (searched: %s)\n",
+				fmt.Fprintf(os.Stderr, "ngsup: stop --dir %s: no supervisor lives (it is gone, or never ran), so its tree could not be searched (searched: %s)\n",
 					dir, strings.Join(res.Searched, ", "))
 			}
 			return result(res, code, err)

@@ -40,7 +40,7 @@ func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 	if l.unstarted() {
 		return finish(proto.ExitOK)
 	}
-	paused, skipped := readProcSet(l.path(proto.PausedFile))
+	paused, inodes, skipped := readProcSet(l.path(proto.PausedFile)) // inodes: none written today, read where present
 	f := newFinder(l)
 	res.SkippedLines = skipped + f.skipped
 	res.Method = f.method(false)
@@ -81,7 +81,7 @@ func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 			res.Continued++
 			continue
 		}
-		if l.FS.Signal(p, unix.SIGCONT) == nil {
+		if l.FS.signalAs(p, inodes[p], unix.SIGCONT) == nil {
 			res.Continued++
 		} else {
 			res.Skipped++

@@ -30,6 +30,7 @@ type candidate struct {
 	pid    int
 	parent int    // fromChild: the process it was listed under
 	start  uint64 // fromKnown: its start time
+	inode  uint64 // fromKnown: its pidfs inode number where recorded (0: none)
 	src    source
 }
 
@@ -42,8 +43,9 @@ type visitFunc func(t *target)
 // after the check cannot receive what was meant for the process checked.
 type target struct {
 	Stat
-	fs FS
-	fd int
+	fs    FS
+	fd    int
+	inode uint64 // the pidfs inode recorded for it (0: none)
 }
 
 // Signal sends sig to the target if it is still the process that was
@@ -54,6 +56,9 @@ func (t *target) Signal(sig unix.Signal) error {
 		switch {
 		case err == nil:
 			t.fd = fd
+			if t.inode != 0 && havePidfs() && fdInode(fd) != t.inode {
+				return ErrNotSameProcess
+			}
 		case err == unix.ESRCH:
 			return ErrNoProcess
 		case err == unix.ENOSYS:
@@ -118,6 +123,7 @@ type finder struct {
 	cgname    []byte
 	used      map[string]bool // sources searched (Source* constants)
 	isKnown   map[proto.Proc]bool
+	inodes    map[proto.Proc]uint64 // pidfs inodes the known set recorded
 	// deadline, when set, ends a pass early (a fork storm can outgrow a
 	// walk); cut says the last pass was ended so.
 	deadline time.Time
@@ -125,7 +131,7 @@ type finder struct {
 }
 
 func newFinder(l *Launch) *finder {
-	f := &finder{l: l, exclude: map[int]bool{0: true, 1: true}, fallback: !l.Supervised, used: map[string]bool{}, isKnown: map[proto.Proc]bool{}}
+	f := &finder{l: l, exclude: map[int]bool{0: true, 1: true}, fallback: !l.Supervised, used: map[string]bool{}, isKnown: map[proto.Proc]bool{}, inodes: map[proto.Proc]uint64{}}
 	if l.ID != "" {
 		f.tag = proto.TagEnv + "=" + l.ID
 	}
@@ -156,8 +162,13 @@ func (f *finder) loadKnown() {
 		return
 	}
 	f.readKnown = true
-	known, skipped := readProcSet(f.l.path(proto.KnownFile))
+	known, inodes, skipped := readProcSet(f.l.path(proto.KnownFile))
 	f.skipped += skipped
+	for p, ino := range inodes {
+		if ino != 0 {
+			f.inodes[p] = ino
+		}
+	}
 	f.add(known)
 }
 
@@ -273,7 +284,7 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 	}
 	for _, p := range f.known {
 		if _, ok := seen[p.PID]; !ok {
-			queue = append(queue, candidate{pid: p.PID, start: p.StartTicks, src: fromKnown})
+			queue = append(queue, candidate{pid: p.PID, start: p.StartTicks, inode: f.inodes[p], src: fromKnown})
 		}
 	}
 	if f.tag != "" && f.fallback {
@@ -299,6 +310,12 @@ func (f *finder) check(c candidate, visit visitFunc) (Stat, bool) {
 	if err != nil {
 		return st, false
 	}
+	pidfd := -1
+	defer func() {
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+	}()
 	switch c.src {
 	case fromChild:
 		if st.PPID != c.parent {
@@ -308,6 +325,13 @@ func (f *finder) check(c candidate, visit visitFunc) (Stat, bool) {
 		if st.StartTicks != c.start {
 			return st, false
 		}
+		// Same pid and start time, but another pidfs inode: the pid was
+		// reused within one clock tick.
+		fd, ok := openAs(c.pid, c.inode)
+		if !ok {
+			return st, false
+		}
+		pidfd = fd
 	case fromTag:
 		if !f.l.FS.HasEnv(c.pid, f.tag) {
 			return st, false
@@ -318,7 +342,8 @@ func (f *finder) check(c candidate, visit visitFunc) (Stat, bool) {
 		}
 	}
 	if visit != nil {
-		t := target{Stat: st, fs: f.l.FS, fd: -1}
+		t := target{Stat: st, fs: f.l.FS, fd: pidfd, inode: c.inode}
+		pidfd = -1 // the target closes it
 		visit(&t)
 		t.close()
 	}

@@ -104,7 +104,7 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	}
 	held := p.held()
 	// Keep what an earlier pause of the same hold recorded, if still alive.
-	prev, skipped := readProcSet(l.path(proto.PausedFile))
+	prev, _, skipped := readProcSet(l.path(proto.PausedFile))
 	res.SkippedLines += skipped
 	if len(prev) > 0 && !created {
 		for _, q := range prev {
@@ -113,7 +113,7 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 			}
 		}
 	}
-	if err := proto.ReplaceFile(l.path(proto.PausedFile), formatProcSet(held), 0o644); err != nil {
+	if err := proto.ReplaceFile(l.path(proto.PausedFile), formatProcSet(held, noInode), 0o644); err != nil {
 		p.undo()
 		os.Remove(l.path(proto.PauseFile))
 		return res, proto.ExitInternal, err
