@@ -31,9 +31,17 @@ Prints {"stopped","interrupted","killed","elapsed_ms","method","supervised",
 group, cgroup, known, tag), "partial" is true when the supervisor's tree could
 not be searched (then "stopped" means none of the other sources names a live
 process: a process the supervisor had adopted and none of them names may be
-left, and stderr says so). With --id, a receipt that cannot be read (corrupt,
-or of an unknown version) does not stop the stop: the launch is found by its
-tag, the receipt is left as it is, and "receipt_error" says why it was not used.
+left, and stderr says so). A stop bounds its own time: every sweep ends at its
+phase's deadline (the grace, at least 1 s for the first; then 5 s of SIGKILL
+sweeps, 2 s for the supervisor to record the end, 2 s for the confirming
+sweep), so a fork storm cannot hold it for minutes; "out_of_time":true says a
+bound cut it short (then "stopped" is false and the exit code 4). Where the
+launch has a cgroup, the first sweep runs with it frozen, and each SIGKILL
+sweep begins by killing the whole cgroup.
+
+With --id, a receipt that cannot be read (corrupt, or of an unknown version)
+does not stop the stop: the launch is found by its tag, the receipt is left as
+it is, and "receipt_error" says why it was not used.
 Exit 0 none left, 4 survivors listed; 2 for a bad or unwritable launch folder
 (nothing is stopped).`,
 		Args: noArgs,
