@@ -5,11 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"golang.org/x/sys/unix"
 
 	"github.com/ngharness/ngharness/pkg/proto"
 )
@@ -215,5 +217,135 @@ func TestBadInputRunIntoExistingLaunch(t *testing.T) {
 	}
 	if after := readFile(receipt); !bytes.Equal(before, after) {
 		t.Errorf("the receipt changed")
+	}
+}
+
+// TestBadInputDirIsAFile proves that every verb but run, given --dir naming
+// a regular file, exits 2 with one line naming it (status used to exit 1).
+func TestBadInputDirIsAFile(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "a-file")
+	if err := os.WriteFile(file, []byte("not a folder\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, verb := range allVerbs {
+		if verb == "run" {
+			continue
+		}
+		t.Run(verb, func(t *testing.T) {
+			wantUsageError(t, ngsup(t, verbArgs(verb, file)...), file, "not a folder")
+		})
+	}
+}
+
+// TestBadInputUnwritableDir proves that pause, continue and stop on a
+// folder they cannot write in (/proc/1) exit 2 with one line naming it and
+// saying nothing was done (they used to exit 1).
+func TestBadInputUnwritableDir(t *testing.T) {
+	t.Parallel()
+	for _, verb := range []string{"pause", "continue", "stop"} {
+		t.Run(verb, func(t *testing.T) {
+			wantUsageError(t, ngsup(t, verbArgs(verb, "/proc/1")...), "/proc/1", "nothing was")
+		})
+	}
+}
+
+// TestBadInputReadOnlyDir proves that pause, continue and stop on a launch
+// whose folder is read-only (a read-only bind mount of it) exit 2 with one
+// line naming the folder and saying nothing was done, and that indeed every
+// process of the launch still runs.
+func TestBadInputReadOnlyDir(t *testing.T) {
+	t.Parallel()
+	requireRoot(t, "a read-only bind mount needs root")
+	l := newLaunch(t)
+	l.detach([]string{"--no-cgroup"}, helper("harness", "-bg", "-setsid"))
+	procs := map[string]proc{}
+	for _, role := range []string{"harness", "bg", "setsid"} {
+		procs[role] = l.role(role)
+	}
+	if err := unix.Mount(l.Dir, l.Dir, "", unix.MS_BIND, ""); err != nil {
+		t.Skipf("cannot bind-mount the launch folder: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(l.Dir, unix.MNT_DETACH) }) // runs before the launch's cleanup
+	if err := unix.Mount("", l.Dir, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		t.Skipf("cannot remount the launch folder read-only: %v", err)
+	}
+	for _, verb := range []string{"pause", "continue", "stop"} {
+		r := ngsup(t, verbArgs(verb, l.Dir)...)
+		wantUsageError(t, r, l.Dir, "read-only", "nothing was")
+		for _, name := range sortedKeys(procs) {
+			if ok, why := running(procs[name]); !ok {
+				t.Errorf("after %s on a read-only folder: %s", verb, why)
+			}
+		}
+	}
+}
+
+// TestBadInputStopByTagWithCorruptReceipt proves that `stop --id ID` on a
+// launch whose receipt is garbage (its supervisor gone) still stops it, by
+// its tag: exit 0, every process gone, the reply saying the receipt was
+// unreadable and the stop partial, and the receipt left as it was.
+func TestBadInputStopByTagWithCorruptReceipt(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach([]string{"--no-cgroup"}, helper("harness", "-bg", "-setsid", "-daemon"))
+	procs := map[string]proc{}
+	for _, role := range []string{"harness", "bg", "setsid", "daemon"} {
+		procs[role] = l.role(role)
+	}
+	sup := proc{l.Sup.PID, l.Sup.StartTicks}
+	if err := unix.Kill(sup.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wantGone(t, map[string]proc{"supervisor": sup})
+	receipt := filepath.Join(l.Dir, proto.ReceiptFile)
+	garbage := []byte("this is not a receipt\x00\xff\xfe")
+	if err := os.WriteFile(receipt, garbage, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := l.verb("stop", "--id", l.ID, "--grace", "1s")
+	wantCode(t, r, 0)
+	var res proto.StopResult
+	r.json(t, &res)
+	wantGone(t, procs)
+	if !res.Stopped || !res.Partial || !strings.Contains(res.ReceiptError, "corrupt") || !slices.Contains(res.Searched, proto.SourceTag) {
+		t.Errorf("stop: stopped %v partial %v receipt_error %q searched %v, want true true corrupt [...tag]", res.Stopped, res.Partial, res.ReceiptError, res.Searched)
+	}
+	if !strings.Contains(r.stderr, "receipt") {
+		t.Errorf("stderr does not say the receipt was unreadable: %q", r.stderr)
+	}
+	if got := readFile(receipt); !bytes.Equal(got, garbage) {
+		t.Errorf("the receipt changed: %q", got)
+	}
+}
+
+// TestBadInputHugeReceipt proves that a 4 GiB receipt (a sparse file) is not
+// read into memory: every verb but run exits 2 with one line naming the
+// receipt, its size and the limit.
+func TestBadInputHugeReceipt(t *testing.T) {
+	t.Parallel()
+	for _, verb := range allVerbs {
+		if verb == "run" {
+			continue
+		}
+		t.Run(verb, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "launch")
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			receipt := filepath.Join(dir, proto.ReceiptFile)
+			if err := os.WriteFile(receipt, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			const size = 4 << 30
+			if err := os.Truncate(receipt, size); err != nil {
+				t.Fatal(err)
+			}
+			r := ngsup(t, verbArgs(verb, dir)...)
+			wantUsageError(t, r, "receipt", strconv.Itoa(size), strconv.Itoa(proto.MaxReceiptBytes))
+			if fi, err := os.Stat(receipt); err != nil || fi.Size() != size {
+				t.Errorf("the receipt changed: %v %v", fi, err)
+			}
+		})
 	}
 }

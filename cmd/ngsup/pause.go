@@ -37,6 +37,11 @@ Prints {"paused","processes","elapsed_ms","method","supervised","pending":[...]}
 Exit 0 paused; 3 the launch had already ended (its result is kept, nothing
 paused); 4 not confirmed (pending lists pid, state and wchan; what was stopped
 is continued again, and the caller falls back to stop).
+A launch cgroup found frozen when the pause begins was left so by a pause that
+died between freeze and thaw (the verbs take the folder's lock in turn): the
+pause stops every member while it is frozen, thaws it, and says
+"recovered_freeze":true. "skipped_lines" counts lines of the launch's
+bookkeeping files that were not records (they are skipped).
 
 ` + fmt.Sprintf(severalDirsHelp, reaper.BatchWorkers, "0, 3 or 4"),
 		Args: noArgs,

@@ -1,7 +1,12 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -87,6 +92,11 @@ func TestStopAfterSupervisorKilled(t *testing.T) {
 		if res.Supervised || res.Method != proto.MethodScan {
 			t.Errorf("stop: supervised %v method %q, want false %q", res.Supervised, res.Method, proto.MethodScan)
 		}
+		// The reply says the tree could not be searched, and what was.
+		if !res.Partial || slices.Contains(res.Searched, proto.SourceTree) ||
+			!slices.Contains(res.Searched, proto.SourceTag) || !slices.Contains(res.Searched, proto.SourceKnown) {
+			t.Errorf("stop: partial %v searched %v, want true, the tag and the known set, not the tree", res.Partial, res.Searched)
+		}
 		wantGone(t, procs)
 		r := l.verb("wait", "--timeout", "10s")
 		wantCode(t, r, 0)
@@ -120,5 +130,94 @@ func TestStopLeavesOtherLaunchesAlone(t *testing.T) {
 	}
 	if rc := b.status(); rc.Ended {
 		t.Errorf("the other launch ended: %+v", rc)
+	}
+}
+
+// TestStopLeavesLaunchWithSameIDAlone proves that a stop sweeps by tag only
+// when the supervisor is gone: two supervised launches with the same id in
+// two folders (ids can collide, and local sandboxes share one pid
+// namespace), and a stop of one leaves every process of the other running,
+// its supervisor alive and its launch not ended. The stop's reply names the
+// sources it searched: the tree, not the tag, and is not partial.
+func TestStopLeavesLaunchWithSameIDAlone(t *testing.T) {
+	t.Parallel()
+	a, b := newLaunch(t), newLaunch(t)
+	b.ID = a.ID
+	roles := []string{"harness", "bg", "setsid", "daemon", "noenv"}
+	a.detach(nil, helper("harness", "-bg", "-setsid", "-daemon", "-noenv"))
+	b.detach(nil, helper("harness", "-bg", "-setsid", "-daemon", "-noenv"))
+	pa, pb := map[string]proc{}, map[string]proc{}
+	for _, role := range roles {
+		pa[role], pb[role] = a.role(role), b.role(role)
+	}
+	res := a.stop("1s")
+	wantGone(t, pa)
+	for _, name := range sortedKeys(pb) {
+		if ok, why := running(pb[name]); !ok {
+			t.Errorf("the other launch's %s: %s", name, why)
+		}
+	}
+	if !alive(proc{b.Sup.PID, b.Sup.StartTicks}) {
+		t.Errorf("the other launch's supervisor is gone")
+	}
+	if rc := b.status(); rc.Ended {
+		t.Errorf("the other launch ended: %+v", rc)
+	}
+	if res.Partial || !slices.Contains(res.Searched, proto.SourceTree) || slices.Contains(res.Searched, proto.SourceTag) {
+		t.Errorf("stop of a supervised launch: partial %v searched %v, want false, the tree and not the tag", res.Partial, res.Searched)
+	}
+}
+
+// TestStopBoundedWhenSomethingCannotDie proves that a stop bounds its own
+// time and says when it ran out: a process of the launch is moved into a
+// cgroup v1 freezer of the test's own and frozen there, where SIGKILL cannot
+// end it until it is thawed. `stop --grace 1s` then ends within a generous
+// bound, exits 4 listing it, and says out_of_time (the old stop said
+// nothing of the kind).
+func TestStopBoundedWhenSomethingCannotDie(t *testing.T) {
+	t.Parallel()
+	requireRoot(t, "a cgroup v1 freezer of the test's own needs root")
+	root := "/sys/fs/cgroup/freezer"
+	if _, err := os.Stat(filepath.Join(root, "freezer.state")); err != nil {
+		if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
+			t.Skip("no cgroup v1 freezer mounted at " + root)
+		}
+	}
+	l := newLaunch(t)
+	l.detach([]string{"--no-cgroup"}, helper("harness", "-bg"))
+	bg := l.role("bg")
+	cg := filepath.Join(root, "ngsup-e2e-unkillable-"+itoa(os.Getpid())+"-"+itoa(bg.PID))
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Skipf("cannot make a freezer cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		// Runs before the launch's cleanup: thaw, so its SIGKILL lands.
+		os.WriteFile(filepath.Join(cg, "freezer.state"), []byte("THAWED"), 0)
+		for try := 0; try < 200 && unix.Rmdir(cg) != nil; try++ {
+			unix.Kill(bg.PID, unix.SIGKILL)
+			time.Sleep(25 * time.Millisecond)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(itoa(bg.PID)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cg, "freezer.state"), []byte("FROZEN"), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the freezer to freeze", func() (bool, string) {
+		state := strings.TrimSpace(string(readFile(filepath.Join(cg, "freezer.state"))))
+		return state == "FROZEN", state
+	})
+	begin := time.Now()
+	r := l.verb("stop", "--grace", "1s")
+	took := time.Since(begin)
+	wantCode(t, r, proto.ExitNotConfirmed)
+	var res proto.StopResult
+	r.json(t, &res)
+	if !res.OutOfTime || res.Stopped || !slices.ContainsFunc(res.Survivors, func(p proto.Pending) bool { return p.PID == bg.PID }) {
+		t.Errorf("stop: out_of_time %v stopped %v survivors %v, want true false [%d ...]", res.OutOfTime, res.Stopped, res.Survivors, bg.PID)
+	}
+	if took > time.Minute {
+		t.Errorf("stop took %s: its own bound did not hold", took)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -297,15 +298,37 @@ func describeDecodeError(err error) string {
 	return err.Error()
 }
 
-// ReadReceipt reads dir's receipt. A missing file is ErrNoLaunch.
+// MaxReceiptBytes caps the size of a receipt that is read (and written). A
+// receipt holds a few ids, times and the harness's argv, which the kernel
+// bounds to a few MiB; 16 MiB leaves room for that and keeps a corrupt or
+// hostile file (a sparse file of 4 GiB, say) from being read into memory.
+const MaxReceiptBytes = 16 << 20
+
+// ReadReceipt reads dir's receipt. A missing file is ErrNoLaunch; a receipt
+// that cannot be read is ErrBadDir (an unreadable launch folder), one over
+// MaxReceiptBytes, or one that does not decode, ErrCorruptReceipt.
 func ReadReceipt(dir string) (*Receipt, error) {
 	path := filepath.Join(dir, ReceiptFile)
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w in %s: it holds no receipt", ErrNoLaunch, dir)
 	}
+	if errors.Is(err, syscall.ENOTDIR) {
+		return nil, fmt.Errorf("%w: %s is not a folder", ErrBadDir, dir)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("read receipt: %w", err)
+		return nil, fmt.Errorf("%w: read receipt: %v", ErrBadDir, err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > MaxReceiptBytes {
+		return nil, fmt.Errorf("read %s: %w: the file is %d bytes, the limit is %d", path, ErrCorruptReceipt, fi.Size(), MaxReceiptBytes)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxReceiptBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: read receipt: %v", ErrBadDir, err)
+	}
+	if len(data) > MaxReceiptBytes {
+		return nil, fmt.Errorf("read %s: %w: the file is over the limit of %d bytes", path, ErrCorruptReceipt, MaxReceiptBytes)
 	}
 	r, err := DecodeReceipt(data)
 	if err != nil {
@@ -320,6 +343,9 @@ func WriteReceipt(dir string, r *Receipt) error {
 	data, err := EncodeReceipt(r)
 	if err != nil {
 		return fmt.Errorf("encode receipt: %w", err)
+	}
+	if len(data) > MaxReceiptBytes {
+		return fmt.Errorf("encode receipt: %d bytes, over the limit of %d that a reader accepts", len(data), MaxReceiptBytes)
 	}
 	return WriteFileAtomic(filepath.Join(dir, ReceiptFile), data, 0o644)
 }

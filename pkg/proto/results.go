@@ -119,6 +119,11 @@ type StopResult struct {
 	// SkippedLines counts unreadable lines skipped in the launch's
 	// bookkeeping files (the known and paused sets).
 	SkippedLines int `json:"skipped_lines,omitempty"`
+	// ReceiptError says why the receipt could not be read when a stop
+	// named by --id went on without it: the launch was then found by its
+	// tag and the known set (so Partial is true), and the receipt was left
+	// as it was.
+	ReceiptError string `json:"receipt_error,omitempty"`
 }
 
 // Sources a stop (or pause) searches for a launch's processes.

@@ -231,6 +231,22 @@ func (c *Cgroup) Frozen() (bool, error) {
 	return string(bytes.TrimSpace(data)) == "FROZEN", nil
 }
 
+// FreezeAsked reports whether a freeze of the cgroup was asked for and not
+// undone (v2: cgroup.freeze holds 1; v1: freezer.state is FROZEN or
+// FREEZING), whether or not the kernel has finished it.
+func (c *Cgroup) FreezeAsked() bool {
+	file := "freezer.state"
+	if c.Version == 2 {
+		file = "cgroup.freeze"
+	}
+	data, err := os.ReadFile(filepath.Join(c.Path, file))
+	if err != nil {
+		return false
+	}
+	v := string(bytes.TrimSpace(data))
+	return v == "1" || v == "FROZEN" || v == "FREEZING"
+}
+
 // Freeze freezes the cgroup and confirms it before deadline. If the freeze
 // cannot be confirmed it thaws the cgroup back and returns an error, so a
 // failed freeze never leaves a half-frozen launch.
@@ -280,6 +296,27 @@ func (c *Cgroup) Kill() bool {
 		return false
 	}
 	return c.write("cgroup.kill", "1") == nil
+}
+
+// KillAll sends SIGKILL to every process in the cgroup at once: through
+// cgroup.kill where the kernel offers it (v2, which also kills what is forked
+// meanwhile), else by freezing the cgroup (so no member forks or exits while
+// it is listed), sending SIGKILL to each member by pid, and thawing it (a
+// frozen task dies once thawed). With a freeze that cannot be confirmed
+// before deadline, the members listed are killed all the same.
+func (c *Cgroup) KillAll(deadline time.Time) {
+	if c.Kill() {
+		return
+	}
+	err := c.Freeze(deadline)
+	if pids, perr := c.Procs(); perr == nil {
+		for _, pid := range pids {
+			kill(pid, unix.SIGKILL)
+		}
+	}
+	if err == nil {
+		c.Thaw()
+	}
 }
 
 // Remove deletes the cgroup if it is empty.

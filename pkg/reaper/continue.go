@@ -25,7 +25,7 @@ func Continue(dir string) (proto.ContinueResult, int, error) {
 func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 	begin := time.Now()
 	res := proto.ContinueResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
-	l, unlock, code, err := openLocked(dir, id, id != "")
+	l, unlock, code, err := openLocked(dir, lockOptions{id: id, create: id != "", undone: "continued"})
 	if err != nil {
 		return res, code, err
 	}
@@ -40,14 +40,9 @@ func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 	if l.unstarted() {
 		return finish(proto.ExitOK)
 	}
-	paused, err := readProcSet(l.path(proto.PausedFile))
-	if err != nil {
-		return res, proto.ExitInternal, err
-	}
-	f, err := newFinder(l, false)
-	if err != nil {
-		return res, proto.ExitInternal, err
-	}
+	paused, inodes, skipped := readProcSet(l.path(proto.PausedFile)) // inodes: none written today, read where present
+	f := newFinder(l)
+	res.SkippedLines = skipped + f.skipped
 	res.Method = f.method(false)
 	if l.Cgroup != nil {
 		if frozen, _ := l.Cgroup.Frozen(); frozen {
@@ -86,7 +81,7 @@ func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 			res.Continued++
 			continue
 		}
-		if l.FS.Signal(p, unix.SIGCONT) == nil {
+		if l.FS.signalAs(p, inodes[p], unix.SIGCONT) == nil {
 			res.Continued++
 		} else {
 			res.Skipped++

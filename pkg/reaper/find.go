@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -29,6 +30,7 @@ type candidate struct {
 	pid    int
 	parent int    // fromChild: the process it was listed under
 	start  uint64 // fromKnown: its start time
+	inode  uint64 // fromKnown: its pidfs inode number where recorded (0: none)
 	src    source
 }
 
@@ -41,8 +43,9 @@ type visitFunc func(t *target)
 // after the check cannot receive what was meant for the process checked.
 type target struct {
 	Stat
-	fs FS
-	fd int
+	fs    FS
+	fd    int
+	inode uint64 // the pidfs inode recorded for it (0: none)
 }
 
 // Signal sends sig to the target if it is still the process that was
@@ -53,6 +56,9 @@ func (t *target) Signal(sig unix.Signal) error {
 		switch {
 		case err == nil:
 			t.fd = fd
+			if t.inode != 0 && havePidfs() && fdInode(fd) != t.inode {
+				return ErrNotSameProcess
+			}
 		case err == unix.ESRCH:
 			return ErrNoProcess
 		case err == unix.ENOSYS:
@@ -94,20 +100,38 @@ func kill(pid int, sig unix.Signal) error {
 }
 
 // finder finds the processes of a launch: the supervisor's subtree, the
-// launch's cgroup, and (as the fallback, or when sweep is set) every process
-// carrying the launch's tag and every process an earlier pass recorded, with
-// all their descendants.
+// harness (by the receipt's pid and start time) and its descendants, the
+// launch's cgroup; and, as the fallback for a supervisor that is gone or
+// never ran, every process carrying the launch's tag and every process an
+// earlier pass recorded, with all their descendants.
+//
+// The tag is searched only when the supervisor was already gone when the
+// verb began. Launch ids can collide (local sandboxes share one pid
+// namespace), and while the supervisor lives its tree holds every process of
+// the launch; a supervisor that exits during the verb (a stop ends the
+// harness, and the supervisor with it) leaves what the verb already found,
+// which its passes keep following, and the known set, which names processes
+// by pid and start time and so cannot name another launch's.
 type finder struct {
-	l       *Launch
-	exclude map[int]bool
-	tag     string
-	sweep   bool // also the tag scan and the known set, even when supervised
-	known   []proto.Proc
-	cgname  []byte
+	l         *Launch
+	exclude   map[int]bool
+	tag       string
+	fallback  bool // the supervisor was gone (or never ran) when the verb began
+	known     []proto.Proc
+	readKnown bool // the known set was read from the launch folder
+	skipped   int  // lines of the known set that were not records
+	cgname    []byte
+	used      map[string]bool // sources searched (Source* constants)
+	isKnown   map[proto.Proc]bool
+	inodes    map[proto.Proc]uint64 // pidfs inodes the known set recorded
+	// deadline, when set, ends a pass early (a fork storm can outgrow a
+	// walk); cut says the last pass was ended so.
+	deadline time.Time
+	cut      bool
 }
 
-func newFinder(l *Launch, sweep bool) (*finder, error) {
-	f := &finder{l: l, exclude: map[int]bool{0: true, 1: true}, sweep: sweep}
+func newFinder(l *Launch) *finder {
+	f := &finder{l: l, exclude: map[int]bool{0: true, 1: true}, fallback: !l.Supervised, used: map[string]bool{}, isKnown: map[proto.Proc]bool{}, inodes: map[proto.Proc]uint64{}}
 	if l.ID != "" {
 		f.tag = proto.TagEnv + "=" + l.ID
 	}
@@ -126,14 +150,52 @@ func newFinder(l *Launch, sweep bool) (*finder, error) {
 	if l.Cgroup != nil {
 		f.cgname = []byte("/" + filepath.Base(l.Cgroup.Path))
 	}
-	if sweep || !l.Supervised {
-		known, err := readProcSet(l.path(proto.KnownFile))
-		if err != nil {
-			return nil, err
-		}
-		f.known = known
+	if f.fallback {
+		f.loadKnown()
 	}
-	return f, nil
+	return f
+}
+
+// loadKnown adds the launch's known set to what the finder follows, once.
+func (f *finder) loadKnown() {
+	if f.readKnown {
+		return
+	}
+	f.readKnown = true
+	known, inodes, skipped := readProcSet(f.l.path(proto.KnownFile))
+	f.skipped += skipped
+	for p, ino := range inodes {
+		if ino != 0 {
+			f.inodes[p] = ino
+		}
+	}
+	f.add(known)
+}
+
+// add appends to the known processes the ones not there yet, and returns
+// those.
+func (f *finder) add(procs []proto.Proc) []proto.Proc {
+	var fresh []proto.Proc
+	for _, p := range procs {
+		if !f.isKnown[p] {
+			f.isKnown[p] = true
+			f.known = append(f.known, p)
+			fresh = append(fresh, p)
+		}
+	}
+	return fresh
+}
+
+// searched lists the sources the finder used, in the order of the
+// Source* constants.
+func (f *finder) searched() []string {
+	out := []string{}
+	for _, s := range []string{proto.SourceTree, proto.SourceGroup, proto.SourceCgroup, proto.SourceKnown, proto.SourceTag} {
+		if f.used[s] {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // method names how this finder reaches the processes.
@@ -153,9 +215,16 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 	seen := map[int]Stat{}
 	l := f.l
 	var kids []int
+	f.cut = false
+	late := func() bool {
+		if !f.cut && !f.deadline.IsZero() && time.Now().After(f.deadline) {
+			f.cut = true
+		}
+		return f.cut
+	}
 	// drain visits the queued candidates and all their descendants.
 	drain := func(queue []candidate) {
-		for len(queue) > 0 {
+		for len(queue) > 0 && !late() {
 			c := queue[0]
 			queue = queue[1:]
 			if f.exclude[c.pid] {
@@ -183,6 +252,7 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 	// supervisor lives. It is checked on every pass: it may exit mid-stop.
 	l.Supervised = l.Receipt != nil && l.FS.Live(l.supervisor())
 	if l.Supervised {
+		f.used[proto.SourceTree] = true
 		sup := l.Receipt.SupervisorPID
 		var queue []candidate
 		kids, _ = l.FS.Children(sup, 0, kids[:0])
@@ -196,8 +266,12 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 	if h := l.harness(); h.PID > 0 {
 		queue = append(queue, candidate{pid: h.PID, start: h.StartTicks, src: fromKnown})
 	}
+	if !l.Supervised {
+		f.loadKnown() // the supervisor is gone: what it recorded is needed now
+	}
 	if l.Cgroup != nil {
 		if pids, err := l.Cgroup.Procs(); err == nil {
+			f.used[proto.SourceCgroup] = true
 			for _, p := range pids {
 				if _, ok := seen[p]; !ok {
 					queue = append(queue, candidate{pid: p, src: fromCgroup})
@@ -205,14 +279,21 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 			}
 		}
 	}
+	if f.readKnown {
+		f.used[proto.SourceKnown] = true
+	}
 	for _, p := range f.known {
 		if _, ok := seen[p.PID]; !ok {
-			queue = append(queue, candidate{pid: p.PID, start: p.StartTicks, src: fromKnown})
+			queue = append(queue, candidate{pid: p.PID, start: p.StartTicks, inode: f.inodes[p], src: fromKnown})
 		}
 	}
-	if f.tag != "" && (f.sweep || !l.Supervised) {
+	if f.tag != "" && f.fallback {
 		if pids, err := l.FS.PIDs(); err == nil {
+			f.used[proto.SourceTag] = true
 			for _, p := range pids {
+				if late() {
+					break
+				}
 				if _, ok := seen[p]; !ok && !f.exclude[p] && l.FS.HasEnv(p, f.tag) {
 					queue = append(queue, candidate{pid: p, src: fromTag})
 				}
@@ -229,6 +310,12 @@ func (f *finder) check(c candidate, visit visitFunc) (Stat, bool) {
 	if err != nil {
 		return st, false
 	}
+	pidfd := -1
+	defer func() {
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+	}()
 	switch c.src {
 	case fromChild:
 		if st.PPID != c.parent {
@@ -238,6 +325,13 @@ func (f *finder) check(c candidate, visit visitFunc) (Stat, bool) {
 		if st.StartTicks != c.start {
 			return st, false
 		}
+		// Same pid and start time, but another pidfs inode: the pid was
+		// reused within one clock tick.
+		fd, ok := openAs(c.pid, c.inode)
+		if !ok {
+			return st, false
+		}
+		pidfd = fd
 	case fromTag:
 		if !f.l.FS.HasEnv(c.pid, f.tag) {
 			return st, false
@@ -248,7 +342,8 @@ func (f *finder) check(c candidate, visit visitFunc) (Stat, bool) {
 		}
 	}
 	if visit != nil {
-		t := target{Stat: st, fs: f.l.FS, fd: -1}
+		t := target{Stat: st, fs: f.l.FS, fd: pidfd, inode: c.inode}
+		pidfd = -1 // the target closes it
 		visit(&t)
 		t.close()
 	}

@@ -53,14 +53,14 @@ type PauseOptions struct {
 func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	begin := time.Now()
 	res := proto.PauseResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
-	l, unlock, code, err := openLocked(dir, opt.ID, true)
+	l, unlock, code, err := openLocked(dir, lockOptions{id: opt.ID, create: true, undone: "paused"})
 	if err != nil {
 		return res, code, err
 	}
 	defer unlock()
 	created, err := touch(l.path(proto.PauseFile), strconv.FormatInt(time.Now().UnixNano(), 10))
 	if err != nil {
-		return res, proto.ExitInternal, err
+		return res, proto.ExitUsage, unwritable(err, "paused")
 	}
 	done := func() (proto.PauseResult, int, error) {
 		res.ElapsedMS = ms(time.Since(begin))
@@ -83,6 +83,8 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 		return res, proto.ExitInternal, err
 	}
 	res.Supervised = l.Supervised
+	res.SkippedLines = p.f.skipped
+	res.RecoveredFreeze = p.recoverFreeze()
 	ok := p.run()
 	res.Method = p.f.method(p.frozen)
 	res.Passes = p.passes
@@ -102,14 +104,16 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	}
 	held := p.held()
 	// Keep what an earlier pause of the same hold recorded, if still alive.
-	if prev, _ := readProcSet(l.path(proto.PausedFile)); len(prev) > 0 && !created {
+	prev, _, skipped := readProcSet(l.path(proto.PausedFile))
+	res.SkippedLines += skipped
+	if len(prev) > 0 && !created {
 		for _, q := range prev {
 			if !slices.Contains(held, q) && l.FS.Alive(q) {
 				held = append(held, q)
 			}
 		}
 	}
-	if err := proto.ReplaceFile(l.path(proto.PausedFile), formatProcSet(held), 0o644); err != nil {
+	if err := proto.ReplaceFile(l.path(proto.PausedFile), formatProcSet(held, noInode), 0o644); err != nil {
 		p.undo()
 		os.Remove(l.path(proto.PauseFile))
 		return res, proto.ExitInternal, err
@@ -150,10 +154,7 @@ type pauser struct {
 }
 
 func newPauser(l *Launch, opt PauseOptions) (*pauser, error) {
-	f, err := newFinder(l, false)
-	if err != nil {
-		return nil, err
-	}
+	f := newFinder(l)
 	if opt.StopBudget == 0 {
 		opt.StopBudget = StopBudget
 	}
@@ -218,6 +219,12 @@ func (p *pauser) freezeAndStop() {
 	if err := p.l.Cgroup.Freeze(time.Now().Add(time.Second)); err != nil {
 		return
 	}
+	p.stopFrozen()
+}
+
+// stopFrozen sends SIGSTOP to every member of the frozen cgroup and thaws
+// it: each member takes its SIGSTOP before it runs another instruction.
+func (p *pauser) stopFrozen() {
 	p.frozen = true
 	if pids, err := p.l.Cgroup.Procs(); err == nil {
 		for _, pid := range pids {
@@ -225,6 +232,26 @@ func (p *pauser) freezeAndStop() {
 		}
 	}
 	p.l.Cgroup.Thaw()
+}
+
+// recoverFreeze handles a cgroup found frozen (or freezing) when the pause
+// begins. The control verbs are serialised by the folder's lock, which this
+// pause holds, so no running verb holds that freeze: a pause was killed
+// between its freeze and its thaw. Waiting for T would spin the whole budget
+// (frozen tasks never show T), so the freeze is finished as the pause's own:
+// SIGSTOP to every member while frozen, then thaw. It reports whether it
+// found such a freeze.
+func (p *pauser) recoverFreeze() bool {
+	if p.l.Cgroup == nil || !p.l.Cgroup.FreezeAsked() {
+		return false
+	}
+	// Let a freeze the kernel has not finished complete, so that no member
+	// runs between the listing and its SIGSTOP; one that cannot complete
+	// is thawed back by Freeze, and the pause goes on with signals alone.
+	if err := p.l.Cgroup.Freeze(time.Now().Add(time.Second)); err == nil {
+		p.stopFrozen()
+	}
+	return true
 }
 
 // step is one pass. Every process reached is checked; one not stopped yet is

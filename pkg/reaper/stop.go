@@ -12,16 +12,36 @@ import (
 // DefaultGrace is how long stop waits after SIGINT before SIGKILL.
 const DefaultGrace = 10 * time.Second
 
-// killBudget bounds the SIGKILL sweeps after the grace.
-const killBudget = 5 * time.Second
+// The time a stop gives itself beyond the grace. Every pass over the launch
+// ends at its phase's deadline, so a stop ends within about grace (at least
+// minPassBudget) + freezeBudget + killBudget + settleBudget + confirmBudget,
+// even when a fork storm outgrows its walk; the reply says OutOfTime when
+// a bound cut it short.
+const (
+	// killBudget bounds the SIGKILL sweeps after the grace.
+	killBudget = 5 * time.Second
+	// minPassBudget is the least time the first SIGINT pass gets, even with
+	// a shorter grace.
+	minPassBudget = time.Second
+	// freezeBudget bounds the confirmation of a freeze of the cgroup.
+	freezeBudget = time.Second
+	// settleBudget is how long the supervisor gets to record the end.
+	settleBudget = 2 * time.Second
+	// confirmBudget bounds the last sweep, which touches nothing.
+	confirmBudget = 2 * time.Second
+)
 
 // Stop ends every process of the launch: it creates dir/stop (so a run that
 // has not started never starts), sends SIGINT to every process and SIGCONT so
 // the SIGINT lands on stopped ones, SIGKILL after the grace, then SIGKILL
 // again to anything still found, until a sweep finds nothing. Processes are
-// found through the supervisor's tree, the cgroup, the tag, and every process
-// an earlier pass recorded, with their descendants: a stop works on a launch
-// whose supervisor is gone. Exit 0 none left, 4 survivors listed.
+// found through the supervisor's tree, the harness's group and the cgroup;
+// when the supervisor is gone (or never ran), through the tag and every
+// process an earlier pass recorded instead of the tree, each with its
+// descendants. The reply names the sources searched, and says Partial when
+// the tree could not be: then an empty Survivors means none of the other
+// sources names a live process, not that none is left. Exit 0 none left
+// (as far as the sources searched tell), 4 survivors listed.
 func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 	return StopLaunch(dir, "", grace)
 }
@@ -30,14 +50,17 @@ func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 // runs without a supervisor): its processes are found by their tag.
 func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, error) {
 	begin := time.Now()
-	res := proto.StopResult{Method: proto.MethodNone, Survivors: []proto.Pending{}}
-	l, unlock, code, err := openLocked(dir, id, true)
+	res := proto.StopResult{Method: proto.MethodNone, Survivors: []proto.Pending{}, Searched: []string{}}
+	l, unlock, code, err := openLocked(dir, lockOptions{id: id, create: true, undone: "stopped", byTag: true})
 	if err != nil {
 		return res, code, err
 	}
 	defer unlock()
 	if _, err := touch(l.path(proto.StopFile), ""); err != nil {
-		return res, proto.ExitInternal, err
+		return res, proto.ExitUsage, unwritable(err, "stopped")
+	}
+	if l.ReceiptErr != nil {
+		res.ReceiptError = l.ReceiptErr.Error()
 	}
 	res.Supervised = l.Supervised
 	if l.Receipt == nil && l.ID == "" {
@@ -45,14 +68,8 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		res.ElapsedMS = ms(time.Since(begin))
 		return res, proto.ExitOK, nil
 	}
-	f, err := newFinder(l, true)
-	if err != nil {
-		return res, proto.ExitInternal, err
-	}
-	res.Method = f.method(false)
-	if l.Cgroup != nil {
-		l.Cgroup.Thaw() // a frozen task cannot act on SIGINT
-	}
+	f := newFinder(l)
+	res.SkippedLines = f.skipped
 	// Everything found is recorded, so that once the supervisor exits its
 	// orphans are still found by pid and start time.
 	interrupted := map[proto.Proc]bool{}
@@ -68,20 +85,43 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		f.learn(found)
 		return found
 	}
-	l.signalGroup(unix.SIGINT)
+	// A fork storm left running competes with the walk for the CPU and
+	// outgrows it: where the launch has a cgroup, it is frozen for the
+	// first walk (and a freeze a dead pause left is taken over). The
+	// SIGINTs wait in the frozen tasks and land when the cgroup is thawed;
+	// SIGCONT does not undo a freeze.
+	frozen := false
+	if l.Cgroup != nil {
+		frozen = l.Cgroup.Freeze(time.Now().Add(freezeBudget)) == nil
+	}
+	res.Method = f.method(frozen)
+	if l.signalGroup(unix.SIGINT) {
+		f.used[proto.SourceGroup] = true
+	}
 	l.signalGroup(unix.SIGCONT)
-	found := interrupt()
 	deadline := begin.Add(grace)
+	f.deadline = later(deadline, time.Now().Add(minPassBudget))
+	found := interrupt()
+	if l.Cgroup != nil {
+		l.Cgroup.Thaw() // a frozen task cannot act on SIGINT
+	}
 	wait := time.Millisecond
 	for len(live(found)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(wait)
 		wait = min(wait*2, 50*time.Millisecond)
+		f.deadline = deadline
 		found = interrupt()
 	}
 	res.Interrupted = len(interrupted)
 	killed := map[proto.Proc]bool{}
 	killDeadline := time.Now().Add(killBudget)
+	f.deadline = killDeadline
 	for {
+		// The cgroup first, all at once: a storm inside it cannot outrun
+		// the walk that follows, which finds what is outside.
+		if l.Cgroup != nil {
+			l.Cgroup.KillAll(time.Now().Add(freezeBudget))
+		}
 		found = f.pass(func(t *target) {
 			if t.State != 'Z' || t.NumThreads > 1 {
 				killed[procOf(t.Stat)] = true
@@ -89,10 +129,10 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 			}
 		})
 		f.learn(found)
-		if l.Cgroup != nil {
-			l.Cgroup.Kill() // anything in the cgroup the walk missed
+		if len(live(found)) == 0 && !f.cut {
+			break
 		}
-		if len(live(found)) == 0 || time.Now().After(killDeadline) {
+		if time.Now().After(killDeadline) {
 			break
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -100,23 +140,37 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 	res.Killed = len(killed)
 	// The supervisor records the harness's end and exits by itself once the
 	// harness is gone; give it a moment, then end it too.
-	l.settleSupervisor(2 * time.Second)
+	l.settleSupervisor(settleBudget)
 	// Confirm: one more sweep, this time touching nothing.
 	l.Supervised = l.FS.Live(l.supervisor())
+	f.deadline = time.Now().Add(confirmBudget)
 	found = f.pass(nil)
 	for _, st := range live(found) {
 		res.Survivors = append(res.Survivors, proto.Pending{PID: st.PID, State: string(st.State), Comm: st.Comm, Wchan: l.FS.Wchan(st.PID)})
 	}
 	slices.SortFunc(res.Survivors, func(a, b proto.Pending) int { return a.PID - b.PID })
-	if l.Cgroup != nil && len(res.Survivors) == 0 {
+	// Out of time: the kill sweeps ran out with processes left, or the
+	// confirming sweep could not finish (so it cannot vouch for none left).
+	res.OutOfTime = f.cut || len(res.Survivors) > 0 && time.Now().After(killDeadline)
+	if l.Cgroup != nil && len(res.Survivors) == 0 && !f.cut {
 		l.Cgroup.Release(time.Second, true)
 	}
-	res.Stopped = len(res.Survivors) == 0
+	res.Stopped = len(res.Survivors) == 0 && !f.cut
+	res.Searched = f.searched()
+	res.Partial = f.fallback
 	res.ElapsedMS = ms(time.Since(begin))
 	if !res.Stopped {
 		return res, proto.ExitNotConfirmed, nil
 	}
 	return res, proto.ExitOK, nil
+}
+
+// later returns the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // live keeps the processes that still run code (not zombies).
@@ -132,15 +186,11 @@ func live(found map[int]Stat) []Stat {
 
 // learn adds found processes to the finder's known set and the launch's.
 func (f *finder) learn(found map[int]Stat) {
-	var fresh []proto.Proc
+	procs := make([]proto.Proc, 0, len(found))
 	for _, st := range found {
-		p := procOf(st)
-		if !slices.Contains(f.known, p) {
-			f.known = append(f.known, p)
-			fresh = append(fresh, p)
-		}
+		procs = append(procs, procOf(st))
 	}
-	f.l.remember(fresh)
+	f.l.remember(f.add(procs))
 }
 
 // settleSupervisor waits up to d for the supervisor to record the end and

@@ -20,10 +20,7 @@ func Tree(dir string) (proto.TreeResult, error) {
 	if l.Receipt == nil {
 		return proto.TreeResult{}, fmt.Errorf("%w in %s: it holds no receipt", proto.ErrNoLaunch, l.Dir)
 	}
-	f, err := newFinder(l, false)
-	if err != nil {
-		return proto.TreeResult{}, err
-	}
+	f := newFinder(l)
 	found := f.pass(nil)
 	res := proto.TreeResult{ID: l.Receipt.ID, Supervised: l.Supervised}
 	if l.Supervised {
