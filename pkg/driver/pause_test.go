@@ -240,7 +240,7 @@ func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, n, 0.1, nil))
 	await(t, held, "the driver waits on the launch", h)
 	sbID := e.Session(ro).SandboxID
-	launchID := ro + "-a1-l1"
+	launchID := driver.LaunchID(ro, 1, 1)
 	drivertest.Eventually(t, "the harness has ended", func() (bool, string) {
 		r := e.Receipt(sbID, launchID)
 		return r != nil && r.Ended, "no ended receipt"

@@ -2,6 +2,8 @@ package driver
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -285,7 +287,7 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 		}
 	}
 	n := len(st.bm.Launches) + 1
-	rec.ID = launchID(st.req.RolloutID, st.r.attempt, n)
+	rec.ID = LaunchID(st.req.RolloutID, st.r.attempt, n)
 	ref := LaunchRef{ID: rec.ID, Dir: path.Join(lent.Root(), "launches", rec.ID), SandboxID: lent.ID(), Supervised: !rn.Unsupervised}
 	rec.Supervised = ref.Supervised
 	bin, err := rn.Ngsup.Ensure(ctx, lent)
@@ -328,9 +330,17 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 	return nil
 }
 
-// launchID names a launch: rollout, attempt and launch number, in ngsup's
-// id alphabet.
-func launchID(rollout string, attempt, n int) string {
+// launchPrefixLen bounds the readable part of a launch id.
+const launchPrefixLen = 64
+
+// LaunchID names launch n of an attempt of a rollout, in ngsup's id
+// alphabet and length: a readable prefix (the rollout id with every
+// character outside [A-Za-z0-9._-] made '_', cut to 64 bytes, then
+// -a<attempt>-l<n>) and 12 hex digits of the SHA-256 of the exact rollout
+// id, attempt and launch number. Two launches that differ in any of the
+// three get different ids even when their prefixes are the same
+// ("dup:1" and "dup/1", or ids sharing their first 64 bytes).
+func LaunchID(rollout string, attempt, n int) string {
 	clean := strings.Map(func(r rune) rune {
 		switch {
 		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
@@ -339,10 +349,14 @@ func launchID(rollout string, attempt, n int) string {
 		return '_'
 	}, rollout)
 	clean = strings.TrimLeft(clean, ".")
-	if len(clean) > 120 {
-		clean = clean[:120]
+	if len(clean) > launchPrefixLen {
+		clean = clean[:launchPrefixLen]
 	}
-	return fmt.Sprintf("%s-a%d-l%d", clean, attempt, n)
+	if clean == "" {
+		clean = "launch"
+	}
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%d\x00%d\x00%s", attempt, n, rollout)))
+	return fmt.Sprintf("%s-a%d-l%d-%s", clean, attempt, n, hex.EncodeToString(sum[:6]))
 }
 
 // follow waits on the live launch with short `ngsup wait` calls, parks at
