@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,7 +77,7 @@ forks the snapshot and the run continues from its bookmark in the fork.`,
 	fl.StringVar(&f.taskFile, "task-file", "", "JSON run body (task, check, files, fake options); flags below fill what it lacks")
 	fl.StringVar(&f.task, "task", "count to the end, one step at a time", "the task text given to the harness")
 	fl.StringVar(&f.check, "check", "", "shell command the owner runs in the workdir to verify (exit 0 = reward 1); default: every step is in ./progress")
-	fl.StringVar(&f.rollout, "rollout-id", "demo-1", "the rollout id")
+	fl.StringVar(&f.rollout, "rollout-id", "", "the rollout id (default: a new one, run-<time>-<random>, printed in the log)")
 	fl.StringVar(&f.adapter, "adapter", "fake", "the harness adapter: fake or opencode")
 	fl.StringVar(&f.openCode, "opencode", "", "opencode adapter: the opencode binary (as the sandbox sees it)")
 	fl.StringVar(&f.modelURL, "model-url", "", "opencode adapter: the OpenAI-compatible model server's base URL (without /v1)")
@@ -130,6 +132,9 @@ func buildBody(f runFlags) (json.RawMessage, error) {
 			body[k] = v
 		}
 	}
+	if f.rollout == "" {
+		f.rollout = newRolloutID()
+	}
 	setDefault("rollout_id", f.rollout)
 	setDefault("task", f.task)
 	if f.adapter == "fake" {
@@ -142,6 +147,15 @@ func buildBody(f runFlags) (json.RawMessage, error) {
 		setDefault("check", f.check)
 	}
 	return json.Marshal(body)
+}
+
+// newRolloutID names a rollout no other run names: the time and 8 random
+// hex digits, so two `ngdriver run` started together never share a rollout
+// (nor its launch ids and sandboxes).
+func newRolloutID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("run-%s-%s", time.Now().UTC().Format("20060102T150405"), hex.EncodeToString(b[:]))
 }
 
 func newLogger() *slog.Logger {
@@ -193,6 +207,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 		return usagef("the run body has no rollout_id")
 	}
 	log := newLogger()
+	log.Info("rollout", "rollout", meta.RolloutID)
 	stateDir := f.stateDir
 	if stateDir == "" {
 		stateDir, err = os.MkdirTemp("", "ngdriver-run-")
