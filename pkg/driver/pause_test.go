@@ -2,6 +2,10 @@ package driver_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -337,6 +341,79 @@ func TestContinueFailureStopsAndRelaunches(t *testing.T) {
 	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, sess, steps)
+}
+
+// heldByPause reads the processes the last pause of a launch stopped (the
+// launch folder's paused set) on the host.
+func heldByPause(t *testing.T, launchDir string) []drivertest.Proc {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(launchDir, proto.PausedFile))
+	if err != nil {
+		t.Fatalf("the paused set of the launch: %v", err)
+	}
+	var out []drivertest.Proc
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var p drivertest.Proc
+		if _, err := fmt.Sscanf(line, "%d %d", &p.PID, &p.StartTicks); err == nil && p.PID > 0 {
+			p.Kind = "paused"
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("the paused set of the launch is empty: %q", data)
+	}
+	return out
+}
+
+// TestContinueThatFindsNothingRelaunches proves that a continue that finds
+// none of the processes its pause held is a failure, never a success: the
+// launch's processes are killed behind the driver's back while it is parked
+// (each by pid, as another launch's stop once did), and when the checkpoint
+// opens the driver warns naming the launch, records why, and relaunches on
+// the saved session instead of following a dead launch to a failed verify.
+func TestContinueThatFindsNothingRelaunches(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("continue-nothing")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 2)
+	prepare(t, p, "ckpt-1")
+	checkStates(t, "while parked", procs, "Tt")
+	// Every process the pause holds (its paused set, "pid start" lines),
+	// each killed only if it is still the one recorded.
+	held := heldByPause(t, e.LaunchDir(sbID, driver.LaunchID(ro, 1, 1)))
+	for _, pr := range held {
+		pr.Kill()
+	}
+	drivertest.CheckGone(t, "killed behind the driver's back", append(held, procs...))
+	resume(t, p, "ckpt-1")
+
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 2 {
+		t.Fatalf("want two launches (the dead one, then a relaunch), got %+v", r.Launches)
+	}
+	first := r.Launches[0]
+	checkLaunch(t, first, driver.OutcomeInterrupted, 1, false)
+	if !contains(first.Error, "found none of the") {
+		t.Errorf("the first launch's error %q does not say the continue found nothing", first.Error)
+	}
+	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+	var warned bool
+	for _, line := range strings.Split(e.Logs(), "\n") {
+		if contains(line, "level=WARN") && contains(line, "could not be continued") && contains(line, first.ID) {
+			warned = true
+		}
+	}
+	if !warned {
+		t.Errorf("no warning naming launch %s says it could not be continued", first.ID)
+	}
 }
 
 // TestUnconfirmedPauseFallsBackToStop proves that a pause ngsup cannot

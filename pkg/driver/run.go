@@ -511,9 +511,23 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 			if cerr := context.Cause(ctx); cerr != nil {
 				return false, false, cerr // cancelled or crashed meanwhile
 			}
-			rn.obs().Continued(time.Since(began), err == nil)
+			cause := ""
+			switch {
+			case err != nil:
+				cause = "failed"
+			case out.Result.Processes > 0 && res.Continued == 0:
+				// Nothing the pause held is left to continue: something
+				// killed the launch while it was paused. Following it would
+				// take its end for the harness's.
+				cause = "found_nothing"
+				err = fmt.Errorf("the continue found none of the %d processes its pause held (%d gone)", out.Result.Processes, res.Skipped)
+			}
+			rn.obs().Continued(time.Since(began), err == nil, cause)
 			if err == nil {
 				st.log.Info("continued", "launch", lv.ref.ID, "processes", res.Continued, "elapsed_ms", res.ElapsedMS)
+				if res.Skipped > 0 {
+					st.log.Warn("some processes the pause held were gone at the continue", "launch", lv.ref.ID, "gone", res.Skipped, "held", out.Result.Processes)
+				}
 				return false, false, nil
 			}
 			st.log.Warn("the paused launch could not be continued; stopping it and relaunching", "launch", lv.ref.ID, "error", err.Error())

@@ -409,7 +409,7 @@ func (o *observer) Paused(_ time.Duration, ok bool, _ string) {
 	}
 	o.mu.Unlock()
 }
-func (o *observer) Continued(_ time.Duration, ok bool) {
+func (o *observer) Continued(_ time.Duration, ok bool, _ string) {
 	o.mu.Lock()
 	if ok {
 		o.continues++
