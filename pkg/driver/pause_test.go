@@ -2,6 +2,7 @@ package driver_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -169,6 +170,49 @@ func TestCheckpointClosedBeforeTheRunWakes(t *testing.T) {
 		t.Errorf("ngsup pause ran %d times and continue %d, want once each", n, c)
 	}
 	drivertest.CheckGone(t, "after verify", procs)
+}
+
+// TestPausedTimeIsRecorded proves that each launch's entry in
+// ng_harness_launches says how long it was held paused (paused_s, summed
+// over its pauses): two checkpoints each held for a known time give at
+// least their sum, and the launch's duration includes it.
+func TestPausedTimeIsRecorded(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+	ro := e.Rollout("paused-time")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	e.WaitSteps(sess, 1)
+	const hold = 700 * time.Millisecond
+	for i, id := range []string{"ckpt-1", "ckpt-2"} {
+		prepare(t, p, id)
+		time.Sleep(hold)
+		resume(t, p, id)
+		drivertest.Eventually(t, id+": ngsup continue returns", func() (bool, string) {
+			n := len(e.Backend.Verbs("continue"))
+			return n == i+1, itoa(n) + " continue commands returned"
+		})
+	}
+	r := h.MustSucceed(t)
+	var raw struct {
+		Launches []map[string]any `json:"ng_harness_launches"`
+	}
+	if err := json.Unmarshal(r.Raw, &raw); err != nil || len(raw.Launches) != 1 {
+		t.Fatalf("want one launch entry: %v %s", err, r.Raw)
+	}
+	l := raw.Launches[0]
+	paused, ok := l["paused_s"].(float64)
+	if want := 2 * hold.Seconds(); !ok || paused < want {
+		t.Errorf("the launch entry's paused_s is %v, want at least %.1f (two holds of %s): %v", l["paused_s"], want, hold, l)
+	}
+	if d, _ := l["duration_s"].(float64); d < paused {
+		t.Errorf("duration_s %v is less than paused_s %v", d, paused)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 2, false)
+	checkVerified(t, e, ro, r)
 }
 
 // TestPausedUnsupervisedLaunch proves that a launch without a supervisor

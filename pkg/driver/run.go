@@ -483,6 +483,7 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 			st.log.Info("the launch had already ended; keeping its result", "launch", lv.ref.ID)
 			return false, true, nil
 		case out.Paused():
+			pausedAt := time.Now()
 			rec.Pauses++
 			st.log.Info("paused", "launch", lv.ref.ID, "processes", out.Result.Processes,
 				"elapsed_ms", out.Result.ElapsedMS, "method", out.Result.Method, "pauses", rec.Pauses)
@@ -502,12 +503,14 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 				return false, false, err
 			}
 			if killed {
+				rec.PausedS += time.Since(pausedAt).Seconds()
 				st.log.Info("the paused launch was stopped by the commit; relaunching", "launch", lv.ref.ID)
 				rn.interrupted(st, "stopped at a checkpoint commit")
 				return true, false, nil
 			}
 			began := time.Now()
 			res, err := rn.Ngsup.Continue(ctx, st.sb, lv.bin, lv.ref)
+			rec.PausedS += time.Since(pausedAt).Seconds()
 			if cerr := context.Cause(ctx); cerr != nil {
 				return false, false, cerr // cancelled or crashed meanwhile
 			}
