@@ -91,6 +91,7 @@ type attemptState struct {
 	sb   *LentSandbox // the sandbox of the current launch
 	own  *LentSandbox // the driver's own sandbox, when none is lent
 	live *liveLaunch  // the launch running or paused now
+	gone *LaunchRef   // a paused launch the crash took, until the relaunch says what it does
 }
 
 type liveLaunch struct {
@@ -230,11 +231,10 @@ func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies
 // harness is the one long wait step: launch, follow, park at checkpoints,
 // relaunch after a stop, until the harness has finished.
 func (rn *Runner) harness(ctx context.Context, st *attemptState) error {
-	if st.bm.Paused != nil {
-		// Continued from the bookmark of a checkpoint that paused the
-		// launch in place: that launch went with the crash.
-		st.log.Info("the paused launch is gone; relaunching on its saved session", "launch", st.bm.Paused.ID)
-	}
+	// Continued from the bookmark of a checkpoint that paused the launch in
+	// place: that launch went with the crash. What the relaunch does is
+	// logged once the resume decision is made.
+	st.gone = st.bm.Paused
 	for {
 		// Before every launch: a bookmark; parks here during a checkpoint.
 		st.bm.Paused = nil
@@ -284,6 +284,14 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 		rec.Reason = "first launch"
 		if len(st.bm.Launches) > 0 {
 			rec.Reason = "no saved session to continue"
+		}
+	}
+	if gone := st.gone; gone != nil {
+		st.gone = nil
+		if rec.Resumed {
+			st.log.Info("the paused launch is gone; relaunching on its saved session", "launch", gone.ID, "reason", rec.Reason)
+		} else {
+			st.log.Info("the paused launch is gone; its saved session cannot be continued, starting over", "launch", gone.ID, "reason", rec.Reason)
 		}
 	}
 	n := len(st.bm.Launches) + 1
