@@ -64,7 +64,9 @@ JSON, with the launch log ng_harness_launches, goes to stdout.
 harness paused in place, or stopped with --pause=false), the owner snapshots
 the sandbox, and the run goes on. --crash-at abandons the run at that time as
 if the driver had died, then restores the last committed checkpoint: the owner
-forks the snapshot and the run continues from its bookmark in the fork.`,
+forks the snapshot and the run continues from its bookmark in the fork.
+--crash-at fires on time, also while a checkpoint holds the run (--hold): that
+checkpoint, if it was committed, is never opened and is the one restored.`,
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usagef("run takes no arguments, got %q", args)
@@ -279,6 +281,36 @@ func runRollout(ctx context.Context, f runFlags) error {
 		events = append(events, event{at: d, crash: true})
 	}
 	slices.SortStableFunc(events, func(a, b event) int { return int(a.at - b.at) })
+	// A checkpoint runs beside the loop, so a crash due during its hold
+	// fires on time: the checkpoint is left committed and not opened (the
+	// run is abandoned parked), and the restore uses it.
+	type checkpointed struct {
+		c   driver.Committed
+		err error
+	}
+	var ckDone chan checkpointed // non-nil while a checkpoint runs
+	var cancelCk context.CancelFunc
+	finished := func(r checkpointed, abandoned bool) {
+		cancelCk()
+		ckDone = nil
+		if r.c.ID != "" {
+			last = &r.c
+		}
+		if r.err != nil && !abandoned {
+			log.Warn("checkpoint failed", "error", r.err.Error())
+		}
+	}
+	// endCheckpoint waits for the checkpoint in progress, if any; abandon
+	// ends it first (it is then never opened).
+	endCheckpoint := func(abandon bool) {
+		if ckDone == nil {
+			return
+		}
+		if abandon {
+			cancelCk()
+		}
+		finished(<-ckDone, abandon)
+	}
 	for i := 0; ; {
 		var timer <-chan time.Time
 		if i < len(events) {
@@ -286,6 +318,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 		}
 		select {
 		case out := <-done:
+			endCheckpoint(true)
 			cancelRun(nil)
 			if out.err != nil {
 				return fmt.Errorf("rollout %s: %w", meta.RolloutID, out.err)
@@ -293,22 +326,27 @@ func runRollout(ctx context.Context, f runFlags) error {
 			os.Stdout.Write(append(indent(out.result), '\n'))
 			return nil
 		case <-ctx.Done():
+			endCheckpoint(true)
 			cancelRun(context.Canceled)
 			<-done
 			return errors.New("interrupted")
+		case r := <-ckDone:
+			finished(r, false)
 		case <-timer:
 			ev := events[i]
 			i++
 			if !ev.crash {
+				endCheckpoint(false) // one checkpoint at a time
 				id := fmt.Sprintf("ckpt-%d", i)
-				c, err := driver.Checkpoint(ctx, rn.Participant, own, id, f.hold, log)
-				if err != nil {
-					log.Warn("checkpoint failed", "checkpoint", id, "error", err.Error())
-					continue
-				}
-				last = &c
+				ckCtx, cancel := context.WithCancel(ctx)
+				cancelCk, ckDone = cancel, make(chan checkpointed, 1)
+				go func(p *driver.Participant, ch chan checkpointed) {
+					c, err := driver.Checkpoint(ckCtx, p, own, id, f.hold, log)
+					ch <- checkpointed{c, err}
+				}(rn.Participant, ckDone)
 				continue
 			}
+			endCheckpoint(true)
 			log.Warn("crash: the driver is abandoned with nothing cleaned up")
 			cancelRun(driver.ErrCrashed)
 			<-done
