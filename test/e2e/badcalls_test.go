@@ -219,6 +219,15 @@ func TestBadCalls(t *testing.T) {
 			t.Errorf("%s: restore left files beside the records file: %v", name, ents)
 		}
 	}
+	// A commit that died while writing its records left only the
+	// temporary file: the restore names the missing file, never answers
+	// 200 with nothing restored.
+	died := filepath.Join(e.dir, "bad", "died-mid-write", "gym")
+	os.MkdirAll(died, 0o755)
+	os.WriteFile(filepath.Join(died, ".records-"+driverName+".jsonl.tmp-4242"), good[:len(good)/2], 0o644)
+	wantRefused(t, c.call(t, "restore", restoreBody(ckID, filepath.Dir(died), nil)), http.StatusUnprocessableEntity,
+		filepath.Join(died, "records-"+driverName+".jsonl"), "temporary")
+	e.wantPhase("idle")
 	// The good file under another checkpoint's id, and a checkpoint_dir
 	// that does not exist.
 	wantRefused(t, c.call(t, "restore", restoreBody(e.prefix+"-other", ckDir, nil)), http.StatusUnprocessableEntity, "line 1", e.prefix+"-other")

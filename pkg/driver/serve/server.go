@@ -212,7 +212,7 @@ func (s *Server) do(ctx context.Context, call string, req checkpointRequest) (an
 		if ph := p.Phase(); ph != driver.PhaseIdle {
 			return nil, fmt.Errorf("%w: cannot restore in %s", driver.ErrPhase, ph)
 		}
-		recs, err := driver.ReadRecords(req.CheckpointDir, req.CheckpointID)
+		recs, err := driver.ReadRecords(req.CheckpointDir, s.Name, req.CheckpointID)
 		if err != nil {
 			return nil, err
 		}
