@@ -209,8 +209,8 @@ func (s *Server) do(ctx context.Context, call string, req checkpointRequest) (an
 	case "resume":
 		return map[string]any{"checkpoint_id": req.CheckpointID, "resumed": true}, p.Resume(req.CheckpointID)
 	case "restore":
-		if ph := p.Phase(); ph != driver.PhaseIdle {
-			return nil, fmt.Errorf("%w: cannot restore in %s", driver.ErrPhase, ph)
+		if err := p.CanRestore(); err != nil {
+			return nil, err
 		}
 		recs, err := driver.ReadRecords(req.CheckpointDir, s.Name, req.CheckpointID)
 		if err != nil {
@@ -273,7 +273,7 @@ func status(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, driver.ErrBadRecords):
 		return http.StatusUnprocessableEntity
-	case errors.Is(err, driver.ErrPhase), errors.Is(err, driver.ErrDuplicateRun):
+	case errors.Is(err, driver.ErrPhase), errors.Is(err, driver.ErrDuplicateRun), errors.Is(err, driver.ErrRunsInFlight):
 		return http.StatusConflict
 	case errors.Is(err, driver.ErrShuttingDown):
 		return http.StatusServiceUnavailable
