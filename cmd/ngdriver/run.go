@@ -205,8 +205,8 @@ func runRollout(ctx context.Context, f runFlags) error {
 		RolloutID string `json:"rollout_id"`
 	}
 	json.Unmarshal(body, &meta)
-	if meta.RolloutID == "" {
-		return usagef("the run body has no rollout_id")
+	if err := driver.ValidateRolloutID(meta.RolloutID); err != nil {
+		return usagef("--rollout-id (or the run body's rollout_id): %v", err)
 	}
 	log := newLogger()
 	log.Info("rollout", "rollout", meta.RolloutID)

@@ -105,8 +105,8 @@ type liveLaunch struct {
 // verify, return, recording a bookmark before each step. The result is the
 // owner's verify reply plus ng_harness_launches.
 func (rn *Runner) Run(ctx context.Context, req RunRequest) (json.RawMessage, error) {
-	if req.RolloutID == "" {
-		return nil, fmt.Errorf("%w: no rollout id", ErrBadRequest)
+	if err := ValidateRolloutID(req.RolloutID); err != nil {
+		return nil, err
 	}
 	var probe map[string]json.RawMessage
 	if err := json.Unmarshal(req.Body, &probe); err != nil {
