@@ -435,6 +435,16 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 		pr.Kill()
 	}
 	drivertest.CheckGone(t, "killed behind the driver's back", append(held, procs...))
+	// Reaped too: ngsup's continue counts a zombie it still finds in the
+	// launch's tree as continued.
+	drivertest.Eventually(t, "the killed processes are reaped", func() (bool, string) {
+		for _, pr := range held {
+			if st, ok := drivertest.ReadStat(pr.PID); ok && st.StartTicks == pr.StartTicks {
+				return false, fmt.Sprintf("%d is still there in state %c", pr.PID, st.State)
+			}
+		}
+		return true, ""
+	})
 	resume(t, p, "ckpt-1")
 
 	r := h.MustSucceed(t)

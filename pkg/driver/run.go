@@ -526,19 +526,17 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 			switch {
 			case err != nil:
 				cause = "failed"
-			case out.Result.Processes > 0 && res.Continued == 0:
-				// Nothing the pause held is left to continue: something
-				// killed the launch while it was paused. Following it would
-				// take its end for the harness's.
+			case out.Result.Processes > 0 && res.Continued == 0 && !rn.endedWell(ctx, st):
+				// Nothing the pause held is left to continue, and the
+				// harness did not finish: something killed the launch while
+				// it was paused. Following it would take its end for the
+				// harness's.
 				cause = "found_nothing"
 				err = fmt.Errorf("the continue found none of the %d processes its pause held (%d gone)", out.Result.Processes, res.Skipped)
 			}
 			rn.obs().Continued(time.Since(began), err == nil, cause)
 			if err == nil {
-				st.log.Info("continued", "launch", lv.ref.ID, "processes", res.Continued, "elapsed_ms", res.ElapsedMS)
-				if res.Skipped > 0 {
-					st.log.Warn("some processes the pause held were gone at the continue", "launch", lv.ref.ID, "gone", res.Skipped, "held", out.Result.Processes)
-				}
+				st.log.Info("continued", "launch", lv.ref.ID, "processes", res.Continued, "gone", res.Skipped, "elapsed_ms", res.ElapsedMS)
 				return false, false, nil
 			}
 			st.log.Warn("the paused launch could not be continued; stopping it and relaunching", "launch", lv.ref.ID, "error", err.Error())
@@ -549,6 +547,18 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 		}
 	}
 	return true, false, rn.stopAndRelaunch(ctx, st, "stopped at a checkpoint", true)
+}
+
+// endedWell reports whether the live launch's receipt says its harness
+// ended by itself with exit code 0 (it finished as the pause came: its
+// result is kept). An unsupervised launch has no receipt.
+func (rn *Runner) endedWell(ctx context.Context, st *attemptState) bool {
+	lv := st.live
+	if !lv.ref.Supervised {
+		return false
+	}
+	r, err := rn.Ngsup.Status(ctx, st.sb, lv.bin, lv.ref)
+	return err == nil && r.Ended && r.ExitCode == 0 && r.Signal == 0
 }
 
 func errText(err error) string {
