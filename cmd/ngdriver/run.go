@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,7 +64,9 @@ JSON, with the launch log ng_harness_launches, goes to stdout.
 harness paused in place, or stopped with --pause=false), the owner snapshots
 the sandbox, and the run goes on. --crash-at abandons the run at that time as
 if the driver had died, then restores the last committed checkpoint: the owner
-forks the snapshot and the run continues from its bookmark in the fork.`,
+forks the snapshot and the run continues from its bookmark in the fork.
+--crash-at fires on time, also while a checkpoint holds the run (--hold): that
+checkpoint, if it was committed, is never opened and is the one restored.`,
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usagef("run takes no arguments, got %q", args)
@@ -75,7 +79,7 @@ forks the snapshot and the run continues from its bookmark in the fork.`,
 	fl.StringVar(&f.taskFile, "task-file", "", "JSON run body (task, check, files, fake options); flags below fill what it lacks")
 	fl.StringVar(&f.task, "task", "count to the end, one step at a time", "the task text given to the harness")
 	fl.StringVar(&f.check, "check", "", "shell command the owner runs in the workdir to verify (exit 0 = reward 1); default: every step is in ./progress")
-	fl.StringVar(&f.rollout, "rollout-id", "demo-1", "the rollout id")
+	fl.StringVar(&f.rollout, "rollout-id", "", "the rollout id (default: a new one, run-<time>-<random>, printed in the log)")
 	fl.StringVar(&f.adapter, "adapter", "fake", "the harness adapter: fake or opencode")
 	fl.StringVar(&f.openCode, "opencode", "", "opencode adapter: the opencode binary (as the sandbox sees it)")
 	fl.StringVar(&f.modelURL, "model-url", "", "opencode adapter: the OpenAI-compatible model server's base URL (without /v1)")
@@ -130,6 +134,9 @@ func buildBody(f runFlags) (json.RawMessage, error) {
 			body[k] = v
 		}
 	}
+	if f.rollout == "" {
+		f.rollout = newRolloutID()
+	}
 	setDefault("rollout_id", f.rollout)
 	setDefault("task", f.task)
 	if f.adapter == "fake" {
@@ -142,6 +149,15 @@ func buildBody(f runFlags) (json.RawMessage, error) {
 		setDefault("check", f.check)
 	}
 	return json.Marshal(body)
+}
+
+// newRolloutID names a rollout no other run names: the time and 8 random
+// hex digits, so two `ngdriver run` started together never share a rollout
+// (nor its launch ids and sandboxes).
+func newRolloutID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("run-%s-%s", time.Now().UTC().Format("20060102T150405"), hex.EncodeToString(b[:]))
 }
 
 func newLogger() *slog.Logger {
@@ -189,10 +205,11 @@ func runRollout(ctx context.Context, f runFlags) error {
 		RolloutID string `json:"rollout_id"`
 	}
 	json.Unmarshal(body, &meta)
-	if meta.RolloutID == "" {
-		return usagef("the run body has no rollout_id")
+	if err := driver.ValidateRolloutID(meta.RolloutID); err != nil {
+		return usagef("--rollout-id (or the run body's rollout_id): %v", err)
 	}
 	log := newLogger()
+	log.Info("rollout", "rollout", meta.RolloutID)
 	stateDir := f.stateDir
 	if stateDir == "" {
 		stateDir, err = os.MkdirTemp("", "ngdriver-run-")
@@ -264,6 +281,36 @@ func runRollout(ctx context.Context, f runFlags) error {
 		events = append(events, event{at: d, crash: true})
 	}
 	slices.SortStableFunc(events, func(a, b event) int { return int(a.at - b.at) })
+	// A checkpoint runs beside the loop, so a crash due during its hold
+	// fires on time: the checkpoint is left committed and not opened (the
+	// run is abandoned parked), and the restore uses it.
+	type checkpointed struct {
+		c   driver.Committed
+		err error
+	}
+	var ckDone chan checkpointed // non-nil while a checkpoint runs
+	var cancelCk context.CancelFunc
+	finished := func(r checkpointed, abandoned bool) {
+		cancelCk()
+		ckDone = nil
+		if r.c.ID != "" {
+			last = &r.c
+		}
+		if r.err != nil && !abandoned {
+			log.Warn("checkpoint failed", "error", r.err.Error())
+		}
+	}
+	// endCheckpoint waits for the checkpoint in progress, if any; abandon
+	// ends it first (it is then never opened).
+	endCheckpoint := func(abandon bool) {
+		if ckDone == nil {
+			return
+		}
+		if abandon {
+			cancelCk()
+		}
+		finished(<-ckDone, abandon)
+	}
 	for i := 0; ; {
 		var timer <-chan time.Time
 		if i < len(events) {
@@ -271,6 +318,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 		}
 		select {
 		case out := <-done:
+			endCheckpoint(true)
 			cancelRun(nil)
 			if out.err != nil {
 				return fmt.Errorf("rollout %s: %w", meta.RolloutID, out.err)
@@ -278,22 +326,27 @@ func runRollout(ctx context.Context, f runFlags) error {
 			os.Stdout.Write(append(indent(out.result), '\n'))
 			return nil
 		case <-ctx.Done():
+			endCheckpoint(true)
 			cancelRun(context.Canceled)
 			<-done
 			return errors.New("interrupted")
+		case r := <-ckDone:
+			finished(r, false)
 		case <-timer:
 			ev := events[i]
 			i++
 			if !ev.crash {
+				endCheckpoint(false) // one checkpoint at a time
 				id := fmt.Sprintf("ckpt-%d", i)
-				c, err := driver.Checkpoint(ctx, rn.Participant, own, id, f.hold, log)
-				if err != nil {
-					log.Warn("checkpoint failed", "checkpoint", id, "error", err.Error())
-					continue
-				}
-				last = &c
+				ckCtx, cancel := context.WithCancel(ctx)
+				cancelCk, ckDone = cancel, make(chan checkpointed, 1)
+				go func(p *driver.Participant, ch chan checkpointed) {
+					c, err := driver.Checkpoint(ckCtx, p, own, id, f.hold, log)
+					ch <- checkpointed{c, err}
+				}(rn.Participant, ckDone)
 				continue
 			}
+			endCheckpoint(true)
 			log.Warn("crash: the driver is abandoned with nothing cleaned up")
 			cancelRun(driver.ErrCrashed)
 			<-done

@@ -40,6 +40,14 @@ type LaunchRecord struct {
 	ExitCode int `json:"exit_code"`
 	// Pauses counts the checkpoints that paused it in place.
 	Pauses int `json:"pauses"`
+	// PausedS is how long it was held paused in all, in seconds: summed
+	// over its pauses, each from the pause confirmed to the continue (or
+	// the stop that ended it) returned, as the driver measures it. A
+	// signal-level pause cannot stop the harness's own clocks, so its
+	// timers (a tool's timeout) count this time too. A launch that a crash
+	// took is reported as the checkpoint that paused it exported it: its
+	// paused_s counts the pauses before that one.
+	PausedS float64 `json:"paused_s"`
 	// Supervised says ngsup supervised it (else it ran tagged only).
 	Supervised bool `json:"supervised"`
 	// Error is why it failed or was interrupted, when known.

@@ -72,7 +72,7 @@ func startBatchedRuns(t *testing.T, e *drivertest.Env, rn *driver.Runner, name s
 	runs := make([]*batchedRun, n)
 	for i := range runs {
 		ro := e.Rollout(fmt.Sprintf("%s-%02d", name, i))
-		runs[i] = &batchedRun{ro: ro, launch: ro + "-a1-l1",
+		runs[i] = &batchedRun{ro: ro, launch: driver.LaunchID(ro, 1, 1),
 			h: e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))}
 	}
 	for _, r := range runs {
@@ -179,7 +179,7 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 	p := driver.NewParticipant(0)
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	short := e.Rollout("batch-ended")
-	shortLaunch := short + "-a1-l1"
+	shortLaunch := driver.LaunchID(short, 1, 1)
 	held := make(chan struct{})
 	var waits atomic.Int32
 	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {

@@ -1,8 +1,10 @@
 package driver_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/ngharness/ngharness/pkg/driver"
@@ -93,4 +95,36 @@ func TestOtherLaunchesLeftAlone(t *testing.T) {
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	checkVerified(t, e, kept, r)
 	drivertest.CheckStepsOnce(t, sessK, pauseSteps)
+}
+
+// TestIncompleteStopIsWarned proves that a stop whose reply says it could
+// not search everything (partial: the supervisor's tree was not searched;
+// out_of_time: it ran out of its own time) is logged as a warning naming
+// the launch, never taken silently for a clean stop. The real stop of a
+// cancelled run runs; its reply is marked so on its way back.
+func TestIncompleteStopIsWarned(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		res, err := next(ctx, req)
+		if len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "stop" {
+			res.Stdout = bytes.Replace(res.Stdout, []byte(`{`), []byte(`{"partial":true,"out_of_time":true,`), 1)
+		}
+		return res, err
+	})
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+	ro := e.Rollout("stop-partial")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	e.WaitSteps(e.WaitSession(sbID, ro), 1)
+	h.Cancel(nil)
+	h.Wait(t)
+	launch := driver.LaunchID(ro, 1, 1)
+	for _, line := range strings.Split(e.Logs(), "\n") {
+		if contains(line, "level=WARN") && contains(line, launch) && contains(line, "partial=true") && contains(line, "out_of_time=true") {
+			return
+		}
+	}
+	t.Errorf("no warning names launch %s and says its stop was partial and out of time", launch)
 }

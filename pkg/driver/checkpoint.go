@@ -25,7 +25,8 @@ type Committed struct {
 // Checkpoint runs one whole checkpoint in process, as a controller would:
 // prepare (every run parks), the owner's snapshot, commit, then resume after
 // hold. It is how `ngdriver run --checkpoint-at` and the tests open a
-// checkpoint without the HTTP control plane.
+// checkpoint without the HTTP control plane. If ctx ends during the hold,
+// the checkpoint is returned committed but not opened, with an error.
 func Checkpoint(ctx context.Context, p *Participant, o CheckpointOwner, id string, hold time.Duration, log *slog.Logger) (Committed, error) {
 	log = log.With("checkpoint", id)
 	prep, err := p.Prepare(ctx, id, time.Now().Add(5*time.Minute))
@@ -52,6 +53,9 @@ func Checkpoint(ctx context.Context, p *Participant, o CheckpointOwner, id strin
 		select {
 		case <-time.After(hold):
 		case <-ctx.Done():
+			// The caller is going away (a rehearsed crash): the
+			// checkpoint stays committed and is not opened.
+			return Committed{ID: id, Records: recs}, fmt.Errorf("checkpoint %s committed, not opened: %w", id, context.Cause(ctx))
 		}
 	}
 	if err := p.Resume(id); err != nil {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ngharness/ngharness/pkg/driver"
@@ -85,7 +88,7 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 	if want := fmt.Sprintf("the saved session holds %d completed steps", len(saved)); r.Launches[1].Reason != want {
 		t.Errorf("the relaunch's reason is %q, want the adapter's %q", r.Launches[1].Reason, want)
 	}
-	if r.Launches[1].ID != ro+"-a2-l2" {
+	if r.Launches[1].ID != driver.LaunchID(ro, 2, 2) {
 		t.Errorf("the relaunch is %s, want launch 2 of attempt 2", r.Launches[1].ID)
 	}
 	if r.Response.FirstStep != len(saved)+1 || r.Response.Steps != steps {
@@ -94,6 +97,60 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, e.SessionOf(sb1, bm.State), steps)
 	e.CheckNoProcs("after verify")
+	if got := goneLines(e.Logs()); len(got) != 1 || !contains(got[0], "relaunching on its saved session") {
+		t.Errorf("want one line saying the paused launch is gone and the relaunch continues its session, got %q", got)
+	}
+}
+
+// goneLines are the log lines about a paused launch a crash took.
+func goneLines(log string) []string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if contains(l, "the paused launch is gone") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// TestGonePausedLaunchLogsWhatTheRelaunchDoes proves that the line about a
+// paused launch a crash took says what the relaunch really does, once: here
+// the fork's saved session holds no completed step (its steps file is
+// removed before attempt 2), so the relaunch starts over, and nothing says
+// it continues the saved session.
+func TestGonePausedLaunchLogsWhatTheRelaunchDoes(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	ro := e.Rollout("crash-fresh")
+	body := drivertest.Task(ro, steps, stepS, nil)
+	p1 := driver.NewParticipant(0)
+	h1 := e.Start(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body)
+	sb0 := e.WaitSeeded(ro, 1).SandboxID
+	e.WaitSteps(e.WaitSession(sb0, ro), 1)
+	prepare(t, p1, "ckpt-1")
+	recs := commit(t, e, p1, "ckpt-1", false)
+	_, bm := bookmarkOf(t, recs, ro)
+	h1.Cancel(driver.ErrCrashed) // while parked: the paused launch goes with it
+	h1.Wait(t)
+	if err := e.Owner.Restore(context.Background(), "ckpt-1"); err != nil {
+		t.Fatal(err)
+	}
+	sb1 := e.Session(ro).SandboxID
+	if err := os.Remove(filepath.Join(e.SessionOf(sb1, bm.State), "steps")); err != nil {
+		t.Fatal(err)
+	}
+	p2 := driver.NewParticipant(0)
+	if err := p2.Restore("ckpt-1", recs); err != nil {
+		t.Fatal(err)
+	}
+	r := e.Start(e.Runner(drivertest.Fake(steps, stepS), p2), ro, 2, body).MustSucceed(t)
+	if len(r.Launches) != 2 || r.Launches[1].Resumed {
+		t.Fatalf("want a second launch that started over, got %+v", r.Launches)
+	}
+	got := goneLines(e.Logs())
+	if len(got) != 1 || !contains(got[0], "starting over") || contains(got[0], "relaunching on its saved session") {
+		t.Errorf("want one line saying the paused launch is gone and the relaunch starts over, got %q", got)
+	}
 }
 
 // TestRestartRunNeverParkedAndStartsOver proves that a run the owner
@@ -159,7 +216,7 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 		t.Fatalf("want one launch in attempt 2, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
-	if r.Launches[0].Reason != "first launch" || r.Launches[0].ID != ro+"-a2-l1" || r.Launches[0].SandboxID != info.SandboxID {
+	if r.Launches[0].Reason != "first launch" || r.Launches[0].ID != driver.LaunchID(ro, 2, 1) || r.Launches[0].SandboxID != info.SandboxID {
 		t.Errorf("attempt 2's launch %+v: want a first launch of attempt 2 in %s", r.Launches[0], info.SandboxID)
 	}
 	if r.Response.FirstStep != 1 {

@@ -26,6 +26,8 @@ var (
 	// ErrDuplicateRun: a run with the same rollout id and attempt is
 	// already in flight.
 	ErrDuplicateRun = errors.New("run already in flight")
+	// ErrRunsInFlight: a restore asked for while runs are in flight.
+	ErrRunsInFlight = errors.New("runs in flight")
 	// ErrShuttingDown: the participant takes no new runs.
 	ErrShuttingDown = errors.New("shutting down")
 )

@@ -2,6 +2,7 @@ package driver_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -150,7 +151,7 @@ func TestLeavingTheSandbox(t *testing.T) {
 				t.Errorf("the driver stopped the sandbox itself: %v, want %v", listed, c.stops)
 			}
 			if c.breakWait {
-				launch := ro + "-a1-l1"
+				launch := driver.LaunchID(ro, 1, 1)
 				if stops := drivertest.ForLaunch(e.Backend.Verbs("stop"), launch); len(stops) == 0 {
 					t.Errorf("the driver did not kill the launch %s of the failed run", launch)
 				}
@@ -166,19 +167,28 @@ func TestLeavingTheSandbox(t *testing.T) {
 	}
 }
 
-// TestHostileTaskText proves that task text and a rollout id full of shell
-// syntax ($(...), backticks, quotes, ';', '&&', '|', '>', newlines, '*',
-// '~', runs of spaces) inject nothing: the run verifies, no marker file
-// appears anywhere, and the harness got the text as one argument (the fake
-// harness echoes it, less '"', '\' and newlines, in its response's "task").
+// TestHostileTaskText proves that task text full of shell syntax ($(...),
+// backticks, quotes, ';', '&&', '|', '>', newlines, '*', '~', runs of
+// spaces) injects nothing: the run verifies, no marker file appears
+// anywhere, and the harness got the text as one argument (the fake harness
+// echoes it, less '"', '\' and newlines, in its response's "task"). A
+// rollout id full of it is refused before anything runs (ErrBadRequest, no
+// seed).
 func TestHostileTaskText(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	marker := filepath.Join(os.TempDir(), "PWNED-"+e.Tag)
 	text := "a  b   $(touch " + marker + "-1) `touch " + marker + "-2`; touch " + marker + "-3 && echo 'q' \"dq\"\nline2 * ~ | tee " + marker + "-4 > " + marker + "-5 \\ end"
-	ro := "evil;$(touch " + marker + "-6)`id`'\"|x-" + e.Tag
 	p := driver.NewParticipant(0)
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
+	evil := "evil;$(touch " + marker + "-6)`id`'\"|x-" + e.Tag
+	if _, err := e.Start(rn, evil, 1, drivertest.Task(evil, 3, 0.1, nil)).Wait(t); !errors.Is(err, driver.ErrBadRequest) {
+		t.Errorf("a rollout id full of shell syntax: %v, want ErrBadRequest", err)
+	}
+	if n := len(e.Owner.Cookies(evil)); n != 0 {
+		t.Errorf("the refused rollout was seeded %d times", n)
+	}
+	ro := e.Rollout("hostile")
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, 3, 0.1, map[string]any{"task": text}))
 	r := h.MustSucceed(t)
 	checkVerified(t, e, ro, r)

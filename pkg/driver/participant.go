@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -478,7 +479,7 @@ func (p *Participant) Resume(checkpointID string) error {
 func (p *Participant) Restore(checkpointID string, records []Record) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.allowed("restore"); err != nil {
+	if err := p.restorableLocked(); err != nil {
 		return err
 	}
 	var bad []error
@@ -492,6 +493,41 @@ func (p *Participant) Restore(checkpointID string, records []Record) error {
 	p.phase = PhaseRestored
 	p.notify()
 	return joinErrs(bad)
+}
+
+// maxNamed bounds the rollouts an error names.
+const maxNamed = 10
+
+// CanRestore reports whether a restore would be accepted now: in idle, with
+// no run in flight. A restore under live runs would install records their
+// rollouts then cannot claim; the error (ErrRunsInFlight) names them.
+func (p *Participant) CanRestore() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.restorableLocked()
+}
+
+func (p *Participant) restorableLocked() error {
+	if err := p.allowed("restore"); err != nil {
+		return err
+	}
+	if len(p.runs) == 0 {
+		return nil
+	}
+	live := make([]string, 0, len(p.runs))
+	for id := range p.runs {
+		live = append(live, id)
+	}
+	slices.Sort(live)
+	return fmt.Errorf("%w: cannot restore while %d runs are in flight: %s", ErrRunsInFlight, len(live), nameSome(live, maxNamed))
+}
+
+// nameSome lists at most n of ids, saying how many more there are.
+func nameSome(ids []string, n int) string {
+	if len(ids) <= n {
+		return strings.Join(ids, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(ids[:n], ", "), len(ids)-n)
 }
 
 // Retire forgets a finished checkpoint; a restored phase goes back to idle.

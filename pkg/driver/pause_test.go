@@ -2,6 +2,11 @@ package driver_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -167,6 +172,49 @@ func TestCheckpointClosedBeforeTheRunWakes(t *testing.T) {
 	drivertest.CheckGone(t, "after verify", procs)
 }
 
+// TestPausedTimeIsRecorded proves that each launch's entry in
+// ng_harness_launches says how long it was held paused (paused_s, summed
+// over its pauses): two checkpoints each held for a known time give at
+// least their sum, and the launch's duration includes it.
+func TestPausedTimeIsRecorded(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+	ro := e.Rollout("paused-time")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	e.WaitSteps(sess, 1)
+	const hold = 700 * time.Millisecond
+	for i, id := range []string{"ckpt-1", "ckpt-2"} {
+		prepare(t, p, id)
+		time.Sleep(hold)
+		resume(t, p, id)
+		drivertest.Eventually(t, id+": ngsup continue returns", func() (bool, string) {
+			n := len(e.Backend.Verbs("continue"))
+			return n == i+1, itoa(n) + " continue commands returned"
+		})
+	}
+	r := h.MustSucceed(t)
+	var raw struct {
+		Launches []map[string]any `json:"ng_harness_launches"`
+	}
+	if err := json.Unmarshal(r.Raw, &raw); err != nil || len(raw.Launches) != 1 {
+		t.Fatalf("want one launch entry: %v %s", err, r.Raw)
+	}
+	l := raw.Launches[0]
+	paused, ok := l["paused_s"].(float64)
+	if want := 2 * hold.Seconds(); !ok || paused < want {
+		t.Errorf("the launch entry's paused_s is %v, want at least %.1f (two holds of %s): %v", l["paused_s"], want, hold, l)
+	}
+	if d, _ := l["duration_s"].(float64); d < paused {
+		t.Errorf("duration_s %v is less than paused_s %v", d, paused)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 2, false)
+	checkVerified(t, e, ro, r)
+}
+
 // TestPausedUnsupervisedLaunch proves that a launch without a supervisor
 // (tagged only: no `ngsup run`) is paused in place too: every process of it,
 // found by its tag (and the untagged child as a descendant), is stopped
@@ -240,7 +288,7 @@ func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, n, 0.1, nil))
 	await(t, held, "the driver waits on the launch", h)
 	sbID := e.Session(ro).SandboxID
-	launchID := ro + "-a1-l1"
+	launchID := driver.LaunchID(ro, 1, 1)
 	drivertest.Eventually(t, "the harness has ended", func() (bool, string) {
 		r := e.Receipt(sbID, launchID)
 		return r != nil && r.Ended, "no ended receipt"
@@ -337,6 +385,89 @@ func TestContinueFailureStopsAndRelaunches(t *testing.T) {
 	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, sess, steps)
+}
+
+// heldByPause reads the processes the last pause of a launch stopped (the
+// launch folder's paused set) on the host.
+func heldByPause(t *testing.T, launchDir string) []drivertest.Proc {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(launchDir, proto.PausedFile))
+	if err != nil {
+		t.Fatalf("the paused set of the launch: %v", err)
+	}
+	var out []drivertest.Proc
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var p drivertest.Proc
+		if _, err := fmt.Sscanf(line, "%d %d", &p.PID, &p.StartTicks); err == nil && p.PID > 0 {
+			p.Kind = "paused"
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("the paused set of the launch is empty: %q", data)
+	}
+	return out
+}
+
+// TestContinueThatFindsNothingRelaunches proves that a continue that finds
+// none of the processes its pause held is a failure, never a success: the
+// launch's processes are killed behind the driver's back while it is parked
+// (each by pid, as another launch's stop once did), and when the checkpoint
+// opens the driver warns naming the launch, records why, and relaunches on
+// the saved session instead of following a dead launch to a failed verify.
+func TestContinueThatFindsNothingRelaunches(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := driver.NewParticipant(0)
+	rn := e.Runner(drivertest.Fake(steps, stepS), p)
+	ro := e.Rollout("continue-nothing")
+	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	e.WaitSteps(sess, 2)
+	prepare(t, p, "ckpt-1")
+	checkStates(t, "while parked", procs, "Tt")
+	// Every process the pause holds (its paused set, "pid start" lines),
+	// each killed only if it is still the one recorded.
+	held := heldByPause(t, e.LaunchDir(sbID, driver.LaunchID(ro, 1, 1)))
+	for _, pr := range held {
+		pr.Kill()
+	}
+	drivertest.CheckGone(t, "killed behind the driver's back", append(held, procs...))
+	// Reaped too: ngsup's continue counts a zombie it still finds in the
+	// launch's tree as continued.
+	drivertest.Eventually(t, "the killed processes are reaped", func() (bool, string) {
+		for _, pr := range held {
+			if st, ok := drivertest.ReadStat(pr.PID); ok && st.StartTicks == pr.StartTicks {
+				return false, fmt.Sprintf("%d is still there in state %c", pr.PID, st.State)
+			}
+		}
+		return true, ""
+	})
+	resume(t, p, "ckpt-1")
+
+	r := h.MustSucceed(t)
+	if len(r.Launches) != 2 {
+		t.Fatalf("want two launches (the dead one, then a relaunch), got %+v", r.Launches)
+	}
+	first := r.Launches[0]
+	checkLaunch(t, first, driver.OutcomeInterrupted, 1, false)
+	if !contains(first.Error, "found none of the") {
+		t.Errorf("the first launch's error %q does not say the continue found nothing", first.Error)
+	}
+	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, sess, steps)
+	var warned bool
+	for _, line := range strings.Split(e.Logs(), "\n") {
+		if contains(line, "level=WARN") && contains(line, "could not be continued") && contains(line, first.ID) {
+			warned = true
+		}
+	}
+	if !warned {
+		t.Errorf("no warning naming launch %s says it could not be continued", first.ID)
+	}
 }
 
 // TestUnconfirmedPauseFallsBackToStop proves that a pause ngsup cannot

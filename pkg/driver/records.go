@@ -3,6 +3,8 @@ package driver
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,8 +26,10 @@ const RecordsVersion = 1
 var ErrBadRecords = errors.New("bad checkpoint records")
 
 // recordsLine is one line of a records file. The first line is a header,
-// then one line per run, then an end line whose count lets a reader tell a
-// whole file from a truncated one.
+// then one line per run, then an end line, written last, whose count and
+// SHA-256 (of every byte before the end line) let a reader tell a whole file
+// from a truncated or altered one. Files of earlier builds have no SHA-256 in
+// their end line; they are read with the count check alone.
 type recordsLine struct {
 	V            int             `json:"v"`
 	Kind         string          `json:"kind"` // "header", "run", "end"
@@ -36,6 +40,7 @@ type recordsLine struct {
 	Attempt      int             `json:"attempt,omitempty"`
 	Bookmark     json.RawMessage `json:"bookmark,omitempty"`
 	Count        *int            `json:"count,omitempty"`
+	SHA256       string          `json:"sha256,omitempty"`
 }
 
 // RecordsPath is where participant writes its records for a checkpoint:
@@ -65,11 +70,14 @@ func WriteRecords(checkpointDir, participant, checkpointID string, records []Rec
 	for _, r := range records {
 		lines = append(lines, recordsLine{V: RecordsVersion, Kind: "run", RolloutID: r.RolloutID, Attempt: r.Attempt, Bookmark: r.Bookmark})
 	}
-	lines = append(lines, recordsLine{V: RecordsVersion, Kind: "end", Count: &n})
 	for _, l := range lines {
 		if err := enc.Encode(l); err != nil {
 			return "", fmt.Errorf("write records: %w", err)
 		}
+	}
+	sum := sha256.Sum256(buf.Bytes())
+	if err := enc.Encode(recordsLine{V: RecordsVersion, Kind: "end", Count: &n, SHA256: hex.EncodeToString(sum[:])}); err != nil {
+		return "", fmt.Errorf("write records: %w", err)
 	}
 	if err := proto.WriteFileAtomic(path, buf.Bytes(), 0o644); err != nil {
 		return "", fmt.Errorf("write records: %w", err)
@@ -77,25 +85,40 @@ func WriteRecords(checkpointDir, participant, checkpointID string, records []Rec
 	return path, nil
 }
 
-// ReadRecords reads every records-*.jsonl file of a checkpoint and returns
-// its runs, validated. Any bad file fails the whole read with an error that
-// names the file and the line: nothing half-read is ever installed.
-func ReadRecords(checkpointDir, checkpointID string) ([]Record, error) {
+// ReadRecords reads the records of a checkpoint for participant: its own
+// file, which must be there and whole (a commit writes it even when it
+// exported no run), and every other records-*.jsonl file of the checkpoint.
+// It returns their runs, validated. A missing, truncated or altered file
+// fails the whole read with an error that names the file (and the line):
+// nothing half-read is ever installed, and a restore never succeeds having
+// read nothing because the commit died before its file was in place.
+func ReadRecords(checkpointDir, participant, checkpointID string) ([]Record, error) {
 	if checkpointDir == "" || !filepath.IsAbs(checkpointDir) {
 		return nil, fmt.Errorf("%w: checkpoint_dir %q is not an absolute path", ErrBadRequest, checkpointDir)
+	}
+	if err := proto.ValidateID(participant); err != nil {
+		return nil, fmt.Errorf("%w: participant name: %v", ErrBadRequest, err)
+	}
+	if _, err := os.Stat(checkpointDir); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: checkpoint_dir %s does not exist", ErrBadRecords, checkpointDir)
+	}
+	own := RecordsPath(checkpointDir, participant)
+	if _, err := os.Stat(own); err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%w: %v", ErrBadRecords, err)
+		}
+		temps, _ := filepath.Glob(filepath.Join(filepath.Dir(own), "."+filepath.Base(own)+".tmp-*"))
+		if len(temps) > 0 {
+			return nil, fmt.Errorf("%w: %s is missing and only the temporary file %s is there: the commit of checkpoint %s died while writing its records", ErrBadRecords, own, temps[0], checkpointID)
+		}
+		return nil, fmt.Errorf("%w: %s is missing: participant %s never committed checkpoint %s into %s", ErrBadRecords, own, participant, checkpointID, checkpointDir)
 	}
 	files, err := filepath.Glob(filepath.Join(checkpointDir, "gym", "records-*.jsonl"))
 	if err != nil {
 		return nil, fmt.Errorf("read records: %w", err)
 	}
-	if len(files) == 0 {
-		if _, err := os.Stat(checkpointDir); errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("%w: checkpoint_dir %s does not exist", ErrBadRecords, checkpointDir)
-		}
-		return []Record{}, nil
-	}
 	slices.Sort(files)
-	var out []Record
+	out := []Record{}
 	seen := map[string]string{}
 	for _, f := range files {
 		recs, err := readRecordsFile(f, checkpointID)
@@ -132,9 +155,13 @@ func readRecordsFile(path, checkpointID string) ([]Record, error) {
 	var out []Record
 	var header *recordsLine
 	ended := false
+	offset := 0 // of the line being read
 	n := 1
 	for ; sc.Scan(); n++ {
-		text := strings.TrimSpace(sc.Text())
+		raw := sc.Bytes()
+		at := offset
+		offset += len(raw) + 1
+		text := strings.TrimSpace(string(raw))
 		if text == "" {
 			continue
 		}
@@ -172,6 +199,15 @@ func readRecordsFile(path, checkpointID string) ([]Record, error) {
 		case l.Kind == "end":
 			if l.Count == nil || *l.Count != len(out) {
 				return nil, bad(n, "the end line counts %v runs, the file holds %d", l.Count, len(out))
+			}
+			if header.Count != nil && *header.Count != len(out) {
+				return nil, bad(n, "the header counts %d runs, the file holds %d", *header.Count, len(out))
+			}
+			if l.SHA256 != "" {
+				sum := sha256.Sum256(data[:at])
+				if got := hex.EncodeToString(sum[:]); got != l.SHA256 {
+					return nil, bad(n, "the end line's sha256 %s does not match the file's %s (the file was altered)", l.SHA256, got)
+				}
 			}
 			ended = true
 		default:

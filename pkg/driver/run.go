@@ -2,6 +2,8 @@ package driver
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -89,6 +91,7 @@ type attemptState struct {
 	sb   *LentSandbox // the sandbox of the current launch
 	own  *LentSandbox // the driver's own sandbox, when none is lent
 	live *liveLaunch  // the launch running or paused now
+	gone *LaunchRef   // a paused launch the crash took, until the relaunch says what it does
 }
 
 type liveLaunch struct {
@@ -102,8 +105,8 @@ type liveLaunch struct {
 // verify, return, recording a bookmark before each step. The result is the
 // owner's verify reply plus ng_harness_launches.
 func (rn *Runner) Run(ctx context.Context, req RunRequest) (json.RawMessage, error) {
-	if req.RolloutID == "" {
-		return nil, fmt.Errorf("%w: no rollout id", ErrBadRequest)
+	if err := ValidateRolloutID(req.RolloutID); err != nil {
+		return nil, err
 	}
 	var probe map[string]json.RawMessage
 	if err := json.Unmarshal(req.Body, &probe); err != nil {
@@ -228,11 +231,10 @@ func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies
 // harness is the one long wait step: launch, follow, park at checkpoints,
 // relaunch after a stop, until the harness has finished.
 func (rn *Runner) harness(ctx context.Context, st *attemptState) error {
-	if st.bm.Paused != nil {
-		// Continued from the bookmark of a checkpoint that paused the
-		// launch in place: that launch went with the crash.
-		st.log.Info("the paused launch is gone; relaunching on its saved session", "launch", st.bm.Paused.ID)
-	}
+	// Continued from the bookmark of a checkpoint that paused the launch in
+	// place: that launch went with the crash. What the relaunch does is
+	// logged once the resume decision is made.
+	st.gone = st.bm.Paused
 	for {
 		// Before every launch: a bookmark; parks here during a checkpoint.
 		st.bm.Paused = nil
@@ -284,8 +286,16 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 			rec.Reason = "no saved session to continue"
 		}
 	}
+	if gone := st.gone; gone != nil {
+		st.gone = nil
+		if rec.Resumed {
+			st.log.Info("the paused launch is gone; relaunching on its saved session", "launch", gone.ID, "reason", rec.Reason)
+		} else {
+			st.log.Info("the paused launch is gone; its saved session cannot be continued, starting over", "launch", gone.ID, "reason", rec.Reason)
+		}
+	}
 	n := len(st.bm.Launches) + 1
-	rec.ID = launchID(st.req.RolloutID, st.r.attempt, n)
+	rec.ID = LaunchID(st.req.RolloutID, st.r.attempt, n)
 	ref := LaunchRef{ID: rec.ID, Dir: path.Join(lent.Root(), "launches", rec.ID), SandboxID: lent.ID(), Supervised: !rn.Unsupervised}
 	rec.Supervised = ref.Supervised
 	bin, err := rn.Ngsup.Ensure(ctx, lent)
@@ -328,9 +338,17 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 	return nil
 }
 
-// launchID names a launch: rollout, attempt and launch number, in ngsup's
-// id alphabet.
-func launchID(rollout string, attempt, n int) string {
+// launchPrefixLen bounds the readable part of a launch id.
+const launchPrefixLen = 64
+
+// LaunchID names launch n of an attempt of a rollout, in ngsup's id
+// alphabet and length: a readable prefix (the rollout id with every
+// character outside [A-Za-z0-9._-] made '_', cut to 64 bytes, then
+// -a<attempt>-l<n>) and 12 hex digits of the SHA-256 of the exact rollout
+// id, attempt and launch number. Two launches that differ in any of the
+// three get different ids even when their prefixes are the same
+// ("dup:1" and "dup/1", or ids sharing their first 64 bytes).
+func LaunchID(rollout string, attempt, n int) string {
 	clean := strings.Map(func(r rune) rune {
 		switch {
 		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
@@ -339,10 +357,14 @@ func launchID(rollout string, attempt, n int) string {
 		return '_'
 	}, rollout)
 	clean = strings.TrimLeft(clean, ".")
-	if len(clean) > 120 {
-		clean = clean[:120]
+	if len(clean) > launchPrefixLen {
+		clean = clean[:launchPrefixLen]
 	}
-	return fmt.Sprintf("%s-a%d-l%d", clean, attempt, n)
+	if clean == "" {
+		clean = "launch"
+	}
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%d\x00%d\x00%s", attempt, n, rollout)))
+	return fmt.Sprintf("%s-a%d-l%d-%s", clean, attempt, n, hex.EncodeToString(sum[:6]))
 }
 
 // follow waits on the live launch with short `ngsup wait` calls, parks at
@@ -469,6 +491,7 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 			st.log.Info("the launch had already ended; keeping its result", "launch", lv.ref.ID)
 			return false, true, nil
 		case out.Paused():
+			pausedAt := time.Now()
 			rec.Pauses++
 			st.log.Info("paused", "launch", lv.ref.ID, "processes", out.Result.Processes,
 				"elapsed_ms", out.Result.ElapsedMS, "method", out.Result.Method, "pauses", rec.Pauses)
@@ -488,18 +511,32 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 				return false, false, err
 			}
 			if killed {
+				rec.PausedS += time.Since(pausedAt).Seconds()
 				st.log.Info("the paused launch was stopped by the commit; relaunching", "launch", lv.ref.ID)
 				rn.interrupted(st, "stopped at a checkpoint commit")
 				return true, false, nil
 			}
 			began := time.Now()
 			res, err := rn.Ngsup.Continue(ctx, st.sb, lv.bin, lv.ref)
+			rec.PausedS += time.Since(pausedAt).Seconds()
 			if cerr := context.Cause(ctx); cerr != nil {
 				return false, false, cerr // cancelled or crashed meanwhile
 			}
-			rn.obs().Continued(time.Since(began), err == nil)
+			cause := ""
+			switch {
+			case err != nil:
+				cause = "failed"
+			case out.Result.Processes > 0 && res.Continued == 0 && !rn.endedWell(ctx, st):
+				// Nothing the pause held is left to continue, and the
+				// harness did not finish: something killed the launch while
+				// it was paused. Following it would take its end for the
+				// harness's.
+				cause = "found_nothing"
+				err = fmt.Errorf("the continue found none of the %d processes its pause held (%d gone)", out.Result.Processes, res.Skipped)
+			}
+			rn.obs().Continued(time.Since(began), err == nil, cause)
 			if err == nil {
-				st.log.Info("continued", "launch", lv.ref.ID, "processes", res.Continued, "elapsed_ms", res.ElapsedMS)
+				st.log.Info("continued", "launch", lv.ref.ID, "processes", res.Continued, "gone", res.Skipped, "elapsed_ms", res.ElapsedMS)
 				return false, false, nil
 			}
 			st.log.Warn("the paused launch could not be continued; stopping it and relaunching", "launch", lv.ref.ID, "error", err.Error())
@@ -510,6 +547,18 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 		}
 	}
 	return true, false, rn.stopAndRelaunch(ctx, st, "stopped at a checkpoint", true)
+}
+
+// endedWell reports whether the live launch's receipt says its harness
+// ended by itself with exit code 0 (it finished as the pause came: its
+// result is kept). An unsupervised launch has no receipt.
+func (rn *Runner) endedWell(ctx context.Context, st *attemptState) bool {
+	lv := st.live
+	if !lv.ref.Supervised {
+		return false
+	}
+	r, err := rn.Ngsup.Status(ctx, st.sb, lv.bin, lv.ref)
+	return err == nil && r.Ended && r.ExitCode == 0 && r.Signal == 0
 }
 
 func errText(err error) string {

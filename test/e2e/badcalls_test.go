@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
 )
 
 // wantRefused checks a control reply is status with an error naming every
@@ -217,6 +219,15 @@ func TestBadCalls(t *testing.T) {
 			t.Errorf("%s: restore left files beside the records file: %v", name, ents)
 		}
 	}
+	// A commit that died while writing its records left only the
+	// temporary file: the restore names the missing file, never answers
+	// 200 with nothing restored.
+	died := filepath.Join(e.dir, "bad", "died-mid-write", "gym")
+	os.MkdirAll(died, 0o755)
+	os.WriteFile(filepath.Join(died, ".records-"+driverName+".jsonl.tmp-4242"), good[:len(good)/2], 0o644)
+	wantRefused(t, c.call(t, "restore", restoreBody(ckID, filepath.Dir(died), nil)), http.StatusUnprocessableEntity,
+		filepath.Join(died, "records-"+driverName+".jsonl"), "temporary")
+	e.wantPhase("idle")
 	// The good file under another checkpoint's id, and a checkpoint_dir
 	// that does not exist.
 	wantRefused(t, c.call(t, "restore", restoreBody(e.prefix+"-other", ckDir, nil)), http.StatusUnprocessableEntity, "line 1", e.prefix+"-other")
@@ -241,8 +252,8 @@ func checkOneLaunchFresh(t *testing.T, id string, res result, steps int) {
 		t.Errorf("%s: %+v, want a fresh run: reward 1, one launch, steps 1..%d", id, res, steps)
 		return
 	}
-	if l := res.Launches[0]; l.ID != id+"-a1-l1" || l.Resumed || l.Reason != "first launch" {
-		t.Errorf("%s: launch %+v, want %s-a1-l1, a first launch", id, l, id)
+	if l := res.Launches[0]; l.ID != driver.LaunchID(id, 1, 1) || l.Resumed || l.Reason != "first launch" {
+		t.Errorf("%s: launch %+v, want %s, a first launch", id, l, driver.LaunchID(id, 1, 1))
 	}
 }
 
@@ -298,7 +309,7 @@ func TestRolloutPath(t *testing.T) {
 	}
 	for i, c := range cases {
 		res := await(t, chans[i]).result(t)
-		want := fmt.Sprintf("%s-a%d-l1", c.rollout, c.attempt)
+		want := driver.LaunchID(c.rollout, c.attempt, 1)
 		if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].ID != want {
 			t.Errorf("POST %s (body rollout_id %q): reward %v, launches %+v; want one launch %s", c.path, c.bodyID, res.Reward, res.Launches, want)
 		}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
 )
 
 // flow is what runCheckpointFlow did: the runs, how many checkpoints paused
@@ -50,7 +52,7 @@ func runCheckpointFlow(t *testing.T, e *env, n, steps int) flow {
 			f.pauses[r.RolloutID]++
 			b := r.bookmark(t)
 			last := b.Launches[len(b.Launches)-1]
-			if !b.Resume || last.Pauses != f.pauses[r.RolloutID] || last.ID != r.RolloutID+"-a1-l1" {
+			if !b.Resume || last.Pauses != f.pauses[r.RolloutID] || last.ID != driver.LaunchID(r.RolloutID, 1, 1) {
 				t.Errorf("checkpoint %d: the bookmark of paused %s: resume %v, last launch %+v; want resume and pauses %d",
 					k, r.RolloutID, b.Resume, last, f.pauses[r.RolloutID])
 			}
@@ -95,8 +97,8 @@ func checkOneLaunch(t *testing.T, e *env, id string, res result, steps, pauses i
 		return
 	}
 	l := res.Launches[0]
-	if l.ID != id+"-a1-l1" || l.Outcome != "finished" || l.ExitCode != 0 || l.Resumed || l.Reason != "first launch" || !l.Supervised || l.Pauses != pauses {
-		t.Errorf("%s: launch %+v, want %s-a1-l1 finished, supervised, first launch, pauses %d", id, l, id, pauses)
+	if l.ID != driver.LaunchID(id, 1, 1) || l.Outcome != "finished" || l.ExitCode != 0 || l.Resumed || l.Reason != "first launch" || !l.Supervised || l.Pauses != pauses {
+		t.Errorf("%s: launch %+v, want %s finished, supervised, first launch, pauses %d", id, l, driver.LaunchID(id, 1, 1), pauses)
 	}
 	if res.Response.Steps != steps || res.Response.FirstStep != 1 {
 		t.Errorf("%s: response %+v, want %d steps from step 1", id, res.Response, steps)
@@ -200,12 +202,12 @@ func TestCommitStop(t *testing.T) {
 			continue
 		}
 		first, second := res.Launches[0], res.Launches[1]
-		if first.ID != id+"-a1-l1" || first.Outcome != "interrupted" || first.Pauses != 1 || !strings.Contains(first.Error, "stopped at a checkpoint commit") {
+		if first.ID != driver.LaunchID(id, 1, 1) || first.Outcome != "interrupted" || first.Pauses != 1 || !strings.Contains(first.Error, "stopped at a checkpoint commit") {
 			t.Errorf("%s: first launch %+v, want interrupted after 1 pause, stopped by the commit", id, first)
 		}
 		reason := fmt.Sprintf("the saved session holds %d completed steps", done[id])
-		if second.ID != id+"-a1-l2" || !second.Resumed || second.Reason != reason || second.Outcome != "finished" || second.SandboxID != first.SandboxID {
-			t.Errorf("%s: relaunch %+v, want %s-a1-l2 resumed (%q) in the same sandbox", id, second, id, reason)
+		if second.ID != driver.LaunchID(id, 1, 2) || !second.Resumed || second.Reason != reason || second.Outcome != "finished" || second.SandboxID != first.SandboxID {
+			t.Errorf("%s: relaunch %+v, want %s resumed (%q) in the same sandbox", id, second, driver.LaunchID(id, 1, 2), reason)
 		}
 		if res.Response.FirstStep != done[id]+1 || res.Response.Steps != steps {
 			t.Errorf("%s: response %+v, want steps %d..%d by the relaunch", id, res.Response, done[id]+1, steps)

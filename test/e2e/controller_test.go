@@ -10,6 +10,8 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -248,10 +250,12 @@ type recordsLine struct {
 	Attempt      int             `json:"attempt"`
 	Bookmark     json.RawMessage `json:"bookmark"`
 	Count        *int            `json:"count"`
+	SHA256       string          `json:"sha256"`
 }
 
 // checkRecordsFile checks a records file holds a header, exactly the
-// exported runs (same bookmarks), and an end line counting them.
+// exported runs (same bookmarks), and an end line counting them whose
+// sha256 is that of every line before it.
 func checkRecordsFile(t *testing.T, path, id string, want []record) {
 	t.Helper()
 	f, err := os.Open(path)
@@ -280,6 +284,12 @@ func checkRecordsFile(t *testing.T, path, id string, want []record) {
 	}
 	if end.V != 1 || end.Kind != "end" || end.Count == nil || *end.Count != len(want) {
 		t.Errorf("%s: bad end line %+v", path, end)
+	}
+	if data, err := os.ReadFile(path); err == nil {
+		body := data[:bytes.LastIndexByte(data[:len(data)-1], '\n')+1]
+		if sum := sha256.Sum256(body); end.SHA256 != hex.EncodeToString(sum[:]) {
+			t.Errorf("%s: the end line's sha256 %q is not that of the lines before it", path, end.SHA256)
+		}
 	}
 	for i, w := range want {
 		l := lines[i+1]

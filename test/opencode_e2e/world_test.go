@@ -323,7 +323,7 @@ func (w *world) sandboxes() []string {
 
 // launchID is the id the driver gives launch n of an attempt.
 func (w *world) launchID(attempt, n int) string {
-	return fmt.Sprintf("%s-a%d-l%d", w.rollout, attempt, n)
+	return driver.LaunchID(w.rollout, attempt, n)
 }
 
 // launchDir is the host path of a launch's folder.
@@ -409,7 +409,7 @@ func (o *observer) Paused(_ time.Duration, ok bool, _ string) {
 	}
 	o.mu.Unlock()
 }
-func (o *observer) Continued(_ time.Duration, ok bool) {
+func (o *observer) Continued(_ time.Duration, ok bool, _ string) {
 	o.mu.Lock()
 	if ok {
 		o.continues++

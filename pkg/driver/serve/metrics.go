@@ -17,6 +17,7 @@ type Metrics struct {
 	failedPauses    *prometheus.CounterVec
 	pauseSeconds    prometheus.Histogram
 	continueSeconds prometheus.Histogram
+	failedContinues *prometheus.CounterVec
 	relaunches      *prometheus.CounterVec
 	phaseSeconds    *prometheus.HistogramVec
 	httpRequests    *prometheus.CounterVec
@@ -44,6 +45,9 @@ func NewMetrics(p *driver.Participant) *Metrics {
 	m.continueSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "ngdriver_continue_seconds", Help: "Latency of a continue as the driver sees it (exec included).", Buckets: latencyBuckets,
 	})
+	m.failedContinues = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ngdriver_failed_continues_total", Help: "Continues that fell back to stop and relaunch, by cause (failed, found_nothing).",
+	}, []string{"cause"})
 	m.relaunches = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ngdriver_relaunches_total", Help: "Launches after a stop or a crash, by whether they resumed the saved session.",
 	}, []string{"resumed"})
@@ -55,7 +59,7 @@ func NewMetrics(p *driver.Participant) *Metrics {
 	}, []string{"route", "code"})
 	runs := prometheus.NewDesc("ngdriver_runs", "Runs registered, by the step they are at and what they are doing.", []string{"stage", "state"}, nil)
 	m.Registry.MustRegister(m.launches, m.pauses, m.failedPauses, m.pauseSeconds, m.continueSeconds,
-		m.relaunches, m.phaseSeconds, m.httpRequests, runsCollector{desc: runs, p: p})
+		m.failedContinues, m.relaunches, m.phaseSeconds, m.httpRequests, runsCollector{desc: runs, p: p})
 	return m
 }
 
@@ -91,7 +95,12 @@ func (m *Metrics) Paused(took time.Duration, ok bool, cause string) {
 }
 
 // Continued implements driver.Observer.
-func (m *Metrics) Continued(took time.Duration, ok bool) { m.continueSeconds.Observe(took.Seconds()) }
+func (m *Metrics) Continued(took time.Duration, ok bool, cause string) {
+	m.continueSeconds.Observe(took.Seconds())
+	if !ok {
+		m.failedContinues.WithLabelValues(cause).Inc()
+	}
+}
 
 // Relaunched implements driver.Observer.
 func (m *Metrics) Relaunched(resumed bool) {

@@ -112,6 +112,10 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, "run", fmt.Errorf("%w: no rollout id (in the path /ng-rollout/<id>/run or the body's rollout_id)", driver.ErrBadRequest))
 		return
 	}
+	if err := driver.ValidateRolloutID(req.RolloutID); err != nil {
+		s.fail(w, "run", err)
+		return
+	}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	stop := context.AfterFunc(s.base, func() { cancel(context.Cause(s.base)) })
@@ -189,7 +193,7 @@ func (s *Server) control(call string) http.HandlerFunc {
 			s.fail(w, call, err)
 			return
 		}
-		s.log().Info("checkpoint "+call, "checkpoint", req.CheckpointID, "took_ms", time.Since(begin).Milliseconds())
+		s.log().Info("checkpoint "+call, "checkpoint", driver.Clip(req.CheckpointID, 200), "took_ms", time.Since(begin).Milliseconds())
 		s.count(call, http.StatusOK)
 		writeJSON(w, http.StatusOK, reply)
 	}
@@ -209,10 +213,10 @@ func (s *Server) do(ctx context.Context, call string, req checkpointRequest) (an
 	case "resume":
 		return map[string]any{"checkpoint_id": req.CheckpointID, "resumed": true}, p.Resume(req.CheckpointID)
 	case "restore":
-		if ph := p.Phase(); ph != driver.PhaseIdle {
-			return nil, fmt.Errorf("%w: cannot restore in %s", driver.ErrPhase, ph)
+		if err := p.CanRestore(); err != nil {
+			return nil, err
 		}
-		recs, err := driver.ReadRecords(req.CheckpointDir, req.CheckpointID)
+		recs, err := driver.ReadRecords(req.CheckpointDir, s.Name, req.CheckpointID)
 		if err != nil {
 			return nil, err
 		}
@@ -273,7 +277,7 @@ func status(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, driver.ErrBadRecords):
 		return http.StatusUnprocessableEntity
-	case errors.Is(err, driver.ErrPhase), errors.Is(err, driver.ErrDuplicateRun):
+	case errors.Is(err, driver.ErrPhase), errors.Is(err, driver.ErrDuplicateRun), errors.Is(err, driver.ErrRunsInFlight):
 		return http.StatusConflict
 	case errors.Is(err, driver.ErrShuttingDown):
 		return http.StatusServiceUnavailable
@@ -283,6 +287,10 @@ func status(err error) int {
 	return http.StatusInternalServerError
 }
 
+// maxErrorText bounds the error text of a reply and its log line, so no
+// input echoed in an error comes back (or is logged) whole.
+const maxErrorText = 4 << 10
+
 func (s *Server) fail(w http.ResponseWriter, route string, err error) {
 	code := status(err)
 	s.count(route, code)
@@ -290,8 +298,12 @@ func (s *Server) fail(w http.ResponseWriter, route string, err error) {
 	if code >= 500 {
 		level = slog.LevelError
 	}
-	s.log().Log(context.Background(), level, route+" failed", "status", code, "error", err.Error())
-	writeJSON(w, code, map[string]string{"error": err.Error()})
+	msg := err.Error()
+	if len(msg) > maxErrorText {
+		msg = fmt.Sprintf("%s... (%d bytes cut)", strings.ToValidUTF8(msg[:maxErrorText], ""), len(msg)-maxErrorText)
+	}
+	s.log().Log(context.Background(), level, route+" failed", "status", code, "error", msg)
+	writeJSON(w, code, map[string]string{"error": msg})
 }
 
 func (s *Server) count(route string, code int) {

@@ -690,3 +690,6 @@ func Digest(t testing.TB, dir string) string {
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
+
+// Logs returns the driver's and the owner's log of the test so far.
+func (e *Env) Logs() string { return e.logs.String() }
