@@ -57,3 +57,29 @@ func TestContinueResumesExactlyWhatPauseStopped(t *testing.T) {
 		}
 	}
 }
+
+// TestContinueCountsKilledAsSkipped proves that a process the pause held and
+// that was killed while paused is counted skipped, not continued, even while
+// it is a zombie its stopped parent cannot reap yet: a continue that finds
+// only dead processes must say so, so the driver can relaunch.
+func TestContinueCountsKilledAsSkipped(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg"))
+	procs := map[string]proc{"harness": l.role("harness"), "bg": l.role("bg")}
+	l.pause()
+	wantHeld(t, procs)
+	bg := procs["bg"]
+	if err := unix.Kill(bg.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the killed process to be a zombie of its stopped parent", func() (bool, string) {
+		st, err := readStat(bg.PID)
+		return err == nil && st.State == 'Z', fmt.Sprintf("state %c, err %v", st.State, err)
+	})
+	res := l.resume()
+	if res.Continued != 1 || res.Skipped != 1 {
+		t.Errorf("continue after one of two held processes was killed: continued %d, skipped %d, want 1 and 1: %+v", res.Continued, res.Skipped, res)
+	}
+	waitRunning(t, map[string]proc{"harness": procs["harness"]})
+}
