@@ -83,3 +83,23 @@ func TestContinueCountsKilledAsSkipped(t *testing.T) {
 	}
 	waitRunning(t, map[string]proc{"harness": procs["harness"]})
 }
+
+// TestContinueAgainFindsLaunchRunning proves what a continue sent again
+// (its first reply lost on the way) says: it continues nothing, but finds
+// the launch's processes running, so the driver does not take the launch
+// for gone.
+func TestContinueAgainFindsLaunchRunning(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg", "-setsid"))
+	procs := map[string]proc{"harness": l.role("harness"), "bg": l.role("bg"), "setsid": l.role("setsid")}
+	l.pause()
+	wantHeld(t, procs)
+	if res := l.resume(); res.Continued != len(procs) || res.Found != len(procs) {
+		t.Errorf("first continue: continued %d, found %d, want %d and %d: %+v", res.Continued, res.Found, len(procs), len(procs), res)
+	}
+	waitRunning(t, procs)
+	if res := l.resume(); res.Continued != 0 || res.Found != len(procs) {
+		t.Errorf("continue sent again: continued %d, found %d, want 0 and %d: %+v", res.Continued, res.Found, len(procs), res)
+	}
+}

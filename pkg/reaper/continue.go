@@ -76,6 +76,7 @@ func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 			res.Continued++
 		}
 	})
+	res.Found = len(live(found))
 	// A held process killed while paused is skipped, not continued, even
 	// while it is a zombie its stopped parent has not reaped yet: a continue
 	// that finds only dead processes must say so.
