@@ -57,3 +57,49 @@ func TestContinueResumesExactlyWhatPauseStopped(t *testing.T) {
 		}
 	}
 }
+
+// TestContinueCountsKilledAsSkipped proves that a process the pause held and
+// that was killed while paused is counted skipped, not continued, even while
+// it is a zombie its stopped parent cannot reap yet: a continue that finds
+// only dead processes must say so, so the driver can relaunch.
+func TestContinueCountsKilledAsSkipped(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg"))
+	procs := map[string]proc{"harness": l.role("harness"), "bg": l.role("bg")}
+	l.pause()
+	wantHeld(t, procs)
+	bg := procs["bg"]
+	if err := unix.Kill(bg.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the killed process to be a zombie of its stopped parent", func() (bool, string) {
+		st, err := readStat(bg.PID)
+		return err == nil && st.State == 'Z', fmt.Sprintf("state %c, err %v", st.State, err)
+	})
+	res := l.resume()
+	if res.Continued != 1 || res.Skipped != 1 {
+		t.Errorf("continue after one of two held processes was killed: continued %d, skipped %d, want 1 and 1: %+v", res.Continued, res.Skipped, res)
+	}
+	waitRunning(t, map[string]proc{"harness": procs["harness"]})
+}
+
+// TestContinueAgainFindsLaunchRunning proves what a continue sent again
+// (its first reply lost on the way) says: it continues nothing, but finds
+// the launch's processes running, so the driver does not take the launch
+// for gone.
+func TestContinueAgainFindsLaunchRunning(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg", "-setsid"))
+	procs := map[string]proc{"harness": l.role("harness"), "bg": l.role("bg"), "setsid": l.role("setsid")}
+	l.pause()
+	wantHeld(t, procs)
+	if res := l.resume(); res.Continued != len(procs) || res.Found != len(procs) {
+		t.Errorf("first continue: continued %d, found %d, want %d and %d: %+v", res.Continued, res.Found, len(procs), len(procs), res)
+	}
+	waitRunning(t, procs)
+	if res := l.resume(); res.Continued != 0 || res.Found != len(procs) {
+		t.Errorf("continue sent again: continued %d, found %d, want 0 and %d: %+v", res.Continued, res.Found, len(procs), res)
+	}
+}

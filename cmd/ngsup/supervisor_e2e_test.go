@@ -276,3 +276,56 @@ func TestStopFindsAdoptedAfterSupervisorKilled(t *testing.T) {
 		wantGone(t, map[string]proc{"harness": h})
 	})
 }
+
+// TestSupervisorStillWhilePaused proves that while a pause holds the launch
+// the supervisor does not wake up: it records what it holds on a timer while
+// the launch runs, but a pause already recorded that, and a supervisor that
+// kept waking would be the one thing in the sandbox still moving. It counts
+// the context switches of every thread of the supervisor (each wake-up is
+// one) over a stretch of the pause; continue starts the timer again.
+func TestSupervisorStillWhilePaused(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg"))
+	l.role("harness")
+	l.role("bg")
+	sup := l.status().SupervisorPID
+	l.pause()
+	time.Sleep(200 * time.Millisecond) // the supervisor sees the pause file
+	before := ctxtSwitches(t, sup)
+	time.Sleep(2 * time.Second)
+	after := ctxtSwitches(t, sup)
+	if woke := after - before; woke > 2 {
+		t.Errorf("the supervisor %d woke up %d times in 2 s of a pause, want none", sup, woke)
+	}
+	l.resume()
+	before = ctxtSwitches(t, sup)
+	time.Sleep(time.Second)
+	if woke := ctxtSwitches(t, sup) - before; woke < 2 {
+		t.Errorf("the supervisor %d woke up %d times in 1 s after the continue: its timer did not start again", sup, woke)
+	}
+}
+
+// ctxtSwitches sums the voluntary and involuntary context switches of every
+// thread of pid.
+func ctxtSwitches(t *testing.T, pid int) int {
+	t.Helper()
+	total := 0
+	for _, tid := range tids(pid) {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			k, v, ok := strings.Cut(line, ":")
+			if ok && (k == "voluntary_ctxt_switches" || k == "nonvoluntary_ctxt_switches") {
+				n, _ := strconv.Atoi(strings.TrimSpace(v))
+				total += n
+			}
+		}
+	}
+	if total == 0 {
+		t.Fatalf("no context switches read for %d", pid)
+	}
+	return total
+}

@@ -526,11 +526,12 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 			switch {
 			case err != nil:
 				cause = "failed"
-			case out.Result.Processes > 0 && res.Continued == 0 && !rn.endedWell(ctx, st):
-				// Nothing the pause held is left to continue, and the
-				// harness did not finish: something killed the launch while
-				// it was paused. Following it would take its end for the
-				// harness's.
+			case out.Result.Processes > 0 && res.Continued == 0 && res.Found == 0 && !rn.endedWell(ctx, st):
+				// Nothing the pause held is left to continue, nothing of
+				// the launch runs (a continue sent again after a lost reply
+				// finds it running), and the harness did not finish:
+				// something killed the launch while it was paused.
+				// Following it would take its end for the harness's.
 				cause = "found_nothing"
 				err = fmt.Errorf("the continue found none of the %d processes its pause held (%d gone)", out.Result.Processes, res.Skipped)
 			}

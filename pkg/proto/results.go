@@ -86,6 +86,11 @@ type ContinueResult struct {
 	Method string `json:"method"`
 	// Pending lists processes still stopped afterwards.
 	Pending []Pending `json:"pending"`
+	// Found counts the live processes of the launch the continue's walk
+	// reached, stopped or running. A continue that continued nothing and
+	// found nothing found the launch gone; one sent again after its first
+	// reply was lost continues nothing but finds the launch running.
+	Found int `json:"found"`
 	// SkippedLines counts unreadable lines skipped in the bookkeeping files.
 	SkippedLines int `json:"skipped_lines,omitempty"`
 }

@@ -76,15 +76,25 @@ func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 			res.Continued++
 		}
 	})
+	res.Found = len(live(found))
+	// A held process killed while paused is skipped, not continued, even
+	// while it is a zombie its stopped parent has not reaped yet: a continue
+	// that finds only dead processes must say so.
 	for _, p := range paused {
 		if st, ok := found[p.PID]; ok && st.StartTicks == p.StartTicks {
-			res.Continued++
+			if isDead(st) {
+				res.Skipped++
+			} else {
+				res.Continued++
+			}
 			continue
 		}
-		if l.FS.signalAs(p, inodes[p], unix.SIGCONT) == nil {
-			res.Continued++
-		} else {
+		if l.FS.signalAs(p, inodes[p], unix.SIGCONT) != nil {
 			res.Skipped++
+		} else if st, err := l.FS.ReadStat(p.PID); err != nil || st.StartTicks != p.StartTicks || isDead(st) {
+			res.Skipped++
+		} else {
+			res.Continued++
 		}
 	}
 	if len(pending) > 0 {

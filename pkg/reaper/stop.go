@@ -177,11 +177,18 @@ func later(a, b time.Time) time.Time {
 func live(found map[int]Stat) []Stat {
 	var out []Stat
 	for _, st := range found {
-		if st.State != 'Z' && st.State != 'X' || st.NumThreads > 1 {
+		if !isDead(st) {
 			out = append(out, st)
 		}
 	}
 	return out
+}
+
+// isDead reports a process that runs no code any more: a zombie (or a dying
+// task) with no live thread. A zombie leader whose other threads run is not
+// dead.
+func isDead(st Stat) bool {
+	return (st.State == 'Z' || st.State == 'X') && st.NumThreads <= 1
 }
 
 // learn adds found processes to the finder's known set and the launch's.

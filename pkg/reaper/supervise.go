@@ -361,6 +361,9 @@ func (s *supervisor) loop() {
 	}
 	record := time.NewTicker(recordEvery)
 	defer record.Stop()
+	pauseMoved, unwatch := watchPauseFile(s.opt.Dir)
+	defer unwatch()
+	recording := true
 	// The harness may have exited before the signal handler saw it.
 	if s.reap() {
 		return
@@ -368,6 +371,21 @@ func (s *supervisor) loop() {
 	s.record()
 	for {
 		select {
+		case <-pauseMoved:
+			// While a pause holds the launch the supervisor records
+			// nothing (the pause recorded what it holds): it would be the
+			// one thing in the sandbox still moving. It starts again when
+			// the pause file goes.
+			switch paused := exists(s.path(proto.PauseFile)); {
+			case paused && recording:
+				s.record()
+				record.Stop()
+				recording = false
+			case !paused && !recording:
+				s.record()
+				record.Reset(recordEvery)
+				recording = true
+			}
 		case sig := <-s.sigs:
 			if sig == unix.SIGCHLD {
 				if s.reap() {
@@ -394,6 +412,57 @@ func (s *supervisor) loop() {
 			kill = nil
 			unix.Kill(-pgid, unix.SIGKILL)
 		}
+	}
+}
+
+// watchPauseFile returns a channel that receives when a file is created in,
+// removed from or moved in or out of dir (inotify), which is how the
+// supervisor learns that a pause began or ended without waking up to look,
+// and the function that ends the watch. Without inotify the channel never
+// receives: the supervisor then records on its timer throughout.
+func watchPauseFile(dir string) (<-chan struct{}, func()) {
+	events := make(chan struct{}, 1)
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return events, func() {}
+	}
+	mask := uint32(unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_TO | unix.IN_MOVED_FROM)
+	var quit [2]int
+	if _, err := unix.InotifyAddWatch(fd, dir, mask); err != nil || unix.Pipe2(quit[:], unix.O_CLOEXEC) != nil {
+		unix.Close(fd)
+		return events, func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(quit[0]), Events: unix.POLLIN}}
+		var buf [4096]byte
+		for {
+			if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+				return
+			}
+			if fds[1].Revents != 0 {
+				return
+			}
+			if fds[0].Revents == 0 {
+				continue
+			}
+			for {
+				if n, err := unix.Read(fd, buf[:]); n <= 0 || err != nil {
+					break
+				}
+			}
+			select {
+			case events <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return events, func() {
+		unix.Close(quit[1])
+		<-done
+		unix.Close(quit[0])
+		unix.Close(fd)
 	}
 }
 
