@@ -2,7 +2,7 @@
 // the harness as a child subreaper, keeps the launch's receipt on the
 // sandbox's disk, and answers pause, continue, stop, wait, status and tree.
 // Machine output is one line of JSON on stdout; messages go to stderr. The
-// command line is a contract (DESIGN.md): verbs, flags, files and exit codes
+// command line is a contract (docs/ngsup.md): verbs, flags, files and exit codes
 // are not renamed.
 package main
 

@@ -11,7 +11,7 @@ import (
 )
 
 // severalDirsHelp is the part of pause's and continue's --help on several
-// --dir (an addition to the contract of DESIGN.md: one --dir behaves exactly
+// --dir (docs/ngsup.md, "Several launches in one call": one --dir behaves exactly
 // as before).
 const severalDirsHelp = `Several --dir (a driver batches the launches of one host this way): each
 launch is handled as if it were named alone, on its own lock, up to %d at

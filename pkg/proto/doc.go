@@ -2,7 +2,7 @@
 // folder's file names, the receipt ngsup keeps on the sandbox's disk, the one
 // line of JSON each verb prints, and the exit codes.
 //
-// An addition to the contract of DESIGN.md: pause and continue take --dir
+// docs/ngsup.md is the contract in full. Pause and continue take --dir
 // more than once. With one --dir nothing changes (one line, the verb's exit
 // code). With several, each launch is handled as if named alone, and one
 // line per --dir is printed in the order given (PauseLine, ContinueLine:

@@ -1,6 +1,6 @@
 package proto
 
-// Exit codes of ngsup's verbs (DESIGN.md, "ngsup: the command-line contract").
+// Exit codes of ngsup's verbs (docs/ngsup.md, "Exit codes").
 // A foreground `ngsup run` exits with the harness's own code instead.
 const (
 	// ExitOK: the verb did what it was asked.
