@@ -27,8 +27,12 @@ const (
 	freezeBudget = time.Second
 	// settleBudget is how long the supervisor gets to record the end.
 	settleBudget = 2 * time.Second
-	// confirmBudget bounds the last sweep, which touches nothing.
-	confirmBudget = 2 * time.Second
+	// confirmBudget bounds the last sweep, which touches nothing. It is
+	// generous: a sweep that ends at it cannot vouch for the launch, so the
+	// stop is reported not confirmed, and on a loaded machine a scan of every
+	// process by its tag (the fallback once the supervisor is gone) takes
+	// seconds even when nothing of the launch is left.
+	confirmBudget = 10 * time.Second
 )
 
 // Stop ends every process of the launch: it creates dir/stop (so a run that
