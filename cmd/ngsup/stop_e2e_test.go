@@ -221,3 +221,18 @@ func TestStopBoundedWhenSomethingCannotDie(t *testing.T) {
 		t.Errorf("stop took %s: its own bound did not hold", took)
 	}
 }
+
+// TestStopOfEndedLaunchSaysEnded proves that a stop of a launch that had
+// already ended says so (ended), beside partial: its supervisor is gone by
+// design, so a partial search is the normal case there, and the driver logs
+// it as such instead of warning; a stop of a launch whose supervisor was
+// killed mid-run says partial without ended.
+func TestStopOfEndedLaunchSaysEnded(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	wantCode(t, l.foreground(nil, plain("/bin/true")), 0)
+	res := l.stop("1s")
+	if !res.Ended || !res.Partial {
+		t.Errorf("stop of an ended launch: ended %v, partial %v, want both: %+v", res.Ended, res.Partial, res)
+	}
+}

@@ -568,10 +568,16 @@ func (n *Ngsup) Stop(ctx context.Context, sb sandbox.Sandbox, bin string, ref La
 	if err != nil {
 		return r, err
 	}
-	if r.Partial || r.OutOfTime {
+	switch {
+	case r.OutOfTime || r.Partial && !r.Ended:
 		// No survivor listed is then no proof that nothing is left.
 		n.log().Warn("the stop could not make sure the launch is gone", "launch", ref.ID, "sandbox", sb.ID(),
 			"partial", r.Partial, "out_of_time", r.OutOfTime, "searched", strings.Join(r.Searched, ","), "survivors", len(r.Survivors))
+	case r.Partial:
+		// An ended launch's supervisor is gone by design: only what the
+		// harness detached can be left, found by the known set and the tag.
+		n.log().Info("stopped what an ended launch left", "launch", ref.ID, "sandbox", sb.ID(),
+			"searched", strings.Join(r.Searched, ","), "survivors", len(r.Survivors))
 	}
 	if code != 0 {
 		return r, fmt.Errorf("ngsup stop in %s exited %d: %s (survivors %s)", sb.ID(), code, stderrLine(res), pendingText(r.Survivors))

@@ -118,6 +118,11 @@ type StopResult struct {
 	// found only through the other sources, so an empty Survivors is not
 	// proof that nothing is left.
 	Partial bool `json:"partial,omitempty"`
+	// Ended is true when the receipt said the launch had ended before this
+	// stop began (its supervisor recorded the end and exited): a partial
+	// search is then the normal case, what is left being only what the
+	// harness detached.
+	Ended bool `json:"ended,omitempty"`
 	// OutOfTime is true when the stop reached its own time bound before a
 	// sweep found nothing: Survivors lists what the last sweep saw.
 	OutOfTime bool `json:"out_of_time,omitempty"`

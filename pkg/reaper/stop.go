@@ -67,6 +67,7 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		res.ReceiptError = l.ReceiptErr.Error()
 	}
 	res.Supervised = l.Supervised
+	res.Ended = l.Receipt != nil && l.Receipt.Ended
 	if l.Receipt == nil && l.ID == "" {
 		res.Stopped = true
 		res.ElapsedMS = ms(time.Since(begin))
