@@ -1,9 +1,11 @@
 package gym
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -63,7 +65,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, Refuse(ErrUnauthorized, "missing or invalid checkpoint control bearer token"))
 		return
 	}
-	reply, err := h.dispatch(r, req)
+	reply, err := h.dispatch(r.Context(), op, req)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -80,30 +82,26 @@ func isRoute(op string) bool {
 }
 
 // dispatch calls the control plane for one decoded request.
-func (h *handler) dispatch(r *http.Request, req any) (any, error) {
-	ctx := r.Context()
-	switch req := req.(type) {
-	case nil:
+func (h *handler) dispatch(ctx context.Context, op string, req any) (any, error) {
+	switch op {
+	case OpStatus:
 		return h.c.Status(), nil
-	case *CommitRequest:
-		return h.c.Commit(ctx, req)
-	case *RestoreRequest:
-		return h.c.Restore(ctx, req)
-	case *RetireRequest:
-		return h.c.Retire(ctx, req)
-	case *ForgetRequest:
-		return h.c.Forget(ctx, req)
-	case *Request:
-		switch strings.TrimPrefix(r.URL.Path, RoutePrefix+"/") {
-		case OpPrepare:
-			return h.c.Prepare(ctx, *req)
-		case OpRenew:
-			return h.c.Renew(ctx, *req)
-		case OpResume:
-			return h.c.Resume(ctx, *req)
-		}
+	case OpPrepare:
+		return h.c.Prepare(ctx, *req.(*Request))
+	case OpRenew:
+		return h.c.Renew(ctx, *req.(*Request))
+	case OpResume:
+		return h.c.Resume(ctx, *req.(*Request))
+	case OpCommit:
+		return h.c.Commit(ctx, req.(*CommitRequest))
+	case OpRestore:
+		return h.c.Restore(ctx, req.(*RestoreRequest))
+	case OpRetire:
+		return h.c.Retire(ctx, req.(*RetireRequest))
+	case OpForget:
+		return h.c.Forget(ctx, req.(*ForgetRequest))
 	}
-	return nil, errors.New("no operation for this request")
+	return nil, fmt.Errorf("no checkpoint operation %q", op)
 }
 
 // writeError answers err: FastAPI's validation shape for a bad body, the

@@ -20,6 +20,10 @@ import (
 // StateSchemaVersion is the manifest's schema_version.
 const StateSchemaVersion = 1
 
+// beforePublish, when set (by tests only), runs in a write just before it
+// takes the stop's lock to publish, so a test can hold a write there.
+var beforePublish atomic.Pointer[func()]
+
 // ManifestName is the file that publishes a participant's records.
 const ManifestName = "manifest.json"
 
@@ -208,6 +212,9 @@ func writeState(dir, kind, instance, checkpointID string, records []Record, extr
 // publish renames the records file into place and creates the manifest,
 // under the stop's lock; it reports whether this call created the manifest.
 func publish(stop *WriteStop, checkpointID, tmpRecords, records, manifestPath string, payload []byte) (bool, error) {
+	if hook := beforePublish.Load(); hook != nil {
+		(*hook)()
+	}
 	stop.mu.Lock()
 	defer stop.mu.Unlock()
 	if err := stop.check(checkpointID); err != nil {
