@@ -97,9 +97,15 @@ func TestFencing(t *testing.T) {
 	must(c.Resume(bg, in("c1", 5)))
 	for name, call := range map[string]func() error{
 		"prepare": func() error { _, err := c.Prepare(bg, in("c1", 5)); return err },
-		"commit":  func() error { _, err := c.Commit(bg, &CommitRequest{Request: in("c1", 5), CheckpointDir: t.TempDir()}); return err },
-		"renew":   func() error { _, err := c.Renew(bg, in("c1", 5)); return err },
-		"restore": func() error { _, err := c.Restore(bg, &RestoreRequest{Request: in("c1", 5), CheckpointDir: t.TempDir()}); return err },
+		"commit": func() error {
+			_, err := c.Commit(bg, &CommitRequest{Request: in("c1", 5), CheckpointDir: t.TempDir()})
+			return err
+		},
+		"renew": func() error { _, err := c.Renew(bg, in("c1", 5)); return err },
+		"restore": func() error {
+			_, err := c.Restore(bg, &RestoreRequest{Request: in("c1", 5), CheckpointDir: t.TempDir()})
+			return err
+		},
 	} {
 		t.Run(name, func(t *testing.T) { wantCode(t, call(), CodeStaleCheckpoint) })
 	}
