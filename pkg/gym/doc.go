@@ -50,9 +50,9 @@
 // Where this differs from Gym, on purpose: a record's lines are Go's
 // compact JSON, not Python's json.dumps spacing (Gym's reader only checks
 // the digest of the bytes written, so either reads back); manifest extras
-// may not reuse the store's own field names; numbers and booleans in a
-// body must be JSON numbers and booleans (pydantic's lax mode also takes
-// numeric strings); an unexpected error is answered 500 with the envelope
+// may not reuse the store's own field names; a number may come as a JSON
+// number or a numeric string (as pydantic's lax mode takes it) but never as
+// a boolean, and stop must be a JSON boolean; an unexpected error is answered 500 with the envelope
 // (code internal_error) instead of FastAPI's bare text. Gym's multi-worker
 // coordination (a coordinator process holding the participant for several
 // worker processes) is not part of this package.

@@ -17,6 +17,7 @@ func TestDecodeRequestRefuses(t *testing.T) {
 		{OpPrepare, `{"checkpoint_id":"ckpt-1","deadline_ts":1e400}`},
 		{OpPrepare, `{"checkpoint_id":"ckpt-1","deadline_ts":"soon"}`},
 		{OpPrepare, `{"checkpoint_id":"ckpt-1","deadline_ts":null}`},
+		{OpPrepare, `{"checkpoint_id":"ckpt-1","deadline_ts":true}`},
 		{OpPrepare, `{"checkpoint_id":"ckpt-1"}`},
 		{OpPrepare, `{"deadline_ts":1}`},
 		{OpPrepare, `{"checkpoint_id":"","deadline_ts":1}`},
@@ -61,6 +62,7 @@ func TestDecodeRequestRefuses(t *testing.T) {
 func TestDecodeRequestAccepts(t *testing.T) {
 	for _, tc := range []struct{ op, body, want string }{
 		{OpPrepare, `{"checkpoint_id":"ckpt-1","deadline_ts":1764583200.5}`, `&{ckpt-1 1.7645832005e+09}`},
+		{OpPrepare, `{"checkpoint_id":"c","deadline_ts":"1000"}`, `&{c 1000}`},
 		{OpRenew, `{"checkpoint_id":"` + strings.Repeat("c", 128) + `","deadline_ts":1}`, `&{` + strings.Repeat("c", 128) + ` 1}`},
 		{OpCommit, `{"checkpoint_id":"c","deadline_ts":1,"checkpoint_dir":"/x"}`, `&{{c 1} /x [] false}`},
 		{OpCommit, `{"checkpoint_id":"c","deadline_ts":1,"checkpoint_dir":"/x","episode_ids":null,"stop":true}`, `&{{c 1} /x [] true}`},
