@@ -318,7 +318,7 @@ func TestCommitWriteOutlivesItsDeadline(t *testing.T) {
 	f.records = []Record{rec(t, "r", 0, 1)}
 	release := holdWrites(t)
 	must(c.Prepare(bg, in("c1", 5)))
-	_, err := c.Commit(bg, &CommitRequest{Request: in("c1", 0.05), CheckpointDir: dir})
+	_, err := c.Commit(bg, &CommitRequest{Request: in("c1", 0.5), CheckpointDir: dir})
 	wantCode(t, err, CodeDeadlineExceeded)
 	_, err = c.Commit(bg, &CommitRequest{Request: in("c1", 5), CheckpointDir: t.TempDir()})
 	wantCode(t, err, CodeConflict)
@@ -337,7 +337,7 @@ func TestResumeStopsAWriteBeforeItPublishes(t *testing.T) {
 	f.records = []Record{rec(t, "r", 0, 1)}
 	release := holdWrites(t)
 	must(c.Prepare(bg, in("c1", 5)))
-	_, err := c.Commit(bg, &CommitRequest{Request: in("c1", 0.05), CheckpointDir: dir})
+	_, err := c.Commit(bg, &CommitRequest{Request: in("c1", 0.5), CheckpointDir: dir})
 	wantCode(t, err, CodeDeadlineExceeded)
 	must(c.Resume(bg, in("c1", 5)))
 	release()
@@ -464,7 +464,8 @@ func TestRestoreFailures(t *testing.T) {
 	h, k := newFake(t, time.Minute)
 	slow := make(chan struct{})
 	h.install = func(context.Context) error { <-slow; return nil }
-	_, err = k.Restore(bg, &RestoreRequest{Request: in("r1", 0.05), CheckpointDir: src, EpisodeIDs: scope})
+	// The read and the close finish well inside the second; the install does not.
+	_, err = k.Restore(bg, &RestoreRequest{Request: in("r1", 1), CheckpointDir: src, EpisodeIDs: scope})
 	wantCode(t, err, CodeDeadlineExceeded)
 	if h.isOpen() {
 		t.Fatal("admission reopened while the install still runs")
