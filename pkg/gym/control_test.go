@@ -299,7 +299,7 @@ func TestCommitWithStopParksAfterTheWrite(t *testing.T) {
 // called (the sequences test's GatedWrites with hold_publishing unset).
 func holdWrites(t *testing.T) (release func()) {
 	gate := make(chan struct{})
-	hold := func() { <-gate }
+	hold := func() error { <-gate; return nil }
 	beforePublish.Store(&hold)
 	var once sync.Once
 	release = func() { once.Do(func() { close(gate) }) }

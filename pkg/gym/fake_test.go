@@ -30,6 +30,7 @@ type fake struct {
 	retireErr error
 	install   func(context.Context) error
 	manifest  func() bool
+	onExport  func([]Record)
 	c         *Control
 }
 
@@ -91,9 +92,13 @@ func (f *fake) Export(ctx context.Context, scope []EpisodeID) ([]Record, error) 
 	f.exports++
 	var out []Record
 	for _, r := range f.records {
-		if scope == nil || slices.Contains(scope, r.EpisodeID) {
+		// A participant never exports an attempt it refuses.
+		if (scope == nil || slices.Contains(scope, r.EpisodeID)) && f.c.CheckAttempt(r.EpisodeID) == nil {
 			out = append(out, r)
 		}
+	}
+	if f.onExport != nil {
+		f.onExport(out)
 	}
 	return out, nil
 }
@@ -121,6 +126,9 @@ func (f *fake) Retire(ctx context.Context, id EpisodeID) error {
 		return f.retireErr
 	}
 	f.retired = append(f.retired, id)
+	f.records = slices.DeleteFunc(f.records, func(r Record) bool {
+		return r.EpisodeID.RolloutID == id.RolloutID && r.EpisodeID.Attempt <= id.Attempt
+	})
 	return nil
 }
 

@@ -21,8 +21,9 @@ import (
 const StateSchemaVersion = 1
 
 // beforePublish, when set (by tests only), runs in a write just before it
-// takes the stop's lock to publish, so a test can hold a write there.
-var beforePublish atomic.Pointer[func()]
+// takes the stop's lock to publish, so a test can hold a write there or
+// fail it as a full disk would.
+var beforePublish atomic.Pointer[func() error]
 
 // ManifestName is the file that publishes a participant's records.
 const ManifestName = "manifest.json"
@@ -213,7 +214,9 @@ func writeState(dir, kind, instance, checkpointID string, records []Record, extr
 // under the stop's lock; it reports whether this call created the manifest.
 func publish(stop *WriteStop, checkpointID, tmpRecords, records, manifestPath string, payload []byte) (bool, error) {
 	if hook := beforePublish.Load(); hook != nil {
-		(*hook)()
+		if err := (*hook)(); err != nil {
+			return false, err
+		}
 	}
 	stop.mu.Lock()
 	defer stop.mu.Unlock()
