@@ -110,7 +110,6 @@ func (r *run) finished() bool {
 	}
 }
 
-
 // NewControl returns the control plane for p.
 func NewControl(p Participant, cfg Config) (*Control, error) {
 	if _, err := ParticipantDir("/", p.Kind(), cfg.Instance); err != nil {
