@@ -10,9 +10,12 @@ import "context"
 // owner's resources participant (kind "resources") each implement it.
 //
 // The Control calls the methods that change state one at a time, under
-// its operation lock; Readiness, Ready and StatusExtra may be called at
-// any moment besides (a status read, a prepare's wait), so they must be
-// safe for concurrent use. The ctx of Export, Retire, ParkExported,
+// its operation lock, with one exception: an Install that outlives its
+// restore's deadline goes on in its own goroutine while later operations
+// run (a retire or restore waits for it first; a prepare does not, as in
+// Gym). Readiness, Ready and StatusExtra may be called at any moment (a
+// status read, a prepare's wait), so all methods must be safe for
+// concurrent use. The ctx of Export, Retire, ParkExported,
 // RestoredPending and DeleteRestored ends at the request's deadline_ts: a
 // method must give up then, because Go cannot abandon a call the way Gym
 // cancels a task. CloseAdmission, OpenAdmission and Install get a ctx
