@@ -2,6 +2,14 @@ package gym
 
 import "context"
 
+// The participant kinds Gym's coordinator knows (coordination.py
+// PREPARE_ORDER: environment, model, agent, resources); it prepares them in
+// that order and refuses any other kind at discovery.
+const (
+	KindAgent     = "agent"
+	KindResources = "resources"
+)
+
 // Participant is the part of one server that owns checkpointable state
 // (Gym's CheckpointParticipant). The Control drives it: fencing, phases,
 // deadlines, the lease, retire marks and storage are the Control's; what
