@@ -1,0 +1,138 @@
+package gym
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// MaxBodyBytes bounds a control request body; a scope of many thousand
+// episode ids fits well inside it.
+const MaxBodyBytes = 32 << 20
+
+// NewHandler serves c's routes under RoutePrefix as Gym's FastAPI router
+// does: GET status and POST prepare, renew, retire, forget, commit,
+// restore, resume, each requiring "Authorization: Bearer <token>"
+// (compared in constant time). As in FastAPI, the route is matched first
+// (404, 405), then the body is validated (422, FastAPI's {"detail": [...]}
+// shape), then the token is checked (401); refusals use the error envelope.
+// An empty token is refused: the routes would be open to anyone.
+func NewHandler(c *Control, token string) (http.Handler, error) {
+	if token == "" {
+		return nil, errors.New("checkpoint control routes require a non-empty bearer token")
+	}
+	return &handler{c: c, want: []byte("Bearer " + token)}, nil
+}
+
+type handler struct {
+	c    *Control
+	want []byte
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	op, ok := strings.CutPrefix(r.URL.Path, RoutePrefix+"/")
+	if !ok || !isRoute(op) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+		return
+	}
+	method := http.MethodPost
+	if op == OpStatus {
+		method = http.MethodGet
+	}
+	if r.Method != method {
+		w.Header().Set("Allow", method)
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"detail": "Method Not Allowed"})
+		return
+	}
+	var req any
+	if op != OpStatus {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+		if err != nil {
+			writeJSON(w, http.StatusRequestEntityTooLarge, map[string]string{"detail": err.Error()})
+			return
+		}
+		if req, err = DecodeRequest(op, body); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), h.want) != 1 {
+		writeError(w, Refuse(ErrUnauthorized, "missing or invalid checkpoint control bearer token"))
+		return
+	}
+	reply, err := h.dispatch(r.Context(), op, req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, reply)
+}
+
+func isRoute(op string) bool {
+	switch op {
+	case OpStatus, OpPrepare, OpRenew, OpRetire, OpForget, OpCommit, OpRestore, OpResume:
+		return true
+	}
+	return false
+}
+
+// dispatch calls the control plane for one decoded request.
+func (h *handler) dispatch(ctx context.Context, op string, req any) (any, error) {
+	switch op {
+	case OpStatus:
+		return h.c.Status(), nil
+	case OpPrepare:
+		return h.c.Prepare(ctx, *req.(*Request))
+	case OpRenew:
+		return h.c.Renew(ctx, *req.(*Request))
+	case OpResume:
+		return h.c.Resume(ctx, *req.(*Request))
+	case OpCommit:
+		return h.c.Commit(ctx, req.(*CommitRequest))
+	case OpRestore:
+		return h.c.Restore(ctx, req.(*RestoreRequest))
+	case OpRetire:
+		return h.c.Retire(ctx, req.(*RetireRequest))
+	case OpForget:
+		return h.c.Forget(ctx, req.(*ForgetRequest))
+	}
+	return nil, fmt.Errorf("no checkpoint operation %q", op)
+}
+
+// writeError answers err: FastAPI's validation shape for a bad body, the
+// envelope for everything else.
+func writeError(w http.ResponseWriter, err error) {
+	status, body := Envelope(err)
+	if body.Error.Code == CodeInvalidRequest {
+		writeJSON(w, status, ValidationBody{Detail: []ValidationIssue{{Type: "value_error", Loc: []string{"body"}, Msg: err.Error()}}})
+		return
+	}
+	writeJSON(w, status, body)
+}
+
+// ValidationBody is FastAPI's 422 answer to a body that fails validation.
+type ValidationBody struct {
+	Detail []ValidationIssue `json:"detail"`
+}
+
+// ValidationIssue is one entry of a ValidationBody.
+type ValidationIssue struct {
+	Type string   `json:"type"`
+	Loc  []string `json:"loc"`
+	Msg  string   `json:"msg"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"error":{"code":"internal_error","detail":"reply is not JSON"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(data)
+}
