@@ -41,11 +41,35 @@
 //     linked from a fsynced temporary file, the folder fsynced; the
 //     streaming verified read; WriteStop (store.go).
 //
+// Beside the checkpoint wire, the /run and /aggregate_metrics exchange with
+// Gym's collector, from Gym's main-branch files at these stored versions
+// (several versions of each are stored, without their branch; the one
+// followed is the one whose behaviour issue 10 describes: an explicit
+// rollout id that wins and is never rewritten):
+//
+//   - nemo_gym/rollout_correlation.py at 1e1a16cb20c749985464427048185ae215a5215f:
+//     maybe_rollout_id_from_run_body, a /run body's identity (explicit
+//     _ng_rollout_id, else <_ng_task_index>-<_ng_rollout_index>, and
+//     _ng_attempt_index as the attempt), malformed ids refused
+//     (correlation.go: RunIdentity, RunIdentityFields).
+//   - nemo_gym/rollout_collection.py at 00536e7a140e653f2c222c55cd6dea22575a1ba0:
+//     the /run body the collector builds, the reply fields it stamps and
+//     routes by, and what it posts to /aggregate_metrics (collector.go: the
+//     Field* names).
+//   - nemo_gym/reward_profile.py at 0281ad6f9505feea14df01698ed6c6fc0fe6bfbe
+//     (compute_aggregate_metrics, RewardProfiler) as the base agent's
+//     aggregate_metrics calls it (nemo_gym/base_responses_api_agent.py),
+//     and the request and reply models of nemo_gym/base_resources_server.py
+//     (aggregate.go: AggregateMetricsRequest, AggregateMetrics,
+//     ComputeAggregateMetrics).
+//
 // The tests port the cases of Gym's own tests that apply to the wire
 // (tests/unit_tests/test_episode_types.py, test_checkpoint_control.py,
 // test_checkpoint_agent.py, test_checkpoint_environment.py and the
-// invariants of test_checkpoint_sequences.py); each test names the Gym
-// test it ports.
+// invariants of test_checkpoint_sequences.py; for the collector exchange
+// test_base_responses_api_model.py, test_rollout_correlation.py,
+// test_reward_profile.py and test_rollout_collection.py); each test names
+// the Gym test it ports.
 //
 // Where this differs from Gym, on purpose: a record's lines are Go's
 // compact JSON, not Python's json.dumps spacing (Gym's reader only checks
@@ -53,7 +77,10 @@
 // may not reuse the store's own field names; a number may come as a JSON
 // number or a numeric string (as pydantic's lax mode takes it) but never as
 // a boolean, and stop must be a JSON boolean; an unexpected error is answered 500 with the envelope
-// (code internal_error) instead of FastAPI's bare text. Gym's multi-worker
+// (code internal_error) instead of FastAPI's bare text; a /run identity or
+// a verify response that Gym's Python would format or fail on in its own
+// way is refused (RunIdentity and ComputeAggregateMetrics list each case).
+// Gym's multi-worker
 // coordination (a coordinator process holding the participant for several
 // worker processes) is not part of this package.
 package gym
