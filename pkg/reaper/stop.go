@@ -13,11 +13,17 @@ import (
 const DefaultGrace = 10 * time.Second
 
 // The time a stop gives itself beyond the grace. Every pass over the launch
-// ends at its phase's deadline, so a stop ends within about grace (at least
-// minPassBudget) + freezeBudget + killBudget + settleBudget + confirmBudget,
-// even when a fork storm outgrows its walk; the reply says OutOfTime when
-// a bound cut it short.
+// ends at most passOverrun after its phase's deadline, so a stop ends within
+// about grace (at least minPassBudget) + freezeBudget + killBudget +
+// settleBudget + confirmBudget + 3 passOverrun, even when a fork storm
+// outgrows its walk; the reply says OutOfTime when a bound cut it short.
 const (
+	// passOverrun is how long a walk may run past its phase's end before it
+	// is cut. A walk over a large tree on a loaded machine takes seconds
+	// (reading every process's environment for the tag most of all), and a
+	// walk cut short leaves the stop unconfirmed; only a walk that keeps
+	// finding new processes (a fork storm outside the cgroup) runs this long.
+	passOverrun = 10 * time.Second
 	// killBudget bounds the SIGKILL sweeps after the grace.
 	killBudget = 5 * time.Second
 	// minPassBudget is the least time the first SIGINT pass gets, even with
@@ -27,12 +33,9 @@ const (
 	freezeBudget = time.Second
 	// settleBudget is how long the supervisor gets to record the end.
 	settleBudget = 2 * time.Second
-	// confirmBudget bounds the last sweep, which touches nothing. It is
-	// generous: a sweep that ends at it cannot vouch for the launch, so the
-	// stop is reported not confirmed, and on a loaded machine a scan of every
-	// process by its tag (the fallback once the supervisor is gone) takes
-	// seconds even when nothing of the launch is left.
-	confirmBudget = 10 * time.Second
+	// confirmBudget bounds the last sweep, which touches nothing (it gets
+	// passOverrun more, like every walk).
+	confirmBudget = 2 * time.Second
 )
 
 // Stop ends every process of the launch: it creates dir/stop (so a run that
@@ -105,7 +108,7 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 	}
 	l.signalGroup(unix.SIGCONT)
 	deadline := begin.Add(grace)
-	f.deadline = later(deadline, time.Now().Add(minPassBudget))
+	f.deadline = later(deadline, time.Now().Add(minPassBudget)).Add(passOverrun)
 	found := interrupt()
 	if l.Cgroup != nil {
 		l.Cgroup.Thaw() // a frozen task cannot act on SIGINT
@@ -114,13 +117,13 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 	for len(live(found)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(wait)
 		wait = min(wait*2, 50*time.Millisecond)
-		f.deadline = deadline
+		f.deadline = deadline.Add(passOverrun)
 		found = interrupt()
 	}
 	res.Interrupted = len(interrupted)
 	killed := map[proto.Proc]bool{}
 	killDeadline := time.Now().Add(killBudget)
-	f.deadline = killDeadline
+	f.deadline = killDeadline.Add(passOverrun)
 	for {
 		// The cgroup first, all at once: a storm inside it cannot outrun
 		// the walk that follows, which finds what is outside.
@@ -148,7 +151,7 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 	l.settleSupervisor(settleBudget)
 	// Confirm: one more sweep, this time touching nothing.
 	l.Supervised = l.FS.Live(l.supervisor())
-	f.deadline = time.Now().Add(confirmBudget)
+	f.deadline = time.Now().Add(confirmBudget + passOverrun)
 	found = f.pass(nil)
 	for _, st := range live(found) {
 		res.Survivors = append(res.Survivors, proto.Pending{PID: st.PID, State: string(st.State), Comm: st.Comm, Wchan: l.FS.Wchan(st.PID)})
