@@ -1,6 +1,7 @@
 package reaper
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -141,7 +142,9 @@ func (c *cage) procs() []int {
 	var out []int
 	filepath.WalkDir(c.path, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.IsDir() {
-			if pids, err := OpenCgroup(p, 2).Procs(); err == nil {
+			if cg := OpenCgroup(p, 2); cg == nil {
+				return nil
+			} else if pids, err := cg.Procs(); err == nil {
 				out = append(out, pids...)
 			}
 		}
@@ -195,7 +198,9 @@ func runCageGuard(path string) int {
 func emptyCage(path string, budget time.Duration) error {
 	deadline := time.Now().Add(budget)
 	for {
-		OpenCgroup(path, 2).Kill()
+		if cg := OpenCgroup(path, 2); cg != nil {
+			cg.Kill()
+		}
 		var dirs []string
 		filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
@@ -485,5 +490,67 @@ func TestBenchStorm(t *testing.T) {
 	s.end(t)
 	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("the cage %s is still there: %v", path, err)
+	}
+}
+
+// TestBenchStormGuard: a benchmark process that dies without running its
+// cleanups leaves no storm behind: the cage's guard sees the lifeline close,
+// kills everything in the cage and removes it.
+func TestBenchStormGuard(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, like the benchmarks")
+	}
+	if os.Getenv("NGSUP_REAPER_TEST_STORM_GUARD") != "" {
+		// The child: a storm, its supervisor killed; say where; hang.
+		s := startStorm(t, benchTree{name: "guard", script: stormScript, arg: "10 1", processes: 19}, false)
+		fmt.Printf("CAGE %s\n", s.cage.path)
+		select {}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^TestBenchStormGuard$", "-test.timeout=2m")
+	cmd.Env = append(os.Environ(), "NGSUP_REAPER_TEST_STORM_GUARD=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var path string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if _, err := fmt.Sscanf(sc.Text(), "CAGE %s", &path); err == nil {
+			break
+		}
+	}
+	if path == "" {
+		t.Fatal("the child never reported its cage")
+	}
+	c := &cage{path: path}
+	t.Cleanup(func() { emptyCage(path, 10*time.Second) }) // if the guard failed
+	if n := len(c.procs()); n < 10 {
+		t.Fatalf("%d processes in the cage before the kill, want about 19", n)
+	}
+	cmd.Process.Kill() // no cleanup runs in the child
+	cmd.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after the benchmark process died, its cage %s holds %d processes", path, len(c.procs()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The child's temp folders (its cleanup never ran).
+	matches, _ := filepath.Glob(filepath.Join(os.TempDir(), "TestBenchStormGuard*"))
+	for _, m := range matches {
+		os.RemoveAll(m)
 	}
 }
