@@ -116,7 +116,7 @@ for key in flat1000/default flat1000/cgroup flat1000/signal fanout4-2400/default
 	printf '| %-13s | %-7s | %9s | %4s | %14s | %12s | %17s | %-17s |\n' \
 		"${key%/*}" "${key#*/}" "$procs" "$n" "$pmed" "$prange" "$cmed" "$verdict"
 done
-cgv=$(grep -o 'cgroup_v=[0-9]' "$raw" | sort -u | tr '\n' ' ')
+cgv=$({ grep -o 'cgroup_v=[0-9]' "$raw" || true; } | sort -u | tr '\n' ' ')
 echo
 echo "cgroup of the launches: ${cgv:-none}(1 = v1 freezer, 2 = cgroup2 cgroup.freeze)"
 
