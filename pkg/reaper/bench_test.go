@@ -142,7 +142,7 @@ type benchLaunch struct {
 
 func skipUnlessRoot(b *testing.B) {
 	if os.Geteuid() != 0 {
-		b.Skip("the pause benchmarks need root (the launch's cgroup, thousands of processes); run as root")
+		b.Skip("the reaper benchmarks need root (cgroups of their own, thousands of processes); run as root")
 	}
 }
 
