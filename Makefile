@@ -41,7 +41,8 @@ test-short:
 	$(GO) test -short -count=1 ./...
 
 # Pause/continue benchmarks on real process trees (root), binary sizes and
-# start time, as a table of medians (docs/BENCHMARKS.md). The raw Go
+# start time, the stop of a fork storm whose supervisor is gone and the idle
+# supervisor's CPU, as a table of medians (docs/BENCHMARKS.md). The raw Go
 # benchmark output is kept in $(BIN)/bench.txt.
 bench: build
 	GO=$(GO) BIN=$(BIN) ./scripts/bench.sh

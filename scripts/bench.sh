@@ -9,11 +9,20 @@
 #   - the stripped static sizes of bin/ngsup-linux-{amd64,arm64};
 #   - the wall time of `bin/ngsup version`;
 #   - the wall time of the CLI `ngsup pause` and `ngsup continue` on a
-#     1,000-process flat tree (process start included).
+#     1,000-process flat tree (process start included);
+#   - the stop of a fork storm whose supervisor is gone, with the launch's
+#     cgroup and without (BenchmarkStopStorm*), and the CPU an idle
+#     supervisor of the flat 1,000 tree uses, running and paused
+#     (BenchmarkSupervisorIdleFlat1000).
 #
 # With an argument it reads that file of `go test -bench` output instead of
 # running the Go benchmarks. Needs root (the benchmarks skip otherwise).
-# Knobs: BENCH_COUNT (default 5) runs of BENCH_TIMES (default 5) pauses each;
+# Knobs: BENCH_PATTERN (Pause) selects the pause benchmarks, run
+# BENCH_COUNT (default 5) times with BENCH_TIMES (default 5) pauses each;
+# STORM_PATTERN (StopStorm|SupervisorIdle) the stop and idle benchmarks, run
+# STORM_COUNT (3) times with STORM_TIMES (3) storms (or idle windows) each;
+# an empty pattern skips those. NGSUP_BENCH_STOP_BIN=PATH times that ngsup
+# binary's stop of the storm instead of this tree's (an older ngsup).
 # VERSION_RUNS (200); CLI_RUNS (20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +31,10 @@ GO=${GO:-go}
 BIN=${BIN:-bin}
 BENCH_COUNT=${BENCH_COUNT:-5}
 BENCH_TIMES=${BENCH_TIMES:-5}
-BENCH_PATTERN=${BENCH_PATTERN:-Pause}
+BENCH_PATTERN=${BENCH_PATTERN-Pause}
+STORM_PATTERN=${STORM_PATTERN-StopStorm|SupervisorIdle}
+STORM_COUNT=${STORM_COUNT:-3}
+STORM_TIMES=${STORM_TIMES:-3}
 VERSION_RUNS=${VERSION_RUNS:-200}
 CLI_RUNS=${CLI_RUNS:-20}
 NGSUP=$BIN/ngsup
@@ -56,12 +68,19 @@ if [ $# -ge 1 ]; then
 else
 	raw=$BIN/bench.txt
 	mkdir -p "$BIN"
-	echo "running: $GO test -run '^\$' -bench $BENCH_PATTERN -benchtime ${BENCH_TIMES}x -count $BENCH_COUNT ./pkg/reaper/ (output in $raw)" >&2
-	$GO test -run '^$' -bench "$BENCH_PATTERN" -benchtime "${BENCH_TIMES}x" -count "$BENCH_COUNT" -timeout 60m ./pkg/reaper/ >"$raw" 2>&1 || {
-		tail -40 "$raw" >&2
-		echo "bench.sh: the Go benchmarks failed; see $raw" >&2
-		exit 1
+	: >"$raw"
+	# gobench PATTERN TIMES COUNT: one run of the Go benchmarks, appended to $raw.
+	gobench() {
+		[ -n "$1" ] || return 0
+		echo "running: $GO test -run '^\$' -bench '$1' -benchtime ${2}x -count $3 ./pkg/reaper/ (output in $raw; load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+		$GO test -run '^$' -bench "$1" -benchtime "${2}x" -count "$3" -timeout 60m ./pkg/reaper/ >>"$raw" 2>&1 || {
+			tail -40 "$raw" >&2
+			echo "bench.sh: the Go benchmarks failed; see $raw" >&2
+			exit 1
+		}
 	}
+	gobench "$BENCH_PATTERN" "$BENCH_TIMES" "$BENCH_COUNT"
+	gobench "$STORM_PATTERN" "$STORM_TIMES" "$STORM_COUNT"
 	grep -E '^(Benchmark|goos|goarch|cpu|PASS|ok)' "$raw" >&2 || true
 fi
 if grep -q -- '--- SKIP' "$raw"; then
@@ -71,7 +90,7 @@ fi
 # samples KEY FIELD: the FIELD values of the BENCHSAMPLE lines of tree/method KEY.
 samples() {
 	local tree=${1%/*} method=${1#*/} field=$2
-	grep -o "BENCHSAMPLE tree=$tree method=$method .*" "$raw" |
+	{ grep -o "BENCHSAMPLE tree=$tree method=$method .*" "$raw" || true; } |
 		tr ' ' '\n' | sed -n "s/^$field=//p"
 }
 
@@ -97,9 +116,61 @@ for key in flat1000/default flat1000/cgroup flat1000/signal fanout4-2400/default
 	printf '| %-13s | %-7s | %9s | %4s | %14s | %12s | %17s | %-17s |\n' \
 		"${key%/*}" "${key#*/}" "$procs" "$n" "$pmed" "$prange" "$cmed" "$verdict"
 done
-cgv=$(grep -o 'cgroup_v=[0-9]' "$raw" | sort -u | tr '\n' ' ')
+cgv=$({ grep -o 'cgroup_v=[0-9]' "$raw" || true; } | sort -u | tr '\n' ' ')
 echo
 echo "cgroup of the launches: ${cgv:-none}(1 = v1 freezer, 2 = cgroup2 cgroup.freeze)"
+
+# storm METHOD STOPPER FIELD: the FIELD values of the storm's BENCHSAMPLE lines.
+storm() {
+	{ grep -o "BENCHSAMPLE tree=storm[0-9]* method=$1 stopper=$2 .*" "$raw" || true; } |
+		tr ' ' '\n' | sed -n "s/^$3=//p"
+}
+# count1: how many of the numbers on stdin are 1.
+count1() { grep -c '^1$' || true; }
+
+echo
+echo "## ngsup stop --grace 1s of a fork storm with the supervisor gone (Go benchmarks BenchmarkStopStorm*)"
+echo
+printf '| %-9s | %-14s | %4s | %9s | %14s | %13s | %7s | %11s | %10s | %12s | %11s |\n' \
+	launch stopper runs processes "stop ms (med)" "stop range" stopped out_of_time "left (med)" "left range" "load before"
+printf '|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n' ----------- ---------------- ------ ----------- ---------------- --------------- --------- ------------- ------------ -------------- -------------
+stoppers=$({ grep -o 'BENCHSAMPLE tree=storm[0-9]* method=[a-z-]* stopper=[^ ]*' "$raw" || true; } | sed 's/.*stopper=//' | sort -u)
+for st in ${stoppers:-in-process}; do
+	for m in cgroup no-cgroup; do
+		n=$(storm "$m" "$st" stop_ms | wc -l)
+		if [ "$n" -eq 0 ]; then
+			printf '| %-9s | %-14s | %4s | %9s | %14s | %13s | %7s | %11s | %10s | %12s | %11s |\n' "$m" "$st" 0 - - - - - - - "not measured"
+			continue
+		fi
+		printf '| %-9s | %-14s | %4s | %9s | %14s | %13s | %7s | %11s | %10s | %12s | %11s |\n' "$m" "$st" "$n" \
+			"$(storm "$m" "$st" processes | median | cut -d. -f1)" \
+			"$(storm "$m" "$st" stop_ms | median)" "$(storm "$m" "$st" stop_ms | range)" \
+			"$(storm "$m" "$st" stopped | count1)/$n" "$(storm "$m" "$st" out_of_time | count1)/$n" \
+			"$(storm "$m" "$st" left | median | cut -d. -f1)" "$(storm "$m" "$st" left | range)" \
+			"$(storm "$m" "$st" load1 | range)"
+	done
+done
+echo
+echo "(processes: in the storm's cgroup when the supervisor was SIGKILLed; left: still there when the stop returned; load before: the 1-minute load average before each storm was built)"
+
+echo
+echo "## The idle supervisor of the flat 1,000 tree (BenchmarkSupervisorIdleFlat1000; per 10 s window)"
+echo
+printf '| %-8s | %4s | %12s | %11s | %13s | %12s | %14s | %13s |\n' launch runs "ticks (med)" "ticks range" "CPU ms (med)" "CPU ms range" "wake-ups (med)" "wake-ups range"
+printf '|%s|%s|%s|%s|%s|%s|%s|%s|\n' ---------- ------ -------------- ------------- --------------- -------------- ---------------- ---------------
+for m in running paused; do
+	n=$(samples "flat1000/idle-$m" cpu_ms | wc -l)
+	if [ "$n" -eq 0 ]; then
+		printf '| %-8s | %4s | %12s | %11s | %13s | %12s | %14s | %13s |\n' "$m" 0 - - - - - "not measured"
+		continue
+	fi
+	printf '| %-8s | %4s | %12s | %11s | %13s | %12s | %14s | %13s |\n' "$m" "$n" \
+		"$(samples "flat1000/idle-$m" ticks | median)" "$(samples "flat1000/idle-$m" ticks | range)" \
+		"$(samples "flat1000/idle-$m" cpu_ms | median)" "$(samples "flat1000/idle-$m" cpu_ms | range)" \
+		"$(samples "flat1000/idle-$m" wakeups | median)" "$(samples "flat1000/idle-$m" wakeups | range)"
+done
+echo
+echo "(ticks: utime+stime in clock ticks of $(getconf CLK_TCK 2>/dev/null || echo 100) a second; CPU ms and wake-ups (context switches) summed over the supervisor's threads)"
 
 # --- 2. Sizes ---------------------------------------------------------------
 echo

@@ -39,13 +39,17 @@ const helperEnv = "NGSUP_REAPER_TEST_SUPERVISOR"
 
 // helperOptions is what the helper needs to run Supervise.
 type helperOptions struct {
-	Dir, ID string
-	Command []string
+	Dir, ID  string
+	Command  []string
+	NoCgroup bool
 }
 
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(helperEnv); spec != "" {
 		os.Exit(runHelperSupervisor(spec))
+	}
+	if path := os.Getenv(guardEnv); path != "" {
+		os.Exit(runCageGuard(path))
 	}
 	os.Exit(m.Run())
 }
@@ -73,9 +77,9 @@ func runHelperSupervisor(spec string) int {
 	}()
 	code, err := Supervise(RunOptions{
 		Dir: opt.Dir, ID: opt.ID, Command: opt.Command,
-		Detached: true,
-		Ready:    os.NewFile(3, "ready"),
-		Log:      func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) },
+		Detached: true, NoCgroup: opt.NoCgroup,
+		Ready: os.NewFile(3, "ready"),
+		Log:   func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) },
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "helper: %v\n", err)
@@ -138,7 +142,7 @@ type benchLaunch struct {
 
 func skipUnlessRoot(b *testing.B) {
 	if os.Geteuid() != 0 {
-		b.Skip("the pause benchmarks need root (the launch's cgroup, thousands of processes); run as root")
+		b.Skip("the reaper benchmarks need root (cgroups of their own, thousands of processes); run as root")
 	}
 }
 
@@ -146,6 +150,27 @@ func skipUnlessRoot(b *testing.B) {
 // every process of the tree exists and sleeps. It registers the launch's
 // stop with b.Cleanup, so a failing benchmark leaves nothing behind.
 func startBenchLaunch(b testing.TB, tree benchTree) *benchLaunch {
+	b.Helper()
+	bl := startSupervised(b, tree, launchOptions{cgroupFD: -1})
+	bl.waitBuilt(b, tree.processes, 5*time.Minute)
+	return bl
+}
+
+// launchOptions are the ways a benchmark's launch differs from the default.
+type launchOptions struct {
+	// noCgroup: the launch gets no cgroup (ngsup run --no-cgroup).
+	noCgroup bool
+	// cgroupFD, unless -1, is an open cgroup2 folder the supervisor is
+	// started in (CLONE_INTO_CGROUP), so nothing it starts is outside it.
+	cgroupFD int
+	// end, if set, ends the launch at the cleanup instead of stop.
+	end func(*benchLaunch, testing.TB)
+}
+
+// startSupervised starts the helper supervisor of a launch running tree and
+// waits for its ready line, not for the tree. Its cleanup (lo.end, else
+// stop) is registered as soon as the helper runs.
+func startSupervised(b testing.TB, tree benchTree, lo launchOptions) *benchLaunch {
 	b.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -158,7 +183,8 @@ func startBenchLaunch(b testing.TB, tree benchTree) *benchLaunch {
 	}
 	dir := filepath.Join(root, "launch")
 	id := fmt.Sprintf("bench-%s-%d-%d", tree.name, os.Getpid(), time.Now().UnixNano())
-	spec, err := json.Marshal(helperOptions{Dir: dir, ID: id, Command: []string{"/bin/sh", script, tree.arg}})
+	argv := append([]string{"/bin/sh", script}, strings.Fields(tree.arg)...)
+	spec, err := json.Marshal(helperOptions{Dir: dir, ID: id, Command: argv, NoCgroup: lo.noCgroup})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -179,6 +205,9 @@ func startBenchLaunch(b testing.TB, tree benchTree) *benchLaunch {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{readyW, lifeR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if lo.cgroupFD >= 0 {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, lo.cgroupFD
+	}
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -186,7 +215,11 @@ func startBenchLaunch(b testing.TB, tree benchTree) *benchLaunch {
 	lifeR.Close()
 	logf.Close()
 	bl := &benchLaunch{dir: dir, id: id, tag: proto.TagEnv + "=" + id, helper: cmd, lifeline: lifeW}
-	b.Cleanup(func() { bl.stop(b) })
+	end := lo.end
+	if end == nil {
+		end = (*benchLaunch).stop
+	}
+	b.Cleanup(func() { end(bl, b) })
 	line, _ := bufio.NewReader(readyR).ReadString('\n')
 	readyR.Close()
 	if strings.TrimSpace(line) != "ok" {
@@ -198,7 +231,6 @@ func startBenchLaunch(b testing.TB, tree benchTree) *benchLaunch {
 		b.Fatal(err)
 	}
 	bl.sup = proto.Proc{PID: r.SupervisorPID, StartTicks: r.SupervisorStartTicks}
-	bl.waitBuilt(b, tree.processes, 5*time.Minute)
 	return bl
 }
 
