@@ -286,7 +286,7 @@ func BuildGymResponse(export json.RawMessage, opt GymResponseOptions) (GymRespon
 	}
 	e, found, err := parseGymExport(export)
 	if err != nil || !found {
-		return r, false, err
+		return r, found, err
 	}
 	items, err := gymItems(e, opt.NewHex)
 	if err != nil {
@@ -459,8 +459,16 @@ func gymUsage(e *gymExport) (GymUsage, error) {
 		if m.Info.Role == nil || *m.Info.Role != "assistant" {
 			continue
 		}
-		if t := bytes.TrimSpace(m.Info.Tokens); len(t) == 0 || string(t) == "null" || string(t) == "{}" {
+		where := fmt.Sprintf("opencode: the session export's message %d (%s)", i, m.Info.ID)
+		if nonNull(m.Info.Tokens) == nil {
 			continue
+		}
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(m.Info.Tokens, &fields); err != nil {
+			return u, fmt.Errorf("%s: tokens: %w", where, err)
+		}
+		if len(fields) == 0 {
+			continue // {} counts nothing, as a missing one
 		}
 		var tok struct {
 			Input     *json.Number `json:"input"`
@@ -471,7 +479,6 @@ func gymUsage(e *gymExport) (GymUsage, error) {
 				Read *json.Number `json:"read"`
 			} `json:"cache"`
 		}
-		where := fmt.Sprintf("opencode: the session export's message %d (%s)", i, m.Info.ID)
 		if err := json.Unmarshal(m.Info.Tokens, &tok); err != nil {
 			return u, fmt.Errorf("%s: tokens: %w", where, err)
 		}
@@ -522,9 +529,7 @@ func tokenCount(n json.Number) (int64, error) {
 
 func randomHex() string {
 	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("crypto/rand failed: " + err.Error()) // never fails on Linux
-	}
+	_, _ = rand.Read(b[:]) // never returns an error (Go 1.24 and later)
 	return hex.EncodeToString(b[:])
 }
 

@@ -201,7 +201,8 @@ func TestGymUsageCases(t *testing.T) {
 		err          string
 	}{
 		{"no tokens: not counted", "", &GymUsage{}, ""},
-		{"empty tokens: not counted", "{}", &GymUsage{}, ""},
+		{"empty tokens: not counted", "{ }", &GymUsage{}, ""},
+		{"tokens not an object", "7", nil, "message 1 (msg_a): tokens:"},
 		{"total missing counts 0", `{"input":3,"output":4,"reasoning":1,"cache":{"read":2}}`,
 			&GymUsage{InputTokens: 3, InputTokensDetails: GymInputTokensDetails{CachedTokens: 2}, OutputTokens: 4, OutputTokensDetails: GymOutputTokensDetails{ReasoningTokens: 1}}, ""},
 		{"whole floats are counts", `{"input":3.0,"output":4,"reasoning":0,"total":7,"cache":{"read":0}}`,
@@ -234,6 +235,7 @@ func TestGymExportErrors(t *testing.T) {
 	cases := []struct{ name, export, err string }{
 		{"not JSON", `{"messages":`, "not a JSON object"},
 		{"no messages", `{"info":{"id":"s"}}`, "has no messages"},
+		{"a list", `[1]`, "not a JSON object"},
 		{"unknown role", `{"messages":[{"info":{"role":"system","id":"m"},"parts":[]}]}`, `message 0 (m) has role "system"`},
 		{"no role", `{"messages":[{"info":{"id":"m"},"parts":[]}]}`, "message 0 (m) has no role"},
 		{"unknown part", string(export(`{"type":"compaction","id":"p"}`, "")), `part of type "compaction"`},
