@@ -1,7 +1,9 @@
 // Package opencode puts OpenCode on the driver: the adapter (where OpenCode
 // keeps its session, how it is launched, whether a saved session can be
 // continued, what verify needs), and in resume/ the in-sandbox helper that
-// continues a saved session without adding a user turn.
+// continues a saved session without adding a user turn. BuildGymResponse
+// turns a session export into the NeMoGymResponse of NeMo Gym's /run reply,
+// as Gym's OpenCode agent builds it (gymresponse.go).
 //
 // OpenCode keeps its session in SQLite under a per-rollout XDG_DATA_HOME on
 // the sandbox's root filesystem, so the owner's snapshot carries it into a
