@@ -287,6 +287,11 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 			queue = append(queue, candidate{pid: p.PID, start: p.StartTicks, inode: f.inodes[p], src: fromKnown})
 		}
 	}
+	drain(queue)
+	// The tag scan last, each tagged process visited (with its descendants)
+	// as soon as it is found: the scan reads every process's environment,
+	// and one that a fork storm keeps long must have acted on what it
+	// reached by the time its deadline cuts it.
 	if f.tag != "" && f.fallback {
 		if pids, err := l.FS.PIDs(); err == nil {
 			f.used[proto.SourceTag] = true
@@ -295,12 +300,11 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 					break
 				}
 				if _, ok := seen[p]; !ok && !f.exclude[p] && l.FS.HasEnv(p, f.tag) {
-					queue = append(queue, candidate{pid: p, src: fromTag})
+					drain([]candidate{{pid: p, src: fromTag}})
 				}
 			}
 		}
 	}
-	drain(queue)
 	return seen
 }
 

@@ -128,6 +128,16 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		// The cgroup first, all at once: a storm inside it cannot outrun
 		// the walk that follows, which finds what is outside.
 		if l.Cgroup != nil {
+			// Its live members are counted killed (by identity, as the
+			// walk counts them), read before the kill: the reply says
+			// what was sent SIGKILL whichever way it went.
+			if pids, err := l.Cgroup.Procs(); err == nil {
+				for _, pid := range pids {
+					if st, err := l.FS.ReadStat(pid); err == nil && !isDead(st) {
+						killed[procOf(st)] = true
+					}
+				}
+			}
 			l.Cgroup.KillAll(time.Now().Add(freezeBudget))
 		}
 		found = f.pass(func(t *target) {
