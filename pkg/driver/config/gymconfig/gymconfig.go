@@ -97,6 +97,9 @@ type Settings struct {
 	// Checkpoint is the global checkpoint block (zero value but
 	// LeaseGrace when the config has none).
 	Checkpoint Checkpoint
+	// Verbose is Gym's global verbose key (Gym's servers log at debug
+	// level then).
+	Verbose bool
 	// Ignored lists the keys of the stanza that ngdriver does not use,
 	// as dotted paths, sorted.
 	Ignored []string
@@ -242,6 +245,9 @@ func (g *gym) settings(instance string) (*Settings, error) {
 		return nil, err
 	}
 	cfg.Token, cfg.TokenEnv = s.Checkpoint.ControlAuthToken, ""
+	if v, err := g.scalar(g.root, "verbose", "verbose"); err == nil && v != "" {
+		s.Verbose, _ = strconv.ParseBool(v)
+	}
 	cfg.LeaseGrace = config.Duration(s.Checkpoint.LeaseGrace)
 
 	for key := range pairs(server) {
