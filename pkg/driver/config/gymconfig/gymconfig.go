@@ -167,7 +167,7 @@ type gym struct{ root *yaml.Node }
 func (g *gym) soleNgdriverAgent() (string, error) {
 	var found []string
 	for name, n := range pairs(g.root) {
-		if _, server, err := g.server(name, n); err == nil && lookup(server, OurKey) != nil {
+		if typ, inner, err := g.server(name, n); err == nil && typ == AgentType && lookup(inner.Content[1], OurKey) != nil {
 			found = append(found, name)
 		}
 	}
@@ -181,16 +181,17 @@ func (g *gym) soleNgdriverAgent() (string, error) {
 		len(found), OurKey, strings.Join(found, ", "), EnvConfigPath)
 }
 
-// server unwraps <name>: {<type>: {<impl>: {...}}}, each level holding one
-// key, as Gym's get_first_server_config_dict does.
-func (g *gym) server(name string, entry *yaml.Node) (typ string, server *yaml.Node, err error) {
+// server unwraps <name>: {<type>: {<impl>: {...}}} to the type and the
+// {<impl>: {...}} mapping, each level holding one key, as Gym's
+// get_first_server_config_dict does.
+func (g *gym) server(name string, entry *yaml.Node) (typ string, inner *yaml.Node, err error) {
 	if entry == nil {
 		return "", nil, fmt.Errorf("no entry %q in the config", name)
 	}
 	if entry.Kind != yaml.MappingNode || len(entry.Content) != 2 {
 		return "", nil, fmt.Errorf("line %d: %s is not a server entry (want one server type under it)", entry.Line, name)
 	}
-	typ, inner := entry.Content[0].Value, entry.Content[1]
+	typ, inner = entry.Content[0].Value, entry.Content[1]
 	if inner.Kind != yaml.MappingNode || len(inner.Content) != 2 || inner.Content[1].Kind != yaml.MappingNode {
 		return "", nil, fmt.Errorf("line %d: %s.%s is not a server entry (want one server under it)", inner.Line, name, typ)
 	}
@@ -199,6 +200,7 @@ func (g *gym) server(name string, entry *yaml.Node) (typ string, server *yaml.No
 
 func (g *gym) settings(instance string) (*Settings, error) {
 	typ, inner, err := g.server(instance, lookup(g.root, instance))
+	// inner is {<agent type>: {...}}.
 	if err != nil {
 		return nil, fmt.Errorf("this server's entry: %w", err)
 	}
