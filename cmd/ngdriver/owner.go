@@ -64,7 +64,7 @@ Sandboxes no session uses any more are then removed unless
 			return nil
 		},
 		RunE: func(c *cobra.Command, args []string) error {
-			log := logger(logFormat).With("owner", "local")
+			log := logger(logFormat, false).With("owner", "local")
 			var lender localowner.Sandboxes
 			if backendName == "local" {
 				backend, err := local.New(base, local.Options{Isolation: isolation})

@@ -160,8 +160,9 @@ func newRolloutID() string {
 	return fmt.Sprintf("run-%s-%s", time.Now().UTC().Format("20060102T150405"), hex.EncodeToString(b[:]))
 }
 
-func newLogger() *slog.Logger {
+func newLogger(level slog.Leveler) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{
+		Level: level,
 		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
 			if a.Key == slog.TimeKey && len(groups) == 0 {
 				return slog.String("time", a.Value.Time().Format("15:04:05.000"))
@@ -208,7 +209,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 	if err := driver.ValidateRolloutID(meta.RolloutID); err != nil {
 		return usagef("--rollout-id (or the run body's rollout_id): %v", err)
 	}
-	log := newLogger()
+	log := newLogger(slog.LevelInfo)
 	log.Info("rollout", "rollout", meta.RolloutID)
 	stateDir := f.stateDir
 	if stateDir == "" {

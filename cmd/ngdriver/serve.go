@@ -17,6 +17,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/config"
+	"github.com/ngharness/ngharness/pkg/driver/config/gymconfig"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
 	"github.com/ngharness/ngharness/pkg/driver/serve"
@@ -24,7 +25,7 @@ import (
 )
 
 func newServeCmd() *cobra.Command {
-	var cfgPath string
+	var cfgPath, gymPath, gymInstance string
 	var over config.Config
 	c := &cobra.Command{
 		Use:   "serve --config FILE [--listen ADDR]",
@@ -34,7 +35,12 @@ the checkpoint control plane POST /ng-control/v1/checkpoint/{prepare,commit,
 resume,restore,retire} (Authorization: Bearer <token>), GET /metrics and GET
 /healthz. The config file is YAML (see examples/ngdriver.yaml); flags override
 it. SIGTERM stops taking runs, lets running ones finish within
-shutdown_timeout, and leaves the rest to the checkpoint.`,
+shutdown_timeout, and leaves the rest to the checkpoint.
+
+As a NeMo Gym agent server: with --gym-config FILE, or when $NEMO_GYM_CONFIG_DICT
+is set (as Gym's launcher sets it) and --config is not given, the settings come
+from this server's entry of the Gym config ($NEMO_GYM_CONFIG_PATH or
+--gym-instance names it; see examples/gym/).`,
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usagef("serve takes no arguments, got %q", args)
@@ -43,11 +49,30 @@ shutdown_timeout, and leaves the rest to the checkpoint.`,
 		},
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg := config.Default()
-			if cfgPath != "" {
+			var gs *gymconfig.Settings
+			switch {
+			case cfgPath != "" && gymPath != "":
+				return usagef("--config and --gym-config are two sources of the same settings: give one")
+			case gymPath != "":
+				var err error
+				if gs, err = gymconfig.Load(gymPath, gymInstance); err != nil {
+					return usageError{err.Error()}
+				}
+			case cfgPath != "":
 				var err error
 				if cfg, err = config.Load(cfgPath); err != nil {
 					return usageError{err.Error()}
 				}
+			default:
+				var err error
+				if gs, _, err = gymconfig.FromEnv(gymInstance); err != nil {
+					return usageError{err.Error()}
+				}
+			}
+			if gs != nil {
+				cfg = gs.Config
+			} else if gymInstance != "" {
+				return usagef("--gym-instance needs a Gym config (--gym-config or $%s)", gymconfig.EnvConfigDict)
 			}
 			fl := c.Flags()
 			if fl.Changed("listen") {
@@ -71,11 +96,13 @@ shutdown_timeout, and leaves the rest to the checkpoint.`,
 			if err := cfg.Validate(); err != nil {
 				return usageError{err.Error()}
 			}
-			return runServe(c.Context(), cfg)
+			return runServe(c.Context(), cfg, gs)
 		},
 	}
 	fl := c.Flags()
 	fl.StringVar(&cfgPath, "config", "", "the YAML config file")
+	fl.StringVar(&gymPath, "gym-config", "", "a NeMo Gym config file holding this server's agent entry (instead of --config)")
+	fl.StringVar(&gymInstance, "gym-instance", "", "this server's entry in the Gym config (default $NEMO_GYM_CONFIG_PATH)")
 	fl.StringVar(&over.Listen, "listen", "", "address to serve on (overrides listen)")
 	fl.StringVar(&over.Owner.URL, "owner", "", "the sandbox owner's URL (overrides owner.url)")
 	fl.IntVar(&over.MaxRuns, "max-runs", 0, "runs in flight at most (overrides max_runs)")
@@ -85,18 +112,37 @@ shutdown_timeout, and leaves the rest to the checkpoint.`,
 	return c
 }
 
-// logger writes JSON lines unless stderr is a terminal (or format says).
-func logger(format string) *slog.Logger {
+// logGymSettings says where a Gym config put this server.
+func logGymSettings(log *slog.Logger, gs *gymconfig.Settings) {
+	args := []any{"instance", gs.Instance, "agent_type", gs.AgentType, "listen", gs.Config.Listen,
+		"resources_server", gs.ResourcesServer.Name, "owner", gs.ResourcesServer.URL,
+		"checkpoint_enabled", gs.Checkpoint.Enabled, "lease_grace", gs.Checkpoint.LeaseGrace.String()}
+	if gs.ModelServer != nil {
+		args = append(args, "model_server", gs.ModelServer.Name, "model_url", gs.ModelServer.URL)
+	}
+	log.Info("configured from the Gym config", args...)
+	if len(gs.Ignored) > 0 {
+		log.Debug("Gym config keys ngdriver does not use", "keys", gs.Ignored)
+	}
+}
+
+// logger writes JSON lines unless stderr is a terminal (or format says);
+// debug adds debug records.
+func logger(format string, debug bool) *slog.Logger {
 	if format == "auto" {
 		format = "json"
 		if _, err := unix.IoctlGetTermios(int(os.Stderr.Fd()), unix.TCGETS); err == nil {
 			format = "text"
 		}
 	}
-	if format == "text" {
-		return newLogger()
+	level := slog.LevelInfo
+	if debug {
+		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if format == "text" {
+		return newLogger(level)
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
 // buildRunner makes the driver's runner from the config.
@@ -155,14 +201,20 @@ func buildAdapter(cfg config.Config) (driver.Adapter, error) {
 	return nil, usagef("adapter %q is not built into this ngdriver yet", cfg.Adapter)
 }
 
-func runServe(ctx context.Context, cfg config.Config) error {
-	log := logger(cfg.LogFormat).With("participant", cfg.Name)
+func runServe(ctx context.Context, cfg config.Config, gs *gymconfig.Settings) error {
+	log := logger(cfg.LogFormat, gs != nil && gs.Verbose).With("participant", cfg.Name)
+	if gs != nil {
+		logGymSettings(log, gs)
+	}
 	rn, err := buildRunner(cfg, log)
 	if err != nil {
 		return err
 	}
 	token := cfg.ControlToken()
-	if token == "" {
+	switch {
+	case token == "" && gs != nil:
+		log.Warn("checkpointing is off in the Gym config: every checkpoint call will be refused (set checkpoint.enabled and checkpoint.control_auth_token)")
+	case token == "":
 		log.Warn("no control token configured: every checkpoint call will be refused (set token or token_env)")
 	}
 	metrics := serve.NewMetrics(rn.Participant)

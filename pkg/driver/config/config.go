@@ -26,6 +26,10 @@ type Config struct {
 	// environment variable holding it instead.
 	Token    string `yaml:"token"`
 	TokenEnv string `yaml:"token_env"`
+	// LeaseGrace is how long past a control call's deadline the
+	// participant stays closed without hearing from the controller before
+	// it resumes on its own (Gym's checkpoint.lease_grace_seconds).
+	LeaseGrace Duration `yaml:"lease_grace"`
 	// MaxRuns bounds the runs in flight (0: no limit).
 	MaxRuns int `yaml:"max_runs"`
 	// Adapter names the harness adapter: fake or opencode.
@@ -100,6 +104,7 @@ func Default() Config {
 		Listen:          "127.0.0.1:8090",
 		Name:            "ngdriver",
 		TokenEnv:        "NG_CONTROL_TOKEN",
+		LeaseGrace:      Duration(600 * time.Second),
 		MaxRuns:         64,
 		Adapter:         "fake",
 		StopGrace:       Duration(10 * time.Second),
