@@ -12,17 +12,19 @@ import (
 // DefaultGrace is how long stop waits after SIGINT before SIGKILL.
 const DefaultGrace = 10 * time.Second
 
-// The time a stop gives itself beyond the grace. Every pass over the launch
-// ends at most passOverrun after its phase's deadline, so a stop ends within
-// about grace (at least minPassBudget) + freezeBudget + killBudget +
-// settleBudget + confirmBudget + 3 passOverrun, even when a fork storm
-// outgrows its walk; the reply says OutOfTime when a bound cut it short.
+// The time a stop gives itself beyond the grace. The SIGINT walks end at the
+// grace (at least minPassBudget for the first); the kill sweeps and the last
+// sweep end at most passOverrun after their phase's deadline. So a stop ends
+// within about grace + freezeBudget + killBudget + settleBudget +
+// confirmBudget + 2 passOverrun, even when a fork storm outgrows its walk;
+// the reply says OutOfTime when a bound cut it short.
 const (
-	// passOverrun is how long a walk may run past its phase's end before it
-	// is cut. A walk over a large tree on a loaded machine takes seconds
-	// (reading every process's environment for the tag most of all), and a
-	// walk cut short leaves the stop unconfirmed; only a walk that keeps
-	// finding new processes (a fork storm outside the cgroup) runs this long.
+	// passOverrun is how long a kill sweep or the last sweep may run past
+	// its phase's end before it is cut. A walk over a large tree on a loaded
+	// machine takes seconds (reading every process's environment for the tag
+	// most of all), and one cut short leaves the stop unconfirmed; only a
+	// walk that keeps finding new processes (a fork storm outside the
+	// cgroup) runs this long.
 	passOverrun = 10 * time.Second
 	// killBudget bounds the SIGKILL sweeps after the grace.
 	killBudget = 5 * time.Second
@@ -108,7 +110,9 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 	}
 	l.signalGroup(unix.SIGCONT)
 	deadline := begin.Add(grace)
-	f.deadline = later(deadline, time.Now().Add(minPassBudget)).Add(passOverrun)
+	// The SIGINT walks end at the grace: one cut short costs nothing, the
+	// kill sweeps that follow reach what it did not.
+	f.deadline = later(deadline, time.Now().Add(minPassBudget))
 	found := interrupt()
 	if l.Cgroup != nil {
 		l.Cgroup.Thaw() // a frozen task cannot act on SIGINT
@@ -117,7 +121,7 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 	for len(live(found)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(wait)
 		wait = min(wait*2, 50*time.Millisecond)
-		f.deadline = deadline.Add(passOverrun)
+		f.deadline = deadline
 		found = interrupt()
 	}
 	res.Interrupted = len(interrupted)
