@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/ngharness/ngharness/internal/cgrouptest"
 )
 
 const (
@@ -72,6 +74,8 @@ func testMain(m *testing.M) int {
 		ngsupHost = filepath.Join(dir, "ngsup-linux-"+runtime.GOARCH)
 	}
 	code := m.Run()
+	// The empty cgroups of launches whose sandbox a test removed.
+	cgrouptest.RemoveEmpty(runTag)
 	// Every test stops what it started; this is the last look, over the
 	// whole test process: a process tagged by one of its launches, or
 	// running in one of its sandboxes, is a leak.
