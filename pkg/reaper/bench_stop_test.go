@@ -1,7 +1,6 @@
 package reaper
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -506,28 +505,11 @@ func TestBenchStormGuard(t *testing.T) {
 		fmt.Printf("CAGE %s\n", s.cage.path)
 		select {}
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(self, "-test.run=^TestBenchStormGuard$", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), "NGSUP_REAPER_TEST_STORM_GUARD=1")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	var path string
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if _, err := fmt.Sscanf(sc.Text(), "CAGE %s", &path); err == nil {
-			break
-		}
-	}
+	cmd := startSelf(t, "TestBenchStormGuard", "NGSUP_REAPER_TEST_STORM_GUARD", func(line string) bool {
+		_, err := fmt.Sscanf(line, "CAGE %s", &path)
+		return err == nil
+	})
 	if path == "" {
 		t.Fatal("the child never reported its cage")
 	}

@@ -489,29 +489,12 @@ func TestBenchLaunchLifeline(t *testing.T) {
 		fmt.Printf("LAUNCH %s %d\n", bl.dir, bl.sup.PID)
 		select {}
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(self, "-test.run=^TestBenchLaunchLifeline$", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), "NGSUP_REAPER_TEST_LIFELINE=1")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	var dir string
 	var sup int
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if _, err := fmt.Sscanf(sc.Text(), "LAUNCH %s %d", &dir, &sup); err == nil {
-			break
-		}
-	}
+	cmd := startSelf(t, "TestBenchLaunchLifeline", "NGSUP_REAPER_TEST_LIFELINE", func(line string) bool {
+		_, err := fmt.Sscanf(line, "LAUNCH %s %d", &dir, &sup)
+		return err == nil
+	})
 	if dir == "" {
 		t.Fatal("the child never reported its launch")
 	}
@@ -543,4 +526,31 @@ func TestBenchLaunchLifeline(t *testing.T) {
 	if top := filepath.Dir(filepath.Dir(dir)); strings.HasPrefix(filepath.Base(top), "TestBenchLaunchLifeline") {
 		os.RemoveAll(top)
 	}
+}
+
+// startSelf runs this test binary again as a child running only test, with
+// env set to 1 (the child's side of the test), and reads its stdout until
+// report accepts a line. The child is killed at cleanup if the test has not
+// killed it already.
+func startSelf(t *testing.T, test, env string, report func(line string) bool) *exec.Cmd {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^"+test+"$", "-test.timeout=2m")
+	cmd.Env = append(os.Environ(), env+"=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	sc := bufio.NewScanner(out)
+	for sc.Scan() && !report(sc.Text()) {
+	}
+	return cmd
 }
