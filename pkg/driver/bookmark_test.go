@@ -173,7 +173,7 @@ func TestVerifyBookmarkGradesAgainWithoutLaunching(t *testing.T) {
 	body := drivertest.Task(ro, 3, stepS, map[string]any{
 		"files": map[string]string{"progress": "step 1\nstep 2\nstep 3\n"},
 	})
-	seeded, err := e.LocalOwner.SeedSession(context.Background(), body)
+	seeded, err := e.LocalOwner.SeedSession(context.Background(), "", body)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // Runner runs rollouts: the stage machine of the seed's
@@ -85,6 +86,7 @@ func (rn *Runner) pauses() bool {
 // attemptState is the run's progress in memory.
 type attemptState struct {
 	req  RunRequest
+	key  string // the attempt's capture key, which names it to the owner
 	r    *run
 	bm   Bookmark
 	log  *slog.Logger
@@ -121,6 +123,7 @@ func (rn *Runner) Run(ctx context.Context, req RunRequest) (json.RawMessage, err
 	}
 	defer rn.Participant.unregister(r)
 	st := &attemptState{req: req, r: r, bm: r.bookmark.Clone()}
+	st.key = gym.EpisodeID{RolloutID: req.RolloutID, Attempt: r.attempt}.CaptureKey()
 	st.log = rn.log().With("rollout", req.RolloutID, "attempt", r.attempt)
 	if err := st.bm.Validate(); err != nil {
 		return nil, fmt.Errorf("continue rollout %s: %w", req.RolloutID, err)
@@ -170,7 +173,7 @@ func (rn *Runner) stages(ctx context.Context, st *attemptState) (json.RawMessage
 }
 
 func (rn *Runner) seed(ctx context.Context, st *attemptState) error {
-	reply, err := rn.Owner.SeedSession(ctx, st.req.Body)
+	reply, err := rn.Owner.SeedSession(ctx, st.key, st.req.Body)
 	if err != nil {
 		return fmt.Errorf("seed the session of %s: %w", st.req.RolloutID, err)
 	}
@@ -209,7 +212,7 @@ func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies
 	if st.own != nil {
 		return *st.own, nil
 	}
-	acc, err := rn.Owner.SandboxAccess(ctx, c)
+	acc, err := rn.Owner.SandboxAccess(ctx, st.key, c)
 	if err != nil {
 		return LentSandbox{}, fmt.Errorf("ask the owner for the sandbox of %s: %w", st.req.RolloutID, err)
 	}
@@ -620,7 +623,7 @@ func (rn *Runner) verify(ctx context.Context, st *attemptState) error {
 	if err != nil {
 		return fmt.Errorf("build the verify request of %s: %w", st.req.RolloutID, err)
 	}
-	reply, err := rn.Owner.Verify(ctx, st.bm.Cookies, data)
+	reply, err := rn.Owner.Verify(ctx, st.key, st.bm.Cookies, data)
 	if err != nil {
 		return fmt.Errorf("verify %s: %w", st.req.RolloutID, err)
 	}
@@ -680,7 +683,7 @@ func (rn *Runner) leave(ctx context.Context, st *attemptState, runErr error) {
 		// The owner ended the session.
 	case checkpointed:
 		if len(st.bm.Cookies) > 0 {
-			if err := rn.Owner.CloseSession(cctx, st.bm.Cookies); err != nil {
+			if err := rn.Owner.CloseSession(cctx, st.key, st.bm.Cookies); err != nil {
 				st.log.Warn("could not close the session", "error", err.Error())
 			}
 		}

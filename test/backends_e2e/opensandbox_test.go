@@ -158,15 +158,15 @@ func TestOwnerRenewsOpenSessions(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, "opensandbox")
 	ctx := context.Background()
-	open, err := w.owner.SeedSession(ctx, json.RawMessage(`{"rollout_id":"renew-open"}`))
+	open, err := w.owner.SeedSession(ctx, "", json.RawMessage(`{"rollout_id":"renew-open"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed, err := w.owner.SeedSession(ctx, json.RawMessage(`{"rollout_id":"renew-closed"}`))
+	closed, err := w.owner.SeedSession(ctx, "", json.RawMessage(`{"rollout_id":"renew-closed"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.owner.CloseSession(ctx, closed.Cookies); err != nil {
+	if err := w.owner.CloseSession(ctx, "", closed.Cookies); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.owner.RenewOpen(ctx, 3*time.Hour); err != nil {

@@ -570,8 +570,8 @@ type trackingOwner struct {
 	cookies map[string][]owner.Cookies
 }
 
-func (o *trackingOwner) SeedSession(ctx context.Context, body json.RawMessage) (owner.SeedReply, error) {
-	reply, err := o.Owner.SeedSession(ctx, body)
+func (o *trackingOwner) SeedSession(ctx context.Context, key string, body json.RawMessage) (owner.SeedReply, error) {
+	reply, err := o.Owner.SeedSession(ctx, key, body)
 	if err == nil {
 		var b struct {
 			RolloutID string `json:"rollout_id"`

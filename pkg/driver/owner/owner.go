@@ -58,15 +58,20 @@ var ErrNoSandbox = errors.New("the session has no sandbox")
 // ErrClosed means the session was closed already.
 var ErrClosed = errors.New("session closed")
 
-// Owner is one sandbox owner, as seen by the driver.
+// Owner is one sandbox owner, as seen by the driver. Every call names the
+// attempt it belongs to by its capture key (gym.EpisodeID.CaptureKey: the
+// rollout id, with "-a<N>" after attempt 0): over HTTP it is the
+// /ng-rollout/<key>/ prefix that binds the session on Gym's resources
+// servers, and after a restore it is how the attempt + 1 finds the session
+// restored for it.
 type Owner interface {
-	// SeedSession starts the rollout's session with its run body.
-	SeedSession(ctx context.Context, body json.RawMessage) (SeedReply, error)
+	// SeedSession starts the attempt's session with its run body.
+	SeedSession(ctx context.Context, key string, body json.RawMessage) (SeedReply, error)
 	// SandboxAccess says which sandbox the session uses now.
-	SandboxAccess(ctx context.Context, c Cookies) (Access, error)
+	SandboxAccess(ctx context.Context, key string, c Cookies) (Access, error)
 	// Verify grades the run (body plus "response"); the owner ends the
 	// session.
-	Verify(ctx context.Context, c Cookies, body json.RawMessage) (VerifyReply, error)
+	Verify(ctx context.Context, key string, c Cookies, body json.RawMessage) (VerifyReply, error)
 	// CloseSession ends the session without a verdict. Idempotent.
-	CloseSession(ctx context.Context, c Cookies) error
+	CloseSession(ctx context.Context, key string, c Cookies) error
 }

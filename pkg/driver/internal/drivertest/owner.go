@@ -61,7 +61,7 @@ func (o *Owner) record(method string, c owner.Cookies, rollout string, err error
 }
 
 // SeedSession implements owner.Owner.
-func (o *Owner) SeedSession(ctx context.Context, body json.RawMessage) (owner.SeedReply, error) {
+func (o *Owner) SeedSession(ctx context.Context, key string, body json.RawMessage) (owner.SeedReply, error) {
 	var b struct {
 		RolloutID string `json:"rollout_id"`
 	}
@@ -75,7 +75,7 @@ func (o *Owner) SeedSession(ctx context.Context, body json.RawMessage) (owner.Se
 			return owner.SeedReply{}, err
 		}
 	}
-	reply, err := o.Owner.SeedSession(ctx, body)
+	reply, err := o.Owner.SeedSession(ctx, key, body)
 	if err == nil {
 		o.mu.Lock()
 		o.cookies[b.RolloutID] = append(o.cookies[b.RolloutID], reply.Cookies)
@@ -87,22 +87,22 @@ func (o *Owner) SeedSession(ctx context.Context, body json.RawMessage) (owner.Se
 }
 
 // SandboxAccess implements owner.Owner.
-func (o *Owner) SandboxAccess(ctx context.Context, c owner.Cookies) (owner.Access, error) {
-	a, err := o.Owner.SandboxAccess(ctx, c)
+func (o *Owner) SandboxAccess(ctx context.Context, key string, c owner.Cookies) (owner.Access, error) {
+	a, err := o.Owner.SandboxAccess(ctx, key, c)
 	o.record(CallSandboxAccess, c, "", err)
 	return a, err
 }
 
 // Verify implements owner.Owner.
-func (o *Owner) Verify(ctx context.Context, c owner.Cookies, body json.RawMessage) (owner.VerifyReply, error) {
-	r, err := o.Owner.Verify(ctx, c, body)
+func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body json.RawMessage) (owner.VerifyReply, error) {
+	r, err := o.Owner.Verify(ctx, key, c, body)
 	o.record(CallVerify, c, "", err)
 	return r, err
 }
 
 // CloseSession implements owner.Owner.
-func (o *Owner) CloseSession(ctx context.Context, c owner.Cookies) error {
-	err := o.Owner.CloseSession(ctx, c)
+func (o *Owner) CloseSession(ctx context.Context, key string, c owner.Cookies) error {
+	err := o.Owner.CloseSession(ctx, key, c)
 	o.record(CallClose, c, "", err)
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"syscall"
 	"time"
@@ -154,8 +155,8 @@ func statusError(name string, resp *http.Response, data []byte) error {
 }
 
 // SeedSession implements owner.Owner.
-func (c *Client) SeedSession(ctx context.Context, body json.RawMessage) (owner.SeedReply, error) {
-	resp, data, err := c.call(ctx, "seed_session", "/seed_session", nil, body, c.Timeout)
+func (c *Client) SeedSession(ctx context.Context, key string, body json.RawMessage) (owner.SeedReply, error) {
+	resp, data, err := c.call(ctx, "seed_session", RolloutPath(key, "seed_session"), nil, body, c.Timeout)
 	if err != nil {
 		return owner.SeedReply{}, err
 	}
@@ -177,9 +178,9 @@ func (c *Client) SeedSession(ctx context.Context, body json.RawMessage) (owner.S
 }
 
 // SandboxAccess implements owner.Owner; a 404 is owner.ErrNoSandbox.
-func (c *Client) SandboxAccess(ctx context.Context, ck owner.Cookies) (owner.Access, error) {
+func (c *Client) SandboxAccess(ctx context.Context, key string, ck owner.Cookies) (owner.Access, error) {
 	var acc owner.Access
-	resp, data, err := c.call(ctx, "sandbox_access", "/sandbox_access", ck, []byte("{}"), c.Timeout)
+	resp, data, err := c.call(ctx, "sandbox_access", RolloutPath(key, "sandbox_access"), ck, []byte("{}"), c.Timeout)
 	if err != nil {
 		return acc, err
 	}
@@ -196,13 +197,13 @@ func (c *Client) SandboxAccess(ctx context.Context, ck owner.Cookies) (owner.Acc
 }
 
 // Verify implements owner.Owner.
-func (c *Client) Verify(ctx context.Context, ck owner.Cookies, body json.RawMessage) (owner.VerifyReply, error) {
+func (c *Client) Verify(ctx context.Context, key string, ck owner.Cookies, body json.RawMessage) (owner.VerifyReply, error) {
 	timeout := c.VerifyTimeout
 	if timeout <= 0 {
 		timeout = 30 * time.Minute
 	}
 	var reply owner.VerifyReply
-	resp, data, err := c.call(ctx, "verify", "/verify", ck, body, timeout)
+	resp, data, err := c.call(ctx, "verify", RolloutPath(key, "verify"), ck, body, timeout)
 	if err != nil {
 		return reply, err
 	}
@@ -217,8 +218,8 @@ func (c *Client) Verify(ctx context.Context, ck owner.Cookies, body json.RawMess
 }
 
 // CloseSession implements owner.Owner: POST /close_session {}.
-func (c *Client) CloseSession(ctx context.Context, ck owner.Cookies) error {
-	resp, data, err := c.call(ctx, "close_session", "/close_session", ck, []byte("{}"), c.Timeout)
+func (c *Client) CloseSession(ctx context.Context, key string, ck owner.Cookies) error {
+	resp, data, err := c.call(ctx, "close_session", RolloutPath(key, "close_session"), ck, []byte("{}"), c.Timeout)
 	if err != nil {
 		return err
 	}
@@ -226,6 +227,16 @@ func (c *Client) CloseSession(ctx context.Context, ck owner.Cookies) error {
 }
 
 var _ owner.Owner = (*Client)(nil)
+
+// RolloutPath is the path of a session call of the attempt key:
+// /ng-rollout/<key>/<call>, the prefix Gym's resources middleware binds the
+// session by (the key path-escaped). Without a key it is /<call>.
+func RolloutPath(key, call string) string {
+	if key == "" {
+		return "/" + call
+	}
+	return "/ng-rollout/" + url.PathEscape(key) + "/" + call
+}
 
 // notSent reports a transport error that means the request never reached
 // the owner: the connection could not be made.

@@ -36,10 +36,12 @@ type Server struct {
 // Handler returns the routes.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /seed_session", s.seed)
-	mux.HandleFunc("POST /sandbox_access", s.access)
-	mux.HandleFunc("POST /verify", s.verify)
-	mux.HandleFunc("POST /close_session", s.close)
+	for _, prefix := range []string{"", "/ng-rollout/{key}"} {
+		mux.HandleFunc("POST "+prefix+"/seed_session", s.seed)
+		mux.HandleFunc("POST "+prefix+"/sandbox_access", s.access)
+		mux.HandleFunc("POST "+prefix+"/verify", s.verify)
+		mux.HandleFunc("POST "+prefix+"/close_session", s.close)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { reply(w, http.StatusOK, map[string]bool{"ok": true}) })
 	if s.Checkpoints != nil {
 		for _, call := range []string{"prepare", "commit", "resume", "restore", "retire"} {
@@ -73,11 +75,11 @@ func (s *Server) seed(w http.ResponseWriter, r *http.Request) {
 	}
 	var res owner.SeedReply
 	if sw, ok := s.Owner.(interface {
-		SeedSessionWith(context.Context, owner.Cookies, json.RawMessage) (owner.SeedReply, error)
+		SeedSessionWith(context.Context, string, owner.Cookies, json.RawMessage) (owner.SeedReply, error)
 	}); ok {
-		res, err = sw.SeedSessionWith(r.Context(), cookiesOf(r), data)
+		res, err = sw.SeedSessionWith(r.Context(), r.PathValue("key"), cookiesOf(r), data)
 	} else {
-		res, err = s.Owner.SeedSession(r.Context(), data)
+		res, err = s.Owner.SeedSession(r.Context(), r.PathValue("key"), data)
 	}
 	if err != nil {
 		s.fail(w, "seed_session", err)
@@ -100,7 +102,7 @@ func (s *Server) seed(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) access(w http.ResponseWriter, r *http.Request) {
-	acc, err := s.Owner.SandboxAccess(r.Context(), cookiesOf(r))
+	acc, err := s.Owner.SandboxAccess(r.Context(), r.PathValue("key"), cookiesOf(r))
 	if err != nil {
 		s.fail(w, "sandbox_access", err)
 		return
@@ -114,7 +116,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, "verify", err)
 		return
 	}
-	res, err := s.Owner.Verify(r.Context(), cookiesOf(r), data)
+	res, err := s.Owner.Verify(r.Context(), r.PathValue("key"), cookiesOf(r), data)
 	if err != nil {
 		s.fail(w, "verify", err)
 		return
@@ -127,7 +129,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) close(w http.ResponseWriter, r *http.Request) {
-	if err := s.Owner.CloseSession(r.Context(), cookiesOf(r)); err != nil {
+	if err := s.Owner.CloseSession(r.Context(), r.PathValue("key"), cookiesOf(r)); err != nil {
 		s.fail(w, "close_session", err)
 		return
 	}

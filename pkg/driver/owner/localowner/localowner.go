@@ -177,8 +177,8 @@ func sandboxID(sessionID string, generation int) string {
 // workdir, and the reply body {"sandbox_handle", "workdir"}. Restart and
 // VerifyMode come from the body. A body that is not a JSON object, or whose
 // known fields have the wrong type, is an error and creates nothing.
-func (o *Owner) SeedSession(ctx context.Context, body json.RawMessage) (owner.SeedReply, error) {
-	return o.SeedSessionWith(ctx, nil, body)
+func (o *Owner) SeedSession(ctx context.Context, key string, body json.RawMessage) (owner.SeedReply, error) {
+	return o.SeedSessionWith(ctx, key, nil, body)
 }
 
 // SeedSessionWith is SeedSession for a caller that sends cookies with the
@@ -186,7 +186,7 @@ func (o *Owner) SeedSession(ctx context.Context, body json.RawMessage) (owner.Se
 // session the seed is refused with owner.ErrClosed and nothing is created
 // (a late seed must not recreate a closed session); when they name an open
 // session, its seed reply is returned again.
-func (o *Owner) SeedSessionWith(ctx context.Context, c owner.Cookies, body json.RawMessage) (owner.SeedReply, error) {
+func (o *Owner) SeedSessionWith(ctx context.Context, key string, c owner.Cookies, body json.RawMessage) (owner.SeedReply, error) {
 	rb, err := parseRunBody(body)
 	if err != nil {
 		return owner.SeedReply{}, err
@@ -284,7 +284,7 @@ func (o *Owner) lookup(c owner.Cookies) (*session, error) {
 // SandboxAccess says which sandbox the session uses now: after a restore,
 // the fork. A closed session is owner.ErrClosed; one that lends no sandbox
 // is owner.ErrNoSandbox.
-func (o *Owner) SandboxAccess(ctx context.Context, c owner.Cookies) (owner.Access, error) {
+func (o *Owner) SandboxAccess(ctx context.Context, key string, c owner.Cookies) (owner.Access, error) {
 	s, err := o.lookup(c)
 	if err != nil {
 		return owner.Access{}, err
@@ -314,7 +314,7 @@ func (o *Owner) SandboxAccess(ctx context.Context, c owner.Cookies) (owner.Acces
 // and it is marked closed and verified. On a closed session: owner.ErrClosed.
 // An error running the check (other than its timeout) leaves the session
 // open.
-func (o *Owner) Verify(ctx context.Context, c owner.Cookies, body json.RawMessage) (owner.VerifyReply, error) {
+func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body json.RawMessage) (owner.VerifyReply, error) {
 	req, err := parseObject("verify body", body)
 	if err != nil {
 		return owner.VerifyReply{}, err
@@ -465,7 +465,7 @@ func (o *Owner) removeUnused(ctx context.Context, id string) {
 // and the session marked closed. Idempotent: closing a closed session does
 // nothing. If the sandbox cannot be stopped the error is returned and the
 // session stays open, so the close can be retried.
-func (o *Owner) CloseSession(ctx context.Context, c owner.Cookies) error {
+func (o *Owner) CloseSession(ctx context.Context, key string, c owner.Cookies) error {
 	s, err := o.lookup(c)
 	if err != nil {
 		return err

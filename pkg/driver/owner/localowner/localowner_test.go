@@ -167,7 +167,7 @@ func (f *fixture) seed(body any) owner.SeedReply {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	r, err := f.o.SeedSession(context.Background(), raw)
+	r, err := f.o.SeedSession(context.Background(), "", raw)
 	if err != nil {
 		f.t.Fatalf("seed: %v", err)
 	}
@@ -176,7 +176,7 @@ func (f *fixture) seed(body any) owner.SeedReply {
 
 func (f *fixture) connect(c owner.Cookies) sandbox.Sandbox {
 	f.t.Helper()
-	a, err := f.o.SandboxAccess(context.Background(), c)
+	a, err := f.o.SandboxAccess(context.Background(), "", c)
 	if err != nil {
 		f.t.Fatalf("access: %v", err)
 	}
@@ -199,7 +199,7 @@ func (f *fixture) sh(sb sandbox.Sandbox, script string) string {
 func (f *fixture) verify(c owner.Cookies, body map[string]any) (owner.VerifyReply, map[string]any) {
 	f.t.Helper()
 	raw, _ := json.Marshal(body)
-	r, err := f.o.Verify(context.Background(), c, raw)
+	r, err := f.o.Verify(context.Background(), "", c, raw)
 	if err != nil {
 		f.t.Fatalf("verify: %v", err)
 	}
@@ -243,7 +243,7 @@ func TestSeedAccessVerifyPassingCheck(t *testing.T) {
 		t.Fatalf("seed body %s", r.Body)
 	}
 
-	a, err := f.o.SandboxAccess(context.Background(), r.Cookies)
+	a, err := f.o.SandboxAccess(context.Background(), "", r.Cookies)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,19 +276,19 @@ func TestSeedAccessVerifyPassingCheck(t *testing.T) {
 	}
 
 	// The session has ended.
-	if _, err := f.o.SandboxAccess(context.Background(), r.Cookies); !errors.Is(err, owner.ErrClosed) {
+	if _, err := f.o.SandboxAccess(context.Background(), "", r.Cookies); !errors.Is(err, owner.ErrClosed) {
 		t.Errorf("access after verify: want ErrClosed, got %v", err)
 	}
 	raw, _ := json.Marshal(body)
-	if _, err := f.o.Verify(context.Background(), r.Cookies, raw); !errors.Is(err, owner.ErrClosed) {
+	if _, err := f.o.Verify(context.Background(), "", r.Cookies, raw); !errors.Is(err, owner.ErrClosed) {
 		t.Errorf("second verify: want ErrClosed, got %v", err)
 	}
-	if err := f.o.CloseSession(context.Background(), r.Cookies); err != nil {
+	if err := f.o.CloseSession(context.Background(), "", r.Cookies); err != nil {
 		t.Errorf("close after verify: %v", err)
 	}
 	// A late seed for the closed session does not recreate it.
 	n := f.sandboxCount()
-	if _, err := f.o.SeedSessionWith(context.Background(), r.Cookies, raw); !errors.Is(err, owner.ErrClosed) {
+	if _, err := f.o.SeedSessionWith(context.Background(), "", r.Cookies, raw); !errors.Is(err, owner.ErrClosed) {
 		t.Errorf("late seed: want ErrClosed, got %v", err)
 	}
 	if f.sandboxCount() != n {
@@ -348,17 +348,17 @@ func TestCloseIsIdempotent(t *testing.T) {
 	r := f.seed(map[string]any{"task": "t"})
 	ctx := context.Background()
 	for i := 0; i < 3; i++ {
-		if err := f.o.CloseSession(ctx, r.Cookies); err != nil {
+		if err := f.o.CloseSession(ctx, "", r.Cookies); err != nil {
 			t.Fatalf("close %d: %v", i, err)
 		}
 	}
 	if got := f.stoppedIDs(); len(got) != 1 {
 		t.Errorf("StopSandbox calls %v, want one", got)
 	}
-	if _, err := f.o.SandboxAccess(ctx, r.Cookies); !errors.Is(err, owner.ErrClosed) {
+	if _, err := f.o.SandboxAccess(ctx, "", r.Cookies); !errors.Is(err, owner.ErrClosed) {
 		t.Errorf("access after close: want ErrClosed, got %v", err)
 	}
-	if _, err := f.o.Verify(ctx, r.Cookies, json.RawMessage(`{}`)); !errors.Is(err, owner.ErrClosed) {
+	if _, err := f.o.Verify(ctx, "", r.Cookies, json.RawMessage(`{}`)); !errors.Is(err, owner.ErrClosed) {
 		t.Errorf("verify after close: want ErrClosed, got %v", err)
 	}
 	if info, _ := f.o.Session(r.Cookies); !info.Closed || info.Verified {
@@ -371,7 +371,7 @@ func TestCloseStopsTheSandboxProcesses(t *testing.T) {
 	r := f.seed(map[string]any{"task": "t"})
 	sb := f.connect(r.Cookies)
 	fd := f.startBackground(sb)
-	if err := f.o.CloseSession(context.Background(), r.Cookies); err != nil {
+	if err := f.o.CloseSession(context.Background(), "", r.Cookies); err != nil {
 		t.Fatal(err)
 	}
 	if !waitExit(fd, 0) {
@@ -389,7 +389,7 @@ func TestRestartAndNoSandboxFlags(t *testing.T) {
 	if !r.Restart || r.VerifyMode != "replay" {
 		t.Errorf("seed reply %+v", r)
 	}
-	if _, err := f.o.SandboxAccess(ctx, r.Cookies); err != nil {
+	if _, err := f.o.SandboxAccess(ctx, "", r.Cookies); err != nil {
 		t.Errorf("a restart session still lends its sandbox: %v", err)
 	}
 
@@ -401,7 +401,7 @@ func TestRestartAndNoSandboxFlags(t *testing.T) {
 	if string(r.Body) != "{}" {
 		t.Errorf("no_sandbox seed body %s", r.Body)
 	}
-	if _, err := f.o.SandboxAccess(ctx, r.Cookies); !errors.Is(err, owner.ErrNoSandbox) {
+	if _, err := f.o.SandboxAccess(ctx, "", r.Cookies); !errors.Is(err, owner.ErrNoSandbox) {
 		t.Errorf("access: want ErrNoSandbox, got %v", err)
 	}
 	// Its check runs in a scratch sandbox holding the seed's files, removed
@@ -426,7 +426,7 @@ func TestBadBodiesAndCookies(t *testing.T) {
 		`{"files": {"../escape": "x"}}`, `{"files": {"/abs": "x"}}`, `{"files": {".": "x"}}`, `{"files": {"a": 1}}`, `{"files": []}`,
 		`{"verify_mode": "fast"}`, `{"restart": "yes"}`, `{"no_sandbox": 1}`,
 	} {
-		if _, err := f.o.SeedSession(ctx, json.RawMessage(body)); err == nil {
+		if _, err := f.o.SeedSession(ctx, "", json.RawMessage(body)); err == nil {
 			t.Errorf("seed accepted %s", body)
 		} else {
 			t.Logf("%s: %v", body, err)
@@ -439,24 +439,24 @@ func TestBadBodiesAndCookies(t *testing.T) {
 	f.seed(map[string]any{"task": nil, "responses_create_params": map[string]any{"input": []any{}}})
 
 	unknown := owner.Cookies{CookieName: "feedface"}
-	if _, err := f.o.SandboxAccess(ctx, unknown); !errors.Is(err, ErrUnknownSession) || !strings.Contains(err.Error(), "feedface") {
+	if _, err := f.o.SandboxAccess(ctx, "", unknown); !errors.Is(err, ErrUnknownSession) || !strings.Contains(err.Error(), "feedface") {
 		t.Errorf("unknown session: %v", err)
 	}
-	if err := f.o.CloseSession(ctx, owner.Cookies{}); !errors.Is(err, ErrUnknownSession) {
+	if err := f.o.CloseSession(ctx, "", owner.Cookies{}); !errors.Is(err, ErrUnknownSession) {
 		t.Errorf("no cookie: %v", err)
 	}
-	if _, err := f.o.Verify(ctx, unknown, json.RawMessage(`{}`)); !errors.Is(err, ErrUnknownSession) {
+	if _, err := f.o.Verify(ctx, "", unknown, json.RawMessage(`{}`)); !errors.Is(err, ErrUnknownSession) {
 		t.Errorf("verify of an unknown session: %v", err)
 	}
 	r := f.seed(map[string]any{"task": "t"})
-	if _, err := f.o.Verify(ctx, r.Cookies, json.RawMessage(`[1]`)); err == nil {
+	if _, err := f.o.Verify(ctx, "", r.Cookies, json.RawMessage(`[1]`)); err == nil {
 		t.Error("verify accepted a body that is not an object")
 	}
 	if info, _ := f.o.Session(r.Cookies); info.Closed {
 		t.Error("a rejected verify closed the session")
 	}
 	// A seed whose cookies name an open session answers with it again.
-	again, err := f.o.SeedSessionWith(ctx, r.Cookies, json.RawMessage(`{"task": "t"}`))
+	again, err := f.o.SeedSessionWith(ctx, "", r.Cookies, json.RawMessage(`{"task": "t"}`))
 	if err != nil || again.Cookies[CookieName] != r.Cookies[CookieName] || string(again.Body) != string(r.Body) {
 		t.Errorf("re-seed of an open session: %+v %v", again, err)
 	}
@@ -497,7 +497,7 @@ func TestSnapshotRestoreRetire(t *testing.T) {
 	r1 := f.seed(map[string]any{"task": "one", "check": "test \"$(cat state)\" = at-checkpoint"})
 	r2 := f.seed(map[string]any{"task": "two"})
 	r3 := f.seed(map[string]any{"task": "closed before the checkpoint"})
-	if err := f.o.CloseSession(ctx, r3.Cookies); err != nil {
+	if err := f.o.CloseSession(ctx, "", r3.Cookies); err != nil {
 		t.Fatal(err)
 	}
 	sb1, sb2 := f.connect(r1.Cookies), f.connect(r2.Cookies)
@@ -629,20 +629,20 @@ func TestConcurrentRuns(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			raw, _ := json.Marshal(map[string]any{"task": fmt.Sprint(i), "check": fmt.Sprintf("test \"$(cat n)\" = %d", i), "files": map[string]string{"n": fmt.Sprint(i)}})
-			r, err := f.o.SeedSession(ctx, raw)
+			r, err := f.o.SeedSession(ctx, "", raw)
 			if err != nil {
 				errs <- err
 				return
 			}
-			if _, err := f.o.SandboxAccess(ctx, r.Cookies); err != nil {
+			if _, err := f.o.SandboxAccess(ctx, "", r.Cookies); err != nil {
 				errs <- err
 				return
 			}
-			vr, err := f.o.Verify(ctx, r.Cookies, raw)
+			vr, err := f.o.Verify(ctx, "", r.Cookies, raw)
 			if err != nil || vr.Reward != 1 {
 				errs <- fmt.Errorf("run %d: %+v %v", i, vr, err)
 			}
-			if err := f.o.CloseSession(ctx, r.Cookies); err != nil {
+			if err := f.o.CloseSession(ctx, "", r.Cookies); err != nil {
 				errs <- err
 			}
 		}()
