@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ngharness/ngharness/internal/legacyowner"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
@@ -240,7 +241,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 	})
 	pause := f.pause
 	checkpointDir := filepath.Join(stateDir, "checkpoints")
-	ownerControl := newLegacyOwnerControl(own)
+	ownerControl := legacyowner.Control(own)
 	newRunner := func() *driver.Runner {
 		return &driver.Runner{
 			Adapter:            adapter,
@@ -357,7 +358,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 			attempt++
 			rn = newRunner()
 			if last != nil {
-				ownerControl = newLegacyOwnerControl(own)
+				ownerControl = legacyowner.Control(own)
 				if err := driver.Restore(ctx, []*gym.Control{rn.Participant.Control(), ownerControl}, *last); err != nil {
 					return err
 				}
