@@ -342,7 +342,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 				ckCtx, cancel := context.WithCancel(ctx)
 				cancelCk, ckDone = cancel, make(chan checkpointed, 1)
 				go func(p *driver.Participant, ch chan checkpointed) {
-					c, err := driver.Checkpoint(ckCtx, p, own, id, f.hold, log)
+					c, err := driver.Checkpoint(ckCtx, p, own.Legacy(), id, f.hold, log)
 					ch <- checkpointed{c, err}
 				}(rn.Participant, ckDone)
 				continue

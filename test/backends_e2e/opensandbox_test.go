@@ -31,7 +31,7 @@ func modeRun(t *testing.T, w *world, disturb func(sandboxID string)) {
 	dir := w.sessionDir(sb, ro)
 	waitSteps(t, dir, 2)
 	disturb(sb)
-	if _, err := driver.Checkpoint(context.Background(), p, w.owner, "ckpt-1", 300*time.Millisecond, w.log); err != nil {
+	if _, err := driver.Checkpoint(context.Background(), p, w.owner.Legacy(), "ckpt-1", 300*time.Millisecond, w.log); err != nil {
 		t.Fatal(err)
 	}
 	r := h.mustSucceed(t)

@@ -76,7 +76,7 @@ func TestPausedAtCheckpointContinuesInPlace(t *testing.T) {
 		sb := w.session(ro).SandboxID
 		dir := w.sessionDir(sb, ro)
 		waitSteps(t, dir, 2)
-		c, err := driver.Checkpoint(context.Background(), p, w.owner, "ckpt-1", 500*time.Millisecond, w.log)
+		c, err := driver.Checkpoint(context.Background(), p, w.owner.Legacy(), "ckpt-1", 500*time.Millisecond, w.log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +95,7 @@ func TestPausedAtCheckpointContinuesInPlace(t *testing.T) {
 		if n := harnesses(dir); n != 1 {
 			t.Errorf("the harness was started %d times, want once", n)
 		}
-		if err := w.owner.Retire(context.Background(), "ckpt-1"); err != nil {
+		if err := w.owner.RetireCheckpoint(context.Background(), "ckpt-1"); err != nil {
 			t.Errorf("retire: %v", err)
 		}
 		w.checkNoProcs("after verify", sb)
@@ -120,7 +120,7 @@ func TestCrashRestoresAFork(t *testing.T) {
 		sb0 := w.session(ro).SandboxID
 		dir0 := w.sessionDir(sb0, ro)
 		waitSteps(t, dir0, 2)
-		c, err := driver.Checkpoint(context.Background(), p1, w.owner, "ckpt-1", 0, w.log)
+		c, err := driver.Checkpoint(context.Background(), p1, w.owner.Legacy(), "ckpt-1", 0, w.log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -201,7 +201,7 @@ func TestSecondLaunchSkipsUpload(t *testing.T) {
 		sb := w.session(ro).SandboxID
 		dir := w.sessionDir(sb, ro)
 		waitSteps(t, dir, 2)
-		if _, err := driver.Checkpoint(context.Background(), p, w.owner, "ckpt-1", 0, w.log); err != nil {
+		if _, err := driver.Checkpoint(context.Background(), p, w.owner.Legacy(), "ckpt-1", 0, w.log); err != nil {
 			t.Fatal(err)
 		}
 		r := h.mustSucceed(t)

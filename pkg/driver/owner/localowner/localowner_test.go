@@ -577,7 +577,7 @@ func TestSnapshotRestoreRetire(t *testing.T) {
 		t.Errorf("second restore %+v", info)
 	}
 
-	if err := f.o.Retire(ctx, ck); err != nil {
+	if err := f.o.RetireCheckpoint(ctx, ck); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range snaps {
@@ -588,7 +588,7 @@ func TestSnapshotRestoreRetire(t *testing.T) {
 	if info, _ := f.o.Session(r2.Cookies); len(info.Snapshots) != 0 {
 		t.Errorf("session still lists snapshots %v", info.Snapshots)
 	}
-	if err := f.o.Retire(ctx, ck); err != nil {
+	if err := f.o.RetireCheckpoint(ctx, ck); err != nil {
 		t.Errorf("second retire: %v", err)
 	}
 	if err := f.o.Restore(ctx, ck); !errors.Is(err, ErrUnknownCheckpoint) {
@@ -659,7 +659,7 @@ func TestConcurrentRuns(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if err := f.o.Retire(ctx, "concurrent"); err != nil {
+	if err := f.o.RetireCheckpoint(ctx, "concurrent"); err != nil {
 		t.Error(err)
 	}
 }
