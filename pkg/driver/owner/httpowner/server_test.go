@@ -692,3 +692,28 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestAReplayableVerifyDuringACheckpointKeepsTheSessionExported ports
+// test_a_replayable_verify_during_a_checkpoint_keeps_the_session_exported:
+// the checkpoint does not wait for a verify that replays, and the session
+// it verified is still exported (a restore replays the verify on it); it
+// ends at resume.
+func TestAReplayableVerifyDuringACheckpointKeepsTheSessionExported(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{"verify_mode": "replay"})
+	if seeded.header.Get(httpowner.HeaderVerify) != "replay" {
+		t.Fatalf("seed headers %v", seeded.header)
+	}
+	ok(t, "prepare", s.control("prepare", "c1", 10*time.Second, nil))
+	ok(t, "verify during the checkpoint", s.post("/ng-rollout/r/verify", seeded.cookies, map[string]any{}))
+	committed := ok(t, "commit", s.control("commit", "c1", 30*time.Second, map[string]any{"checkpoint_dir": t.TempDir()}))
+	during := s.counts()["sessions"]
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	if fmt.Sprint(committed.body["episode_ids"]) != "[r]" || during != float64(1) {
+		t.Fatalf("commit %s, sessions during %v", committed.raw, during)
+	}
+	if got := s.counts()["sessions"]; got != float64(0) {
+		t.Fatalf("sessions after resume: %v", got)
+	}
+	want(t, "a seed after the session ended", s.seed("r", map[string]any{}), http.StatusGone, "")
+}

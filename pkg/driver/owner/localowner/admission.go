@@ -144,15 +144,40 @@ func (o *Owner) CloseAdmission(ctx context.Context, req gym.Request) error {
 	return nil
 }
 
-// OpenAdmission implements gym.Participant: the waiting calls go on.
+// OpenAdmission implements gym.Participant: the sessions whose verify
+// replayed during the checkpoint end now, and the waiting calls go on.
 func (o *Owner) OpenAdmission(ctx context.Context) error {
 	o.mu.Lock()
-	defer o.mu.Unlock()
+	ending := o.ending
+	o.ending = nil
 	if !o.accepting {
 		o.accepting = true
 		close(o.opened)
 	}
+	o.mu.Unlock()
+	for _, s := range ending {
+		s.mu.Lock()
+		if !s.closed && !s.parked {
+			o.endVerified(ctx, s)
+		}
+		s.mu.Unlock()
+	}
 	return nil
+}
+
+// endAtReopen keeps a session open when its verify replays and ran while
+// a checkpoint has admission closed (it was let in without waiting): the
+// run's boundary is before that verify, so the checkpoint exports the
+// session and a restore replays the verify on it. It ends when admission
+// reopens. Reports whether it was kept (s.mu held).
+func (o *Owner) endAtReopen(s *session) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.accepting || s.body.VerifyMode != "replay" {
+		return false
+	}
+	o.ending = append(o.ending, s)
+	return true
 }
 
 // usable refuses a call on a session whose seed failed or whose sandbox a

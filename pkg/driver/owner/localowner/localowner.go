@@ -121,6 +121,7 @@ type Owner struct {
 	requests     map[gym.EpisodeID]int // calls in flight per attempt, which a retire waits for
 	changed      chan struct{}         // closed and replaced when a call ends
 	checkpointID string                // of the last CloseAdmission
+	ending       []*session            // verified during a checkpoint; they end when admission reopens
 	control      *gym.Control
 
 	// ckMu serializes the checkpoint side (Snapshot, Restore, Retire) and
@@ -504,13 +505,23 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 		return owner.VerifyReply{}, fmt.Errorf("localowner: verify session %s: %w", s.id, err)
 	}
 
+	o.log.Info("session verified", "session", s.id, "reward", reply.Reward, "failure_kind", reply.FailureKind)
+	if o.endAtReopen(s) {
+		return reply, nil
+	}
+	o.endVerified(ctx, s)
+	return reply, nil
+}
+
+// endVerified ends a verified session: its sandbox is stopped (a failure
+// is logged, the verdict stands) and it is marked closed and verified
+// (s.mu held).
+func (o *Owner) endVerified(ctx context.Context, s *session) {
 	if err := o.stop(ctx, s.sandboxID); err != nil {
 		o.log.Warn("stop the sandbox of a verified session", "session", s.id, "sandbox", s.sandboxID, "err", err)
 	}
 	s.closed, s.verified = true, true
 	o.removeUnused(ctx, s.sandboxID)
-	o.log.Info("session verified", "session", s.id, "reward", reply.Reward, "failure_kind", reply.FailureKind)
-	return reply, nil
 }
 
 // runCheck runs the session's check (s.mu held).
