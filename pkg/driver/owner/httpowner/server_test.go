@@ -717,3 +717,71 @@ func TestAReplayableVerifyDuringACheckpointKeepsTheSessionExported(t *testing.T)
 	}
 	want(t, "a seed after the session ended", s.seed("r", map[string]any{}), http.StatusGone, "")
 }
+
+// TestASessionWhoseSandboxIsGoneIsNotExportedAndDoesNotFailTheCommit ports
+// test_a_session_the_server_already_dropped_is_not_exported_and_does_not_fail_the_commit.
+func TestASessionWhoseSandboxIsGoneIsNotExportedAndDoesNotFailTheCommit(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{})
+	if err := s.b.Remove(t.Context(), handle(t, seeded)); err != nil {
+		t.Fatal(err)
+	}
+	committed := s.commit("c1", t.TempDir(), nil)
+	if committed.body["manifest"].(map[string]any)["record_count"] != float64(0) {
+		t.Fatalf("commit %s", committed.raw)
+	}
+	if got := s.counts()["sessions"]; got != float64(0) {
+		t.Fatalf("sessions after the commit: %v", got)
+	}
+}
+
+// TestACloseDuringACheckpointWaitsForResumeAndThenEndsTheSession ports
+// test_a_close_during_a_checkpoint_waits_for_resume_and_then_ends_the_session.
+func TestACloseDuringACheckpointWaitsForResumeAndThenEndsTheSession(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{})
+	ok(t, "prepare", s.control("prepare", "c1", 10*time.Second, nil))
+	closing := make(chan reply, 1)
+	go func() { closing <- s.post("/ng-rollout/r/close_session", seeded.cookies, map[string]any{}) }()
+	select {
+	case r := <-closing:
+		t.Fatalf("a close during the checkpoint answered %d %s", r.status, r.raw)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// A waiting close is not in flight: it does not hold up the checkpoint.
+	if p := ok(t, "prepare", s.control("prepare", "c1", 10*time.Second, nil)); p.body["phase"] != "prepared" {
+		t.Fatalf("prepare %s", p.raw)
+	}
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	ok(t, "close", <-closing)
+	if got := s.counts()["sessions"]; got != float64(0) {
+		t.Fatalf("sessions after the close: %v", got)
+	}
+}
+
+// TestASessionWhoseRetireWasCutShortStaysUntilARetryFreesItAndBlocksMeanwhile
+// ports test_a_session_whose_retire_was_cut_short_stays_until_a_retry_frees_it_and_blocks_meanwhile:
+// here the retire is cut short while it waits for a verify in flight.
+func TestASessionWhoseRetireWasCutShortStaysUntilARetryFreesItAndBlocksMeanwhile(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{"check": "while [ ! -f release ]; do sleep 0.02; done"})
+	sb := handle(t, seeded)
+	verifying := make(chan reply, 1)
+	go func() { verifying <- s.post("/ng-rollout/r/verify", seeded.cookies, map[string]any{}) }()
+	waitFor(t, "the verify in flight", func() bool { return s.counts()["inflight"] == float64(1) })
+	cut := s.control("retire", "retire", 300*time.Millisecond, map[string]any{"episode_ids": episodes("r")})
+	want(t, "a retire cut short", cut, http.StatusConflict, gym.CodeDeadlineExceeded)
+	s.writeFile(sb, "release", "")
+	ok(t, "verify", <-verifying)
+	// The session is still being freed: the next checkpoint waits for it.
+	prepared := ok(t, "prepare", s.control("prepare", "c1", 300*time.Millisecond, nil))
+	report, _ := prepared.body["report"].(map[string]any)
+	if prepared.body["phase"] != "preparing" || fmt.Sprint(report["blockers"]) != "[r]" {
+		t.Fatalf("prepare %s", prepared.raw)
+	}
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	ok(t, "retire again", s.control("retire", "retire", 10*time.Second, map[string]any{"episode_ids": episodes("r")}))
+	if s.exists(sb) || s.counts()["sessions"] != float64(0) {
+		t.Fatalf("after the retry: sandbox there %v, counts %v", s.exists(sb), s.counts())
+	}
+}

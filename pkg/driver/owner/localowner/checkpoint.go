@@ -158,7 +158,7 @@ func (o *Owner) exportable(scope []gym.EpisodeID) []*session {
 // Export implements gym.Participant: it snapshots the sandbox of every
 // open session in scope (the calls are held by the closed admission) and
 // returns a Record per session. A session whose sandbox is gone is left
-// out with a warning, as Gym leaves out a session its server dropped.
+// out with a warning and ends, as Gym drops a session its server dropped.
 func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record, error) {
 	o.ckMu.Lock()
 	defer o.ckMu.Unlock()
@@ -186,7 +186,9 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 		start := time.Now()
 		snap, err := o.opt.Sandboxes.Snapshot(ctx, s.sandboxID, snapshotID(checkpointID, s.id))
 		if errors.Is(err, sandbox.ErrGone) {
-			o.log.Warn("the sandbox of a session is gone; not exported", "session", s.id, "key", id.CaptureKey(), "sandbox", s.sandboxID)
+			// Nothing to continue: the session ends rather than fail the commit.
+			o.log.Warn("the sandbox of a session is gone; not exported, and the session ends", "session", s.id, "key", id.CaptureKey(), "sandbox", s.sandboxID)
+			s.closed = true
 			return nil
 		}
 		if err != nil {
