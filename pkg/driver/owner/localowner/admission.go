@@ -130,9 +130,13 @@ func (o *Owner) Attach(c *gym.Control) {
 	o.mu.Unlock()
 }
 
-// CloseAdmission implements gym.Participant: calls that arrive from now on
-// wait for OpenAdmission (see admit); calls in flight go on, and a prepare
-// waits for them.
+// CloseAdmission implements gym.Participant: session calls that arrive
+// from now on wait for OpenAdmission, as on Gym's resources servers, except
+// those the checkpoint does not wait for: a verify whose session replays
+// it, and every call but the seed on a session the checkpoint cannot
+// capture (it keeps running through the checkpoint). Calls in flight go
+// on, and a prepare waits for them. A waiting call whose context ends is
+// refused with gym.ErrCheckpointParked.
 func (o *Owner) CloseAdmission(ctx context.Context, req gym.Request) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()

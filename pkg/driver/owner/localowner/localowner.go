@@ -12,7 +12,8 @@
 // every open session in scope and exports a record per session, at a
 // restore (in a fresh process too) it forks each snapshot into a new
 // sandbox bound to the next attempt's key, and retire frees an attempt's
-// sessions. The older in-process checkpoint side (Snapshot, Restore,
+// sessions. While a checkpoint has admission closed, session calls wait
+// for it to reopen (CloseAdmission). The older in-process checkpoint side (Snapshot, Restore,
 // RetireCheckpoint by checkpoint id) remains for `ngdriver run`.
 //
 // The run body of its tasks (JSON; fields it does not know are kept):
@@ -452,7 +453,9 @@ func (o *Owner) SandboxAccess(ctx context.Context, key string, c owner.Cookies) 
 // its sandbox is stopped (a failure to stop is logged, the verdict stands)
 // and it is marked closed and verified. On a closed session: owner.ErrClosed.
 // An error running the check (other than its timeout) leaves the session
-// open.
+// open. A verify that replays and ran while a checkpoint has admission
+// closed leaves the session open until admission reopens, so the
+// checkpoint still exports it.
 func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body json.RawMessage) (owner.VerifyReply, error) {
 	req, err := parseObject("verify body", body)
 	if err != nil {
