@@ -883,26 +883,3 @@ func (o *Owner) forkNext(ctx context.Context, snap, sessionID string, generation
 		}
 	}
 }
-
-// Legacy is the in-process checkpoint side by checkpoint id (what
-// driver.CheckpointOwner asked of an owner before the gym control plane):
-// Snapshot, Restore and Retire of one checkpoint's snapshots.
-type Legacy struct{ o *Owner }
-
-// Legacy returns the owner's in-process checkpoint side.
-func (o *Owner) Legacy() Legacy { return Legacy{o} }
-
-// Snapshot is Owner.Snapshot.
-func (l Legacy) Snapshot(ctx context.Context, checkpointID string) (map[string]string, error) {
-	return l.o.Snapshot(ctx, checkpointID)
-}
-
-// Restore is Owner.Restore.
-func (l Legacy) Restore(ctx context.Context, checkpointID string) error {
-	return l.o.Restore(ctx, checkpointID)
-}
-
-// Retire is Owner.RetireCheckpoint.
-func (l Legacy) Retire(ctx context.Context, checkpointID string) error {
-	return l.o.RetireCheckpoint(ctx, checkpointID)
-}
