@@ -447,6 +447,10 @@ func TestLateCallsOfARetiredAttemptAreRefusedUntilForgetButACloseIsNot(t *testin
 		t.Fatalf("status %s", st.raw)
 	}
 	ok(t, "forget", s.control("forget", "forget", 10*time.Second, map[string]any{"rollout_ids": []string{"r"}}))
+	if st := ok(t, "status", s.status()); st.body["retired_sessions"] != float64(0) {
+		t.Fatalf("status after forget %s", st.raw)
+	}
+	want(t, "a late call after forget", s.post("/sandbox_access", seeded.cookies, map[string]any{}), http.StatusGone, "")
 	after := s.mustSeed("r", map[string]any{})
 	if after.cookies[localowner.CookieName] == seeded.cookies[localowner.CookieName] || after.cookies[localowner.CookieName] == next.cookies[localowner.CookieName] {
 		t.Fatal("the seed after forget did not start a new session")

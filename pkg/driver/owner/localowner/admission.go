@@ -59,7 +59,7 @@ func (o *Owner) admit(ctx context.Context, a admission) (func(), error) {
 	for {
 		o.mu.Lock()
 		if a.call != callClose {
-			if a.s != nil && a.s.retired {
+			if a.s != nil && o.staleLocked(a.s) {
 				o.mu.Unlock()
 				return nil, gym.Refuse(gym.ErrStaleAttempt, "resources session %s belongs to a retired attempt", a.s.id)
 			}
@@ -194,4 +194,11 @@ func (s *session) usable() error {
 		return gym.Refuse(gym.ErrCheckpointParked, "resources session %s was parked by a commit with stop; restore the checkpoint to continue it", s.id)
 	}
 	return nil
+}
+
+// staleLocked reports whether calls on s are refused as stale: a retire
+// took it and the controller has not forgotten its rollout (o.mu held).
+// Once forgotten, a freed session answers as a closed one.
+func (o *Owner) staleLocked(s *session) bool {
+	return s.retired && (o.control == nil || o.control.CheckAttempt(s.episode) != nil)
 }

@@ -124,15 +124,16 @@ func (o *Owner) live(s *session) bool {
 	return !s.closed && !s.parked
 }
 
-// StatusExtra implements gym.StatusExtender: Gym's resources extras.
-// verify is the default mode; a session whose run body says
+// StatusExtra implements gym.StatusExtender: Gym's resources extras
+// (retired_sessions: sessions refused as stale until their rollout is
+// forgotten). verify is the default mode; a session whose run body says
 // verify_mode "replay" replays its verify.
 func (o *Owner) StatusExtra() map[string]any {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	retired := 0
 	for _, s := range o.sessions {
-		if s.retired {
+		if o.staleLocked(s) {
 			retired++
 		}
 	}
