@@ -95,7 +95,7 @@ func TestPausedAtCheckpointContinuesInPlace(t *testing.T) {
 		if n := harnesses(dir); n != 1 {
 			t.Errorf("the harness was started %d times, want once", n)
 		}
-		if err := w.owner.Retire(context.Background(), "ckpt-1"); err != nil {
+		if err := w.owner.RetireCheckpoint(context.Background(), "ckpt-1"); err != nil {
 			t.Errorf("retire: %v", err)
 		}
 		w.checkNoProcs("after verify", sb)
