@@ -86,6 +86,7 @@ func TestBadCalls(t *testing.T) {
 	} {
 		r := c.raw(t, "prepare", auth, plainBody("tok-"+name))
 		wantRefused(t, r, http.StatusUnauthorized, gym.CodeUnauthorized)
+		wantRefused(t, c.rawStatus(t, auth), http.StatusUnauthorized, gym.CodeUnauthorized)
 		e.wantPhase("idle")
 		// owner: old control routes until it is a Gym participant
 		r = e.own.raw(t, "commit", auth, ownerBody("tok-"+name))

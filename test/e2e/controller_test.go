@@ -155,15 +155,24 @@ func (c *controller) must(t *testing.T, call string, body any, out any) {
 	}
 }
 
-// status is GET status, with the token.
-func (c *controller) status(t *testing.T) gym.StatusReply {
+// rawStatus is GET status with the given Authorization header ("" sends
+// none).
+func (c *controller) rawStatus(t *testing.T, auth string) ctlReply {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, c.url+gym.RoutePrefix+"/"+gym.OpStatus, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	r := c.do(t, gym.OpStatus, req)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	return c.do(t, gym.OpStatus, req)
+}
+
+// status is GET status, with the token.
+func (c *controller) status(t *testing.T) gym.StatusReply {
+	t.Helper()
+	r := c.rawStatus(t, "Bearer "+c.token)
 	var s gym.StatusReply
 	if r.status != http.StatusOK || json.Unmarshal(r.body, &s) != nil {
 		t.Fatalf("%s", r)
@@ -283,8 +292,9 @@ type checkpoint struct {
 // prepareCommit runs a checkpoint's first half the coordinator's way:
 // driver prepare (every run parks), driver commit (the records are
 // written), owner commit (the owner snapshots its sandboxes). Resume is
-// the caller's.
-func (e *env) prepareCommit(id string) checkpoint {
+// the caller's. Each of between, if any, is called with the prepare's
+// reply before the commit.
+func (e *env) prepareCommit(id string, between ...func(prepared)) checkpoint {
 	t := e.t
 	t.Helper()
 	ck := checkpoint{id: id, dir: filepath.Join(e.dir, "checkpoints", id), paused: map[string]bool{}}
@@ -294,6 +304,9 @@ func (e *env) prepareCommit(id string) checkpoint {
 	}
 	if h := e.health(); h.Phase != "prepared" {
 		t.Fatalf("after prepare the phase is %q, want prepared", h.Phase)
+	}
+	for _, f := range between {
+		f(ck.prep)
 	}
 	e.ctl.must(t, "commit", commitBody(id, ck.dir, nil, false), &ck.com)
 	ck.records = checkCommitted(t, ck.dir, id, ck.com)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -63,10 +64,21 @@ func TestCrashRestore(t *testing.T) {
 		return q == 1, fmt.Sprintf("%v queued", q)
 	})
 
-	ck := e.prepareCommit(e.prefix + "-ck1")
-	if !slices.Equal(ck.prep.Report.Restarts, []string{restart}) {
-		t.Errorf("prepare reported restarts %v, want [%s]", ck.prep.Report.Restarts, restart)
-	}
+	// A commit scope naming the restart run is refused (the driver holds
+	// none of its state) and commits nothing; Gym's coordinator leaves
+	// restarts out, and so does the commit that follows (no scope).
+	ck := e.prepareCommit(e.prefix+"-ck1", func(prep prepared) {
+		if !slices.Equal(prep.Report.Restarts, []string{restart}) {
+			t.Errorf("prepare reported restarts %v, want [%s]", prep.Report.Restarts, restart)
+		}
+		id := e.prefix + "-ck1"
+		dir := filepath.Join(e.dir, "checkpoints", id)
+		wantRefused(t, e.ctl.call(t, "commit", commitBody(id, dir, episodes(restart, queued), false)), http.StatusConflict, gym.CodeRestartInScope, restart)
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("a refused commit wrote %s", dir)
+		}
+		e.wantPhase("prepared")
+	})
 	exported := ck.records
 	if _, ok := exported[restart]; ok {
 		t.Errorf("the restart run was exported: %s", exported[restart].Bookmark)
