@@ -407,8 +407,10 @@ func checkOneLaunchFresh(t *testing.T, id string, attempt int, res result, steps
 
 // TestClientGone: a client that goes away mid-run cancels it: the driver
 // kills the launch (every process of it, the detached ones too), closes the
-// owner's session, and forgets the run; the next run of the rollout starts
-// over.
+// owner's session, and forgets the run; the next attempt of the rollout
+// (as Gym's collector re-issues one) starts over. The owner binds a
+// session to its attempt's capture key, so the same attempt again is
+// refused: its session ended.
 func TestClientGone(t *testing.T) {
 	e := newEnv(t, options{})
 	id := e.rollout("gone")
@@ -428,8 +430,11 @@ func TestClientGone(t *testing.T) {
 		h := e.health()
 		return len(left) == 0 && h.Runs == 0, fmt.Sprintf("processes %v, runs %d", left, h.Runs)
 	})
-	res := postRun(t.Context(), e.ctl.url, "/run", id, e.body(id, 3, 0.05)).result(t)
-	checkOneLaunchFresh(t, id, 0, res, 3)
+	if r := postRun(t.Context(), e.ctl.url, "/run", id, e.body(id, 3, 0.05)); r.err != nil || r.status == http.StatusOK {
+		t.Errorf("the cancelled attempt again: %s, want a refusal (the owner ended its session)", r)
+	}
+	res := postRun(t.Context(), e.ctl.url, "/run", id, withAttempt(e.body(id, 3, 0.05), 1)).result(t)
+	checkOneLaunchFresh(t, id, 1, res, 3)
 }
 
 // TestRunIdentity: /run takes its identity as Gym's collector and
