@@ -14,11 +14,10 @@
 // after the crash the new driver and the owner restore under one
 // checkpoint id from the last commit's folder, scoped to the episodes it
 // wrote (the owner forks each snapshot for the next attempt), and are
-// resumed before the runs are posted again as their next attempt. Gym's
-// wire has no call that drops an old checkpoint's snapshots: they stay
-// under the owner's base until the soak removes it at the end, so disk use
-// grows by one checkpoint's snapshots per checkpoint (512 sandboxes: a few
-// GB each).
+// resumed before the runs are posted again as their next attempt. The
+// owner keeps the snapshots of each session's last three exports, so a
+// run's disk use stays at about four checkpoints' worth (512 sandboxes: a
+// few GB each).
 //
 // Run it with `make soak` (root). It kills only the processes it started,
 // by their process groups, and stops every launch it made through ngsup.
