@@ -113,6 +113,25 @@ func sameReport(a, b gym.Report) bool {
 	return string(x) == string(y)
 }
 
+// commitDriver commits the participant's records for id (the owner's
+// sessions are not snapshotted: a verify in flight holds its session) and
+// reads them back from disk.
+func commitDriver(t *testing.T, e *drivertest.Env, p *driver.Participant, id string) []record {
+	t.Helper()
+	dir := e.CheckpointDir(id)
+	if _, err := p.Control().Commit(context.Background(), &gym.CommitRequest{Request: request(id), CheckpointDir: dir}); err != nil {
+		t.Fatalf("commit %s: %v", id, err)
+	}
+	var recs []gym.Record
+	if _, err := gym.ReadState(dir, gym.KindAgent, driver.DefaultInstance, func(r gym.Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatalf("read back checkpoint %s: %v", id, err)
+	}
+	return toRecords(t, recs)
+}
+
 // accepting is the participant's "accepting" status field.
 func accepting(p *driver.Participant) any { return p.Control().Status().Extra["accepting"] }
 
@@ -821,4 +840,181 @@ func TestGymRunBecomesRestartOnlyOutsideCheckpoint(t *testing.T) {
 	}
 	resume(t, p, "ckpt-1")
 	checkVerified(t, e, ro, h.MustSucceed(t))
+}
+
+// heldCheck is a check for the local owner's verify that waits until the
+// test lets it go (a file named verify-go in the workdir), then checks the
+// fake harness's n steps.
+func heldCheck(n int) string {
+	return `while [ ! -e verify-go ]; do sleep 0.05; done; test "$(grep -c '^step' progress)" -ge ` + itoa(n)
+}
+
+// inVerify starts rollout name with a held check (and extra fields) and
+// waits until its run is in the verify step; letGo lets the check finish.
+func inVerify(t *testing.T, e *drivertest.Env, rn *driver.Runner, p *driver.Participant, name string, extra map[string]any) (ro string, h *drivertest.Handle, letGo func()) {
+	t.Helper()
+	ro = e.Rollout(name)
+	fields := map[string]any{"check": heldCheck(3)}
+	for k, v := range extra {
+		fields[k] = v
+	}
+	h = e.Start(rn, ro, 1, drivertest.Task(ro, 3, 0.1, fields))
+	drivertest.Eventually(t, "the run is in its verify step", func() (bool, string) {
+		info, _ := runInfo(p, ro)
+		return info.Next == driver.StageVerify, "next " + string(info.Next)
+	})
+	// The owner holds its session while the check runs: find the sandbox
+	// (the Env's only one) without asking it.
+	sbs := e.Sandboxes()
+	if len(sbs) != 1 {
+		t.Fatalf("want the run's one sandbox, got %v", sbs)
+	}
+	sb, err := e.Local.Open(sbs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	flag := e.HostOf(sbs[0], filepath.Join(sb.Workdir(), "verify-go"))
+	var once sync.Once
+	letGo = func() {
+		once.Do(func() {
+			if err := os.WriteFile(flag, nil, 0o644); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(letGo)
+	return ro, h, letGo
+}
+
+// TestGymWaitVerifyBlocksPrepare ports Gym's
+// test_a_wait_step_blocks_prepare_until_its_result_is_recorded
+// (environment) and the first half of
+// test_nonreplayable_verify_waits_and_saves_completed_result (the proof
+// agent's legacy /run): the owner did not mark its verify replayable, so a
+// run inside its verify makes a prepare miss its deadline with the run's
+// capture key as the blocker; once the check finishes the same prepare is
+// ready, and the verify ran once: the run is verified without grading
+// again.
+func TestGymWaitVerifyBlocksPrepare(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	ctx := context.Background()
+	p := newParticipant()
+	c := p.Control()
+	rn := e.Runner(drivertest.Fake(3, 0.1), p)
+	ro, h, letGo := inVerify(t, e, rn, p, "wait-verify", nil)
+
+	missed, err := c.Prepare(ctx, reqAt("ckpt-1", 300*time.Millisecond))
+	if err != nil || missed.Phase != gym.PhasePreparing || !slices.Equal(missed.Report.Blockers, []string{key(ro, 1)}) {
+		t.Fatalf("the prepare answered %+v, %v; want preparing with blocker %s", missed, err, key(ro, 1))
+	}
+	letGo()
+	if rep, err := c.Prepare(ctx, request("ckpt-1")); err != nil || rep.Phase != gym.PhasePrepared {
+		t.Fatalf("the prepare once the verify finished answered %+v, %v", rep, err)
+	}
+	resume(t, p, "ckpt-1")
+	checkVerified(t, e, ro, h.MustSucceed(t))
+	if n := e.Owner.Count(drivertest.CallVerify, ro); n != 1 {
+		t.Errorf("the owner graded %d times, want once", n)
+	}
+}
+
+// TestGymReplayVerifyDoesNotBlock ports Gym's
+// test_a_replay_step_does_not_block_and_its_result_waits_at_the_next_boundary
+// (environment; the first half) and test_disk_restore_matches_uninterrupted_progress
+// at ("verify", 0) (proof agent): an owner whose seed reply said
+// x-ng-checkpoint-verify: replay (the local owner's "verify_mode":
+// "replay") lets a prepare be ready while the run is inside its verify;
+// the run is exported at the bookmark before the step (next verify, the
+// harness's response in it), so a restore would grade again. After the
+// resume the run is verified.
+func TestGymReplayVerifyDoesNotBlock(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := newParticipant()
+	rn := e.Runner(drivertest.Fake(3, 0.1), p)
+	ro, h, letGo := inVerify(t, e, rn, p, "replay-verify", map[string]any{"verify_mode": "replay"})
+
+	res := prepare(t, p, "ckpt-1")
+	rec, bm := bookmarkOf(t, res.Records, ro)
+	if bm.Next != driver.StageVerify || len(bm.Response) == 0 || rec.Attempt != 1 {
+		t.Errorf("the run inside a replay verify was exported as %s, want its verify bookmark", rec.Bookmark)
+	}
+	recs := commitDriver(t, e, p, "ckpt-1")
+	if _, bm := bookmarkOf(t, recs, ro); bm.Next != driver.StageVerify {
+		t.Errorf("the commit holds the run at %s, want verify", bm.Next)
+	}
+	resume(t, p, "ckpt-1")
+	letGo()
+	checkVerified(t, e, ro, h.MustSucceed(t))
+}
+
+// TestGymStepEndingDuringCheckpointParksBeforeReplying ports the second
+// half of Gym's test_nonreplayable_verify_waits_and_saves_completed_result
+// (proof agent: after the held verify completes, the commit holds the run
+// at next "return" with the result, and its /run is still running) and of
+// test_a_replay_step_does_not_block_and_its_result_waits_at_the_next_boundary
+// (the result waits at the next boundary until resume), per steps.py: a
+// step that ends while a checkpoint is open parks the episode at its next
+// boundary. A run whose verify finishes during the checkpoint must park
+// at its return bookmark (exported with the reward) and reply only after
+// the resume.
+func TestGymStepEndingDuringCheckpointParksBeforeReplying(t *testing.T) {
+	t.Skip("known gap: a run whose verify ends while a checkpoint is open goes on to its return step and replies " +
+		"during the checkpoint (it leaves the export); Gym's EpisodeSteps parks the episode at its next boundary " +
+		"until resume")
+	t.Parallel()
+	for _, mode := range []string{"wait", "replay"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			e := drivertest.New(t)
+			p := newParticipant()
+			rn := e.Runner(drivertest.Fake(3, 0.1), p)
+			extra := map[string]any{}
+			if mode == "replay" {
+				extra["verify_mode"] = "replay"
+			}
+			ro, h, letGo := inVerify(t, e, rn, p, mode+"-verify", extra)
+			prepared := make(chan error, 1)
+			go func() {
+				rep, err := p.Control().Prepare(context.Background(), request("ckpt-1"))
+				if err == nil && rep.Phase != gym.PhasePrepared {
+					err = fmt.Errorf("phase %s, blockers %v", rep.Phase, rep.Report.Blockers)
+				}
+				prepared <- err
+			}()
+			drivertest.Eventually(t, "admission is closed", func() (bool, string) {
+				return accepting(p) == false, "still accepting"
+			})
+			letGo()
+			drivertest.Eventually(t, "the verify has ended", func() (bool, string) {
+				info, ok := runInfo(p, ro)
+				select {
+				case <-h.Done():
+					return true, ""
+				default:
+				}
+				return ok && info.State == "parked", "state " + info.State + " next " + string(info.Next)
+			})
+			replied := false
+			select {
+			case <-h.Done():
+				replied = true
+			default:
+			}
+			if err := <-prepared; err != nil {
+				t.Fatalf("prepare: %v", err)
+			}
+			if replied {
+				out, err := h.Wait(t)
+				t.Fatalf("the run replied during the checkpoint (%v): %.200s", err, out)
+			}
+			recs := commitDriver(t, e, p, "ckpt-1")
+			if _, bm := bookmarkOf(t, recs, ro); bm.Next != driver.StageReturn || !contains(string(bm.Result), `"reward":1`) {
+				t.Errorf("the commit holds the run at %s (%s), want return with its reward", bm.Next, bm.Result)
+			}
+			resume(t, p, "ckpt-1")
+			checkVerified(t, e, ro, h.MustSucceed(t))
+		})
+	}
 }
