@@ -1018,3 +1018,98 @@ func TestGymStepEndingDuringCheckpointParksBeforeReplying(t *testing.T) {
 		})
 	}
 }
+
+// TestGymRetireCutShortBlocksNextPrepare ports Gym's
+// test_an_episode_whose_retire_was_cut_short_blocks_the_next_prepare
+// (environment; EpisodeSteps.retire keeps a retired episode blocking until
+// its task has ended): the retired run cannot end yet, either because its
+// cleanup's `ngsup stop` is held (a run in its harness) or because its
+// seed is held and ignores the cancellation (a run in its seed step, which
+// alone would not block), so a retire whose deadline passes first answers
+// deadline_exceeded; the run is still being stopped, so the next prepare
+// misses its deadline with it as the blocker instead of exporting it, and
+// a commit then is invalid_phase. After the resume and once the run may
+// end, the retried retire replies after the run ended, and nothing of it
+// is left in its sandbox.
+func TestGymRetireCutShortBlocksNextPrepare(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"harness", "seed"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			e := drivertest.New(t)
+			ctx := context.Background()
+			p := newParticipant()
+			c := p.Control()
+			rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+			held, letGo := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			t.Cleanup(func() { once.Do(func() { close(letGo) }) })
+			ro := e.Rollout("slow-" + where)
+			h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
+			if where == "seed" {
+				// Held whatever the run's context says: the seed step
+				// cannot end before the test lets it.
+				e.Owner.BeforeSeed(func(context.Context, string) error {
+					close(held)
+					<-letGo
+					return nil
+				})
+				await(t, held, "the seed", h)
+				held = nil
+			} else {
+				var first sync.Once
+				e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+					if len(req.Argv) > 1 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "stop" {
+						mine := false
+						first.Do(func() { mine = true })
+						if mine {
+							close(held)
+							select {
+							case <-letGo:
+							case <-ctx.Done():
+								return execRes{ExitCode: -1}, ctx.Err()
+							}
+						}
+					}
+					return next(ctx, req)
+				})
+				sbID := e.WaitSeeded(ro, 1).SandboxID
+				e.WaitSteps(e.WaitSession(sbID, ro), 1)
+			}
+			retire := &gym.RetireRequest{Request: reqAt("retire-1", 500*time.Millisecond), EpisodeIDs: []gym.EpisodeID{{RolloutID: ro, Attempt: 1}}}
+			_, err := c.Retire(ctx, retire)
+			checkCode(t, "a retire whose run is still stopping at its deadline", err, gym.ErrDeadlineExceeded, gym.CodeDeadlineExceeded)
+			if held != nil {
+				await(t, held, "the cleanup's stop", h)
+			}
+
+			missed, err := c.Prepare(ctx, reqAt("ckpt-2", 300*time.Millisecond))
+			if err != nil || missed.Phase != gym.PhasePreparing || !slices.Equal(missed.Report.Blockers, []string{key(ro, 1)}) {
+				t.Errorf("the prepare answered %+v, %v; want preparing with the retired run %s as blocker", missed, err, key(ro, 1))
+			}
+			_, err = c.Commit(ctx, &gym.CommitRequest{Request: request("ckpt-2"), CheckpointDir: e.CheckpointDir("ckpt-2")})
+			checkCode(t, "a commit while preparing", err, gym.ErrInvalidPhase, gym.CodeInvalidPhase)
+			resume(t, p, "ckpt-2")
+
+			once.Do(func() { close(letGo) })
+			retire.Request = request("retire-1")
+			if _, err := c.Retire(ctx, retire); err != nil {
+				t.Fatalf("the retried retire: %v", err)
+			}
+			select {
+			case <-h.Done():
+			default:
+				t.Fatalf("the retried retire replied before the run ended")
+			}
+			// A cancelled seed reports the owner's context.Canceled (serve
+			// answers both 499 cancelled).
+			if _, err := h.Wait(t); !errors.Is(err, driver.ErrCancelled) && !errors.Is(err, context.Canceled) {
+				t.Errorf("the retired run returned %v, want it cancelled", err)
+			}
+			if _, ok := runInfo(p, ro); ok {
+				t.Errorf("the retired run is still registered")
+			}
+			e.CheckNoProcs("after the retire")
+		})
+	}
+}
