@@ -546,10 +546,10 @@ func TestGymRetireCancelsAndFencesRunningRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("retire: %v", err)
 	}
-	select {
-	case <-h.Done():
-	default:
-		t.Fatalf("the retire replied before the run ended")
+	// Replied once the run ended: unregistered, its session closed (its
+	// /run returns right after).
+	if _, ok := runInfo(p, ro); ok || !e.Session(ro).Closed {
+		t.Fatalf("the retire replied before the run ended (registered %v, session %+v)", ok, e.Session(ro))
 	}
 	if _, err := h.Wait(t); !errors.Is(err, driver.ErrCancelled) {
 		t.Errorf("the retired run returned %v, want ErrCancelled", err)
@@ -1100,18 +1100,18 @@ func TestGymRetireCutShortBlocksNextPrepare(t *testing.T) {
 			if _, err := c.Retire(ctx, retire); err != nil {
 				t.Fatalf("the retried retire: %v", err)
 			}
-			select {
-			case <-h.Done():
-			default:
+			// Replied once the run ended: unregistered, its session (if the
+			// cancelled seed made one) closed; its /run returns right after.
+			if _, ok := runInfo(p, ro); ok {
 				t.Fatalf("the retried retire replied before the run ended")
+			}
+			if where == "harness" && !e.Session(ro).Closed {
+				t.Errorf("the retried retire replied before the run's session was closed: %+v", e.Session(ro))
 			}
 			// A cancelled seed reports the owner's context.Canceled (serve
 			// answers both 499 cancelled).
 			if _, err := h.Wait(t); !errors.Is(err, driver.ErrCancelled) && !errors.Is(err, context.Canceled) {
 				t.Errorf("the retired run returned %v, want it cancelled", err)
-			}
-			if _, ok := runInfo(p, ro); ok {
-				t.Errorf("the retired run is still registered")
 			}
 			e.CheckNoProcs("after the retire")
 		})
