@@ -593,9 +593,9 @@ func TestGymRetireCancelsAndFencesRunningRun(t *testing.T) {
 // TestGymRetireDropsRestoredRecord ports Gym's
 // test_restored_state_can_be_retired_after_resume (control plane) and
 // test_commit_restore_round_trip_and_retire_after_restore (environment): a
-// restored record not yet claimed (restored pending <id>-a2) is dropped by
-// a retire of its attempt; the next commit does not write it, and a /run
-// of that attempt is stale_attempt.
+// restored record not yet claimed (restored pending <id>-a2, counted among
+// the sessions) is dropped by a retire of its attempt; the next commit
+// does not write it, and a /run of that attempt is stale_attempt.
 func TestGymRetireDropsRestoredRecord(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
@@ -610,11 +610,18 @@ func TestGymRetireDropsRestoredRecord(t *testing.T) {
 	if pending, _ := p.RestoredPending(ctx); !reflect.DeepEqual(pending, []gym.EpisodeID{{RolloutID: ro, Attempt: 2}}) {
 		t.Fatalf("restored pending %v, want %s", pending, key(ro, 2))
 	}
+	// Gym counts an installed, unclaimed session among the sessions.
+	if n := c.Status().Report.Counts["sessions"]; n != 1 {
+		t.Errorf("status counts %d sessions with one restored record, want 1", n)
+	}
 	if _, err := c.Retire(ctx, &gym.RetireRequest{Request: request("cleanup"), EpisodeIDs: []gym.EpisodeID{{RolloutID: ro, Attempt: 2}}}); err != nil {
 		t.Fatalf("retire: %v", err)
 	}
 	if pending, _ := p.RestoredPending(ctx); len(pending) != 0 {
 		t.Errorf("restored pending %v after the retire", pending)
+	}
+	if n := c.Status().Report.Counts["sessions"]; n != 0 {
+		t.Errorf("status counts %d sessions after the retire, want 0", n)
 	}
 	prepare(t, p, "ckpt-1")
 	dir := e.CheckpointDir("ckpt-1")
