@@ -77,7 +77,12 @@ func TestErrorCodes(t *testing.T) {
 	// in TestRestartRuns; a restore into a process with a live session:
 	w.coord.resume(id, deadline)
 	checkRefusal(t, w.coord.to(agent, gym.OpRestore, restoreBody(ckID("restore-live"), ck.dir, ck.scope, deadline)), gym.CodeRefused)
-	checkOneLaunch(t, w, rolloutID(r), await(t, ch).reply(t), 6, 1)
+	if st := w.coord.status(agent); st.Phase != gym.PhaseIdle || st.Accepting == nil || !*st.Accepting {
+		t.Errorf("the agent after a refused restore: %+v, want idle and accepting", st)
+	}
+	// The refused restore closed admission for a moment, which may have
+	// paused the run once more.
+	checkOneLaunch(t, w, rolloutID(r), await(t, ch).reply(t), 6, -1)
 
 	for _, m := range w.coord.members {
 		recordsFile, _ := ck.commits[m.Name].Manifest["records_file"].(string)
