@@ -23,6 +23,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/opencode"
 )
 
@@ -238,13 +239,15 @@ func runRollout(ctx context.Context, f runFlags) error {
 		Logger:      log,
 	})
 	pause := f.pause
+	checkpointDir := filepath.Join(stateDir, "checkpoints")
+	ownerControl := newLegacyOwnerControl(own)
 	newRunner := func() *driver.Runner {
 		return &driver.Runner{
 			Adapter:            adapter,
 			Owner:              own,
 			Backends:           map[string]sandbox.Backend{backend.Name(): backend},
 			Ngsup:              ng,
-			Participant:        driver.NewParticipant(0),
+			Participant:        driver.MustParticipant(driver.ParticipantConfig{Adapter: adapter.Name()}),
 			Log:                log,
 			PauseAtCheckpoints: &pause,
 			Unsupervised:       f.unsupervised,
@@ -258,7 +261,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 		err    error
 	}
 	start := time.Now()
-	attempt := 1
+	attempt := 0
 	rn := newRunner()
 	runCtx, cancelRun := context.WithCancelCause(ctx)
 	done := make(chan outcome, 1)
@@ -342,7 +345,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 				ckCtx, cancel := context.WithCancel(ctx)
 				cancelCk, ckDone = cancel, make(chan checkpointed, 1)
 				go func(p *driver.Participant, ch chan checkpointed) {
-					c, err := driver.Checkpoint(ckCtx, p, own, id, f.hold, log)
+					c, err := driver.Checkpoint(ckCtx, []*gym.Control{p.Control(), ownerControl}, filepath.Join(checkpointDir, id), id, f.hold, log)
 					ch <- checkpointed{c, err}
 				}(rn.Participant, ckDone)
 				continue
@@ -354,13 +357,11 @@ func runRollout(ctx context.Context, f runFlags) error {
 			attempt++
 			rn = newRunner()
 			if last != nil {
-				if err := own.Restore(ctx, last.ID); err != nil {
-					return fmt.Errorf("restore %s: %w", last.ID, err)
-				}
-				if err := rn.Participant.Restore(last.ID, last.Records); err != nil {
+				ownerControl = newLegacyOwnerControl(own)
+				if err := driver.Restore(ctx, []*gym.Control{rn.Participant.Control(), ownerControl}, *last); err != nil {
 					return err
 				}
-				log.Info("restored", "checkpoint", last.ID, "records", len(last.Records))
+				log.Info("restored", "checkpoint", last.ID, "runs", len(last.Episodes))
 			} else {
 				log.Info("no checkpoint was committed before the crash: the rollout starts over")
 			}

@@ -162,13 +162,20 @@ func buildRunner(cfg config.Config, log *slog.Logger) (*driver.Runner, error) {
 	if err != nil {
 		return nil, err
 	}
+	participant, err := driver.NewParticipant(driver.ParticipantConfig{
+		MaxRuns: cfg.MaxRuns, Adapter: adapter.Name(), Instance: cfg.Name, LeaseGrace: cfg.LeaseGrace.D(),
+		Logf: func(format string, args ...any) { log.Info(fmt.Sprintf(format, args...)) },
+	})
+	if err != nil {
+		return nil, usageError{err.Error()}
+	}
 	return &driver.Runner{
 		Adapter: adapter,
 		Owner: &httpowner.Client{BaseURL: cfg.Owner.URL, Timeout: cfg.Owner.Timeout.D(),
 			VerifyTimeout: cfg.Owner.VerifyTimeout.D(), Retries: cfg.Owner.Retries},
 		Backends:           backends,
 		Ngsup:              &driver.Ngsup{Binaries: binaries, Log: log},
-		Participant:        driver.NewParticipant(cfg.MaxRuns),
+		Participant:        participant,
 		Log:                log,
 		PauseAtCheckpoints: cfg.PauseAtCheckpoints,
 		StopGrace:          cfg.StopGrace.D(),
@@ -213,18 +220,22 @@ func runServe(ctx context.Context, cfg config.Config, gs *gymconfig.Settings) er
 	token := cfg.ControlToken()
 	switch {
 	case token == "" && gs != nil:
-		log.Warn("checkpointing is off in the Gym config: every checkpoint call will be refused (set checkpoint.enabled and checkpoint.control_auth_token)")
+		log.Warn("checkpointing is off in the Gym config: the checkpoint routes answer 404, so Gym's coordinator leaves this server out (set checkpoint.enabled and checkpoint.control_auth_token)")
 	case token == "":
-		log.Warn("no control token configured: every checkpoint call will be refused (set token or token_env)")
+		log.Warn("no control token configured: the checkpoint routes answer 404 and this server takes part in no checkpoint (set token or token_env)")
 	}
 	metrics := serve.NewMetrics(rn.Participant)
 	rn.Observer = metrics
-	srv := &serve.Server{Runner: rn, Name: cfg.Name, Token: token, Metrics: metrics, Log: log}
+	srv := &serve.Server{Runner: rn, Token: token, Metrics: metrics, Log: log}
+	handler, err := srv.Handler()
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
 	log.Info("serving", "addr", ln.Addr().String(), "adapter", cfg.Adapter, "max_runs", cfg.MaxRuns)
 	fmt.Fprintf(os.Stdout, "listening on http://%s\n", ln.Addr())
 	errc := make(chan error, 1)
@@ -254,14 +265,10 @@ func shutdown(p *driver.Participant, srv *serve.Server, hs *http.Server, bound t
 	if err != nil {
 		n := len(p.Runs())
 		log.Warn("runs still in flight at half the shutdown bound; parking them", "runs", n)
-		res, perr := p.Prepare(context.Background(), "shutdown-"+time.Now().UTC().Format("20060102T150405Z"), time.Now().Add(bound/2))
-		switch {
-		case perr != nil:
-			log.Warn("could not park the runs", "error", perr.Error())
-		case !res.Parked:
-			log.Warn("runs not parked by the shutdown bound; leaving them running", "not_parked", res.NotParked)
-		default:
-			log.Info("runs parked for the shutdown; the next checkpoint restore continues them", "runs", len(res.Records))
+		if perr := p.Park(context.Background(), time.Now().Add(bound/2)); perr != nil {
+			log.Warn("runs not parked by the shutdown bound; leaving them as they are", "error", perr.Error())
+		} else {
+			log.Info("runs parked for the shutdown; a restore of the last checkpoint continues them", "runs", n)
 		}
 		srv.ParkAll()
 	}

@@ -95,7 +95,7 @@ func TestBatchedPauseAndContinue(t *testing.T) {
 	t.Parallel()
 	const n = 12
 	e := batchEnv(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	runs := startBatchedRuns(t, e, rn, "batch", n)
 
@@ -176,7 +176,7 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 	t.Parallel()
 	const n = 4
 	e := batchEnv(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	short := e.Rollout("batch-ended")
 	shortLaunch := driver.LaunchID(short, 1, 1)

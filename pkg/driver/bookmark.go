@@ -35,7 +35,8 @@ type Bookmark struct {
 	Restart bool `json:"restart,omitempty"`
 	// Cookies are the owner session's cookies (harness, verify, return).
 	Cookies owner.Cookies `json:"cookies,omitempty"`
-	// VerifyMode is the owner's verify mode ("" or "replay").
+	// VerifyMode is the owner's verify mode (x-ng-checkpoint-verify):
+	// VerifyReplay, or "wait" or "" (a checkpoint waits for the verify).
 	VerifyMode string `json:"verify_mode,omitempty"`
 	// SandboxHint is the sandbox id last used, for logs and for backends
 	// that can reconnect; the owner's /sandbox_access is always asked.
@@ -56,6 +57,10 @@ type Bookmark struct {
 	// Result is the run's result, for return.
 	Result json.RawMessage `json:"result,omitempty"`
 }
+
+// VerifyReplay is the verify mode of an owner whose /verify may run again
+// after a crash; any other mode makes a checkpoint wait for the verify.
+const VerifyReplay = "replay"
 
 // LaunchRef names one launch inside its sandbox.
 type LaunchRef struct {
@@ -80,6 +85,16 @@ func (b Bookmark) Marshal() (json.RawMessage, error) {
 // ParseBookmark decodes and validates a bookmark. Errors wrap
 // ErrBookmarkVersion or ErrBadBookmark and say what is wrong.
 func ParseBookmark(data []byte) (Bookmark, error) {
+	b, err := decodeBookmark(data)
+	if err != nil {
+		return b, err
+	}
+	return b, b.Validate()
+}
+
+// decodeBookmark decodes a bookmark strictly (version first, no unknown
+// field, nothing after it) without checking what its stage needs.
+func decodeBookmark(data []byte) (Bookmark, error) {
 	var b Bookmark
 	data = bytes.TrimSpace(data)
 	if len(data) == 0 {
@@ -109,7 +124,7 @@ func ParseBookmark(data []byte) (Bookmark, error) {
 	if dec.More() {
 		return b, fmt.Errorf("%w: trailing data after the bookmark", ErrBadBookmark)
 	}
-	return b, b.Validate()
+	return b, nil
 }
 
 // Validate checks the fields each stage needs.

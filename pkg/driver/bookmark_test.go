@@ -12,6 +12,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // badBookmarks are the malformed bookmarks, each with the class of its
@@ -78,43 +79,51 @@ func TestParseBookmarkRejectsEveryMalformedBookmark(t *testing.T) {
 // storedResult is the result a return bookmark holds.
 const storedResult = `{"reward":0.5,"rollout_id":"kept","response":{"text":"stored"},"ng_harness_launches":[{"id":"kept-a1-l1","sandbox_id":"sb-x","resumed":false,"reason":"first launch","duration_s":1,"outcome":"finished","exit_code":0,"pauses":0,"supervised":true,"started_at":"2026-01-01T00:00:00Z"}]}`
 
-// TestBadBookmarkFailsOnlyItsAttempt proves, for every malformed bookmark,
-// that the attempt of its rollout fails with an error that names the
-// rollout and wraps ErrBadBookmark or ErrBookmarkVersion (at
-// Participant.Restore and again at Run), and that nothing else recorded is
-// lost: another record restored with it still continues (here, a return
-// bookmark that returns its stored result without any owner call).
-func TestBadBookmarkFailsOnlyItsAttempt(t *testing.T) {
+// TestBadBookmarkRefusesTheRestore proves, for every malformed bookmark,
+// that a restore holding it is refused whole, as Gym's install is (nothing
+// installed: a restore is all or nothing), with an error that names the
+// bad record's episode, wraps ErrBadBookmark or ErrBookmarkVersion and
+// gym.ErrCheckpointState (422), and does not blame the good record restored
+// with it; the participant is left idle with nothing installed, so a later
+// good restore still works.
+func TestBadBookmarkRefusesTheRestore(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	for _, c := range badBookmarks {
 		good, bad := e.Rollout("good-"+c.name), e.Rollout("bad-"+c.name)
-		p := driver.NewParticipant(0)
+		p := newParticipant()
 		rn := e.Runner(drivertest.Fake(steps, stepS), p)
 		kept := json.RawMessage(`{"v":1,"next":"return","result":` + storedResult + `}`)
-		recs := []driver.Record{
+		recs := []record{
 			{RolloutID: bad, Attempt: 1, Bookmark: json.RawMessage(c.bookmark)},
 			{RolloutID: good, Attempt: 1, Bookmark: kept},
 		}
-		err := p.Restore("ckpt-1", recs)
+		err := restoreRecords(t, p, recs)
 		if err == nil {
 			t.Fatalf("%s: Restore accepted %q", c.name, c.bookmark)
 		}
-		if err == nil || !errors.Is(err, c.class) || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), c.says) {
-			t.Errorf("%s: Restore = %v; want an error naming %s, wrapping %q, saying %q", c.name, err, bad, c.class, c.says)
+		says := c.says
+		if !json.Valid([]byte(c.bookmark)) {
+			// Not JSON, so a record can hold it only as a string.
+			says = "cannot unmarshal string"
+		}
+		if !errors.Is(err, c.class) || !errors.Is(err, gym.ErrCheckpointState) || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), says) {
+			t.Errorf("%s: Restore = %v; want an error naming %s, wrapping %q and the checkpoint state class, saying %q", c.name, err, bad, c.class, says)
 		}
 		if strings.Contains(errString(err), good) {
 			t.Errorf("%s: Restore's error blames the good record too: %v", c.name, err)
+		}
+		if st := p.Control().Status(); st.Phase != gym.PhaseIdle || st.Report.Counts["sessions"] != 0 {
+			t.Errorf("%s: after the refused restore the participant is %s with %d sessions, want idle with none", c.name, st.Phase, st.Report.Counts["sessions"])
+		}
+		if err := restoreRecords(t, p, recs[1:]); err != nil {
+			t.Fatalf("%s: a good restore after the refused one: %v", c.name, err)
 		}
 		res, err := rn.Run(context.Background(), driver.RunRequest{RolloutID: good, Attempt: 2, Body: drivertest.Task(good, steps, stepS, nil)})
 		if err != nil {
 			t.Errorf("%s: the good record did not continue: %v", c.name, err)
 		} else if !bytes.Equal(res, json.RawMessage(storedResult)) {
 			t.Errorf("%s: the good record returned %s, want its stored result", c.name, res)
-		}
-		_, err = rn.Run(context.Background(), driver.RunRequest{RolloutID: bad, Attempt: 2, Body: drivertest.Task(bad, steps, stepS, nil)})
-		if err == nil || !errors.Is(err, c.class) || !strings.Contains(err.Error(), bad) {
-			t.Errorf("%s: the run of the bad record = %v; want an error naming %s, wrapping %q", c.name, err, bad, c.class)
 		}
 	}
 	if calls := e.Owner.Calls(""); len(calls) != 0 {
@@ -139,10 +148,10 @@ func TestReturnBookmarkReturnsStoredResult(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ro := e.Rollout("at-return")
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	bm := json.RawMessage(`{"v":1,"next":"return","cookies":{"session_id":"gone"},"result":` + storedResult + `}`)
-	if err := p.Restore("ckpt-1", []driver.Record{{RolloutID: ro, Attempt: 3, Bookmark: bm}}); err != nil {
+	if err := restoreRecords(t, p, []record{{RolloutID: ro, Attempt: 3, Bookmark: bm}}); err != nil {
 		t.Fatal(err)
 	}
 	h := e.Start(rn, ro, 4, drivertest.Task(ro, steps, stepS, nil))
@@ -185,9 +194,9 @@ func TestVerifyBookmarkGradesAgainWithoutLaunching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(3, stepS), p)
-	if err := p.Restore("ckpt-1", []driver.Record{{RolloutID: ro, Attempt: 1, Bookmark: bm}}); err != nil {
+	if err := restoreRecords(t, p, []record{{RolloutID: ro, Attempt: 1, Bookmark: bm}}); err != nil {
 		t.Fatal(err)
 	}
 	r := e.Start(rn, ro, 2, body).MustSucceed(t)
@@ -218,10 +227,10 @@ func TestRestoredRestartRecordStartsOver(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ro := e.Rollout("restart-record")
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	bm := json.RawMessage(`{"v":1,"next":"harness","restart":true,"cookies":{"session_id":"old"},"state":{"session_dir":"/sandbox/.ngharness/state/fake/old"},"resume":true,"launches":[{"id":"old-a1-l1","outcome":"interrupted"}]}`)
-	if err := p.Restore("ckpt-1", []driver.Record{{RolloutID: ro, Attempt: 1, Bookmark: bm}}); err != nil {
+	if err := restoreRecords(t, p, []record{{RolloutID: ro, Attempt: 1, Bookmark: bm}}); err != nil {
 		t.Fatal(err)
 	}
 	r := e.Start(rn, ro, 2, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t)
@@ -241,9 +250,9 @@ func TestRestoredSeedRecordStartsAtSeed(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ro := e.Rollout("seed-record")
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
-	if err := p.Restore("ckpt-1", []driver.Record{{RolloutID: ro, Attempt: 1, Bookmark: json.RawMessage(`{"v":1,"next":"seed"}`)}}); err != nil {
+	if err := restoreRecords(t, p, []record{{RolloutID: ro, Attempt: 1, Bookmark: json.RawMessage(`{"v":1,"next":"seed"}`)}}); err != nil {
 		t.Fatal(err)
 	}
 	r := e.Start(rn, ro, 2, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t)

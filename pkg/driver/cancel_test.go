@@ -24,7 +24,7 @@ func TestCancelKillsLaunchAndClosesSession(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			e := drivertest.New(t)
-			p := driver.NewParticipant(0)
+			p := newParticipant()
 			rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 			ro := e.Rollout(name)
 			h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
@@ -69,7 +69,7 @@ func TestCancelKillsLaunchAndClosesSession(t *testing.T) {
 func TestOtherLaunchesLeftAlone(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	gone, kept := e.Rollout("cancelled"), e.Rollout("kept")
 	hg := e.Start(rn, gone, 1, drivertest.Task(gone, pauseSteps, stepS, nil))
@@ -112,7 +112,7 @@ func TestIncompleteStopIsWarned(t *testing.T) {
 		}
 		return res, err
 	})
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("stop-partial")
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))

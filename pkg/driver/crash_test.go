@@ -28,7 +28,7 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 	e := drivertest.New(t)
 	ro := e.Rollout("crash")
 	body := drivertest.Task(ro, steps, stepS, nil)
-	p1 := driver.NewParticipant(0)
+	p1 := newParticipant()
 	h1 := e.Start(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body)
 	sb0 := e.WaitSeeded(ro, 1).SandboxID
 	sess0 := e.WaitSession(sb0, ro)
@@ -71,10 +71,8 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 	if sb1 == sb0 {
 		t.Fatalf("the restore did not fork under a new sandbox id (%s)", sb1)
 	}
-	p2 := driver.NewParticipant(0)
-	if err := p2.Restore("ckpt-1", recs); err != nil {
-		t.Fatal(err)
-	}
+	p2 := newParticipant()
+	restore(t, e, p2, "ckpt-1", recs)
 	r := e.Start(e.Runner(drivertest.Fake(steps, stepS), p2), ro, 2, body).MustSucceed(t)
 
 	if len(r.Launches) != 2 {
@@ -123,7 +121,7 @@ func TestGonePausedLaunchLogsWhatTheRelaunchDoes(t *testing.T) {
 	e := drivertest.New(t)
 	ro := e.Rollout("crash-fresh")
 	body := drivertest.Task(ro, steps, stepS, nil)
-	p1 := driver.NewParticipant(0)
+	p1 := newParticipant()
 	h1 := e.Start(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body)
 	sb0 := e.WaitSeeded(ro, 1).SandboxID
 	e.WaitSteps(e.WaitSession(sb0, ro), 1)
@@ -139,10 +137,8 @@ func TestGonePausedLaunchLogsWhatTheRelaunchDoes(t *testing.T) {
 	if err := os.Remove(filepath.Join(e.SessionOf(sb1, bm.State), "steps")); err != nil {
 		t.Fatal(err)
 	}
-	p2 := driver.NewParticipant(0)
-	if err := p2.Restore("ckpt-1", recs); err != nil {
-		t.Fatal(err)
-	}
+	p2 := newParticipant()
+	restore(t, e, p2, "ckpt-1", recs)
 	r := e.Start(e.Runner(drivertest.Fake(steps, stepS), p2), ro, 2, body).MustSucceed(t)
 	if len(r.Launches) != 2 || r.Launches[1].Resumed {
 		t.Fatalf("want a second launch that started over, got %+v", r.Launches)
@@ -165,7 +161,7 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 	e := drivertest.New(t)
 	ro := e.Rollout("restart")
 	body := drivertest.Task(ro, steps, stepS, map[string]any{"restart": true})
-	p1 := driver.NewParticipant(0)
+	p1 := newParticipant()
 	h1 := e.Start(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body)
 	sb0 := e.WaitSeeded(ro, 1).SandboxID
 	sess0 := e.WaitSession(sb0, ro)
@@ -201,10 +197,8 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 	if err := e.Owner.Restore(context.Background(), "ckpt-1"); err != nil {
 		t.Fatal(err)
 	}
-	p2 := driver.NewParticipant(0)
-	if err := p2.Restore("ckpt-1", recs); err != nil {
-		t.Fatal(err)
-	}
+	p2 := newParticipant()
+	restore(t, e, p2, "ckpt-1", recs)
 	rn2 := e.Runner(drivertest.Fake(steps, stepS), p2)
 	h2 := e.Start(rn2, ro, 2, body)
 	info := e.WaitSeeded(ro, 2)
@@ -264,7 +258,7 @@ func TestNoSandboxRunIsARestartInItsOwnSandbox(t *testing.T) {
 	// The owner grades in a scratch sandbox holding the seed's files: the
 	// check cannot see the harness's work.
 	body := drivertest.Task(ro, steps, stepS, map[string]any{"no_sandbox": true, "check": "true"})
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	rn.OwnSandbox = e.OwnSandbox
 	h := e.Start(rn, ro, 1, body)

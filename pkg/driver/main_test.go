@@ -2,6 +2,7 @@ package driver_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // The driver's tests run real processes through the real ngsup: TestMain
@@ -25,43 +27,143 @@ const (
 	stepS = 0.25
 )
 
-// prepare opens a checkpoint and requires every run to be parked.
-func prepare(t *testing.T, p *driver.Participant, id string) driver.PrepareResult {
+// newParticipant is a participant for the fake adapter, with no limit on
+// the runs in flight (maxRuns[0] when given).
+func newParticipant(maxRuns ...int) *driver.Participant {
+	cfg := driver.ParticipantConfig{Adapter: "fake"}
+	if len(maxRuns) > 0 {
+		cfg.MaxRuns = maxRuns[0]
+	}
+	return driver.MustParticipant(cfg)
+}
+
+// record is one exported run, as the tests read it back.
+type record struct {
+	RolloutID string
+	Attempt   int
+	Bookmark  json.RawMessage // the whole bookmark, the adapter's state in it
+}
+
+func toRecords(t *testing.T, recs []gym.Record) []record {
 	t.Helper()
-	res, err := p.Prepare(context.Background(), id, time.Now().Add(drivertest.Patience))
+	out := make([]record, 0, len(recs))
+	for _, r := range recs {
+		_, b, err := driver.ParseAgentRecord(r)
+		if err != nil {
+			t.Fatalf("an exported record does not parse: %v\n%s", err, r.JSON)
+		}
+		data, err := b.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, record{RolloutID: r.EpisodeID.RolloutID, Attempt: r.EpisodeID.Attempt, Bookmark: data})
+	}
+	return out
+}
+
+func request(id string) gym.Request {
+	return gym.Request{CheckpointID: id, DeadlineTS: float64(time.Now().Add(drivertest.Patience).UnixNano()) / 1e9}
+}
+
+// prepared is what a prepare left: the records a commit would write now.
+type prepared struct{ Records []record }
+
+// prepare opens a checkpoint and requires every run to be parked; it
+// returns what the participant would export at once.
+func prepare(t *testing.T, p *driver.Participant, id string) prepared {
+	t.Helper()
+	rep, err := p.Control().Prepare(context.Background(), request(id))
 	if err != nil {
 		t.Fatalf("prepare %s: %v", id, err)
 	}
-	if !res.Parked {
-		t.Fatalf("prepare %s: runs not parked: %v", id, res.NotParked)
+	if rep.Phase != gym.PhasePrepared {
+		t.Fatalf("prepare %s: runs not parked: %v", id, rep.Report.Blockers)
 	}
-	return res
+	recs, err := p.Export(context.Background(), nil)
+	if err != nil {
+		t.Fatalf("export %s: %v", id, err)
+	}
+	return prepared{Records: toRecords(t, recs)}
 }
 
 // resume opens the checkpoint.
 func resume(t *testing.T, p *driver.Participant, id string) {
 	t.Helper()
-	if err := p.Resume(id); err != nil {
+	if _, err := p.Control().Resume(context.Background(), request(id)); err != nil {
 		t.Fatalf("resume %s: %v", id, err)
 	}
 }
 
-// commit snapshots every open session (the owner's side) and commits.
-func commit(t *testing.T, e *drivertest.Env, p *driver.Participant, id string, stop bool) []driver.Record {
+// commit snapshots every open session (the owner's side) and commits into
+// the Env's folder for id, then reads the records back from disk.
+func commit(t *testing.T, e *drivertest.Env, p *driver.Participant, id string, stop bool) []record {
 	t.Helper()
 	if _, err := e.Owner.Snapshot(context.Background(), id); err != nil {
 		t.Fatalf("snapshot %s: %v", id, err)
 	}
-	recs, err := p.Commit(context.Background(), id, stop)
-	if err != nil {
+	if _, err := p.Control().Commit(context.Background(), &gym.CommitRequest{Request: request(id), CheckpointDir: e.CheckpointDir(id), Stop: stop}); err != nil {
 		t.Fatalf("commit %s: %v", id, err)
 	}
-	return recs
+	var recs []gym.Record
+	if _, err := gym.ReadState(e.CheckpointDir(id), gym.KindAgent, driver.DefaultInstance, func(r gym.Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatalf("read back checkpoint %s: %v", id, err)
+	}
+	return toRecords(t, recs)
+}
+
+// restore installs the committed checkpoint id into p (every record, each
+// under its next attempt) and resumes, as the controller does after a
+// crash.
+func restore(t *testing.T, e *drivertest.Env, p *driver.Participant, id string, recs []record) {
+	t.Helper()
+	if err := restoreFrom(p, e.CheckpointDir(id), id, recs); err != nil {
+		t.Fatalf("restore %s: %v", id, err)
+	}
+}
+
+func restoreFrom(p *driver.Participant, dir, id string, recs []record) error {
+	scope := make([]gym.EpisodeID, len(recs))
+	for i, r := range recs {
+		scope[i] = gym.EpisodeID{RolloutID: r.RolloutID, Attempt: r.Attempt}
+	}
+	ctx := context.Background()
+	if _, err := p.Control().Restore(ctx, &gym.RestoreRequest{Request: request("restore-" + id), CheckpointDir: dir, EpisodeIDs: scope}); err != nil {
+		return err
+	}
+	_, err := p.Control().Resume(ctx, request("restore-"+id))
+	return err
+}
+
+// restoreRecords writes recs (bookmarks as given, valid or not) as a
+// checkpoint of the fake adapter and restores it into p.
+func restoreRecords(t *testing.T, p *driver.Participant, recs []record) error {
+	t.Helper()
+	dir := t.TempDir()
+	stored := make([]gym.Record, 0, len(recs))
+	for _, r := range recs {
+		episode := r.Bookmark
+		if !json.Valid(episode) {
+			episode, _ = json.Marshal(string(r.Bookmark))
+		}
+		rec, err := gym.NewRecord(driver.AgentRecord{EpisodeID: gym.EpisodeID{RolloutID: r.RolloutID, Attempt: r.Attempt},
+			SessionKey: r.RolloutID, Session: driver.AgentSession{Adapter: "fake"}, Boundary: json.RawMessage("null"), Episode: episode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored = append(stored, rec)
+	}
+	if _, err := gym.WriteState(dir, gym.KindAgent, driver.DefaultInstance, "ckpt-written", stored, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	return restoreFrom(p, dir, "ckpt-written", recs)
 }
 
 // bookmarkOf returns the parsed bookmark of rollout's record; the test fails
 // if there is none.
-func bookmarkOf(t *testing.T, recs []driver.Record, rollout string) (driver.Record, driver.Bookmark) {
+func bookmarkOf(t *testing.T, recs []record, rollout string) (record, driver.Bookmark) {
 	t.Helper()
 	for _, r := range recs {
 		if r.RolloutID == rollout {
@@ -73,12 +175,12 @@ func bookmarkOf(t *testing.T, recs []driver.Record, rollout string) (driver.Reco
 		}
 	}
 	t.Fatalf("no record of %s among %d", rollout, len(recs))
-	return driver.Record{}, driver.Bookmark{}
+	return record{}, driver.Bookmark{}
 }
 
 // hasRecord reports whether recs hold a record of rollout.
-func hasRecord(recs []driver.Record, rollout string) bool {
-	return slices.ContainsFunc(recs, func(r driver.Record) bool { return r.RolloutID == rollout })
+func hasRecord(recs []record, rollout string) bool {
+	return slices.ContainsFunc(recs, func(r record) bool { return r.RolloutID == rollout })
 }
 
 // checkLaunch checks one launch record's outcome, pauses and resumption.

@@ -9,10 +9,10 @@ import (
 	"reflect"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // runInfo returns the participant's view of rollout (ok false if it is not
@@ -35,7 +35,7 @@ func runInfo(p *driver.Participant, rollout string) (driver.RunInfo, bool) {
 func TestQueuedRunExportedAtSeed(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(1)
+	p := newParticipant(1)
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	first, queued := e.Rollout("first"), e.Rollout("queued")
 	ha := e.Start(rn, first, 1, drivertest.Task(first, steps, stepS, nil))
@@ -90,7 +90,7 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 func TestParkBeforeLaunch(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("before-launch")
 	entered, release := make(chan struct{}), make(chan struct{})
@@ -133,10 +133,12 @@ func TestParkBeforeLaunch(t *testing.T) {
 	checkVerified(t, e, ro, r)
 }
 
-// TestParticipantRejectsCallsOutOfOrder proves the participant's protocol
-// errors: commit or resume with no checkpoint open, a second prepare, a
-// commit of another checkpoint id, a restore while prepared all fail with
-// ErrPhase; a second run of a rollout in flight fails with
+// TestParticipantRejectsCallsOutOfOrder proves the protocol errors through
+// the participant's control plane, as Gym's control.py answers them: a
+// commit with no checkpoint open is invalid_phase, a resume then is
+// idempotent; while c1 is prepared, a prepare, commit or restore of c2 is
+// checkpoint_conflict and a restore of c1 invalid_phase; after the resume,
+// c1 is stale. A second run of a rollout in flight fails with
 // ErrDuplicateRun; a run without a rollout id or with a body that is not a
 // JSON object fails with ErrBadRequest; after Close, runs fail with
 // ErrShuttingDown. None of them touches the owner.
@@ -144,27 +146,32 @@ func TestParticipantRejectsCallsOutOfOrder(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := driver.NewParticipant(0)
+	p := newParticipant()
+	c := p.Control()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
-	if _, err := p.Commit(ctx, "c", false); !errors.Is(err, driver.ErrPhase) {
+	dir := t.TempDir()
+	if _, err := c.Commit(ctx, &gym.CommitRequest{Request: request("c"), CheckpointDir: dir}); !errors.Is(err, gym.ErrInvalidPhase) {
 		t.Errorf("commit in idle: %v", err)
 	}
-	if err := p.Resume("c"); !errors.Is(err, driver.ErrPhase) {
-		t.Errorf("resume in idle: %v", err)
+	if rep, err := c.Resume(ctx, request("c0")); err != nil || !rep.Idempotent {
+		t.Errorf("resume in idle: %+v, %v; want idempotent", rep, err)
 	}
 	prepare(t, p, "c1")
-	if _, err := p.Prepare(ctx, "c2", time.Now().Add(time.Second)); !errors.Is(err, driver.ErrPhase) {
+	if _, err := c.Prepare(ctx, request("c2")); !errors.Is(err, gym.ErrCheckpointConflict) {
 		t.Errorf("prepare while prepared: %v", err)
 	}
-	if _, err := p.Commit(ctx, "c2", false); !errors.Is(err, driver.ErrPhase) {
+	if _, err := c.Commit(ctx, &gym.CommitRequest{Request: request("c2"), CheckpointDir: dir}); !errors.Is(err, gym.ErrCheckpointConflict) {
 		t.Errorf("commit of another checkpoint: %v", err)
 	}
-	if err := p.Restore("c1", nil); !errors.Is(err, driver.ErrPhase) {
+	if _, err := c.Restore(ctx, &gym.RestoreRequest{Request: request("c1"), CheckpointDir: dir}); !errors.Is(err, gym.ErrInvalidPhase) {
 		t.Errorf("restore while prepared: %v", err)
 	}
 	resume(t, p, "c1")
-	if p.Phase() != driver.PhaseIdle {
-		t.Errorf("phase %s after resume, want idle", p.Phase())
+	if ph := c.Status().Phase; ph != gym.PhaseIdle {
+		t.Errorf("phase %s after resume, want idle", ph)
+	}
+	if _, err := c.Prepare(ctx, request("c1")); !errors.Is(err, gym.ErrStaleCheckpoint) {
+		t.Errorf("prepare of a resumed id: %v", err)
 	}
 
 	if _, err := rn.Run(ctx, driver.RunRequest{Body: json.RawMessage(`{}`)}); !errors.Is(err, driver.ErrBadRequest) {
@@ -217,24 +224,26 @@ func TestRestoredRecordsCarriedUntilClaimed(t *testing.T) {
 	ctx := context.Background()
 	back, late := e.Rollout("back"), e.Rollout("late")
 	stored := json.RawMessage(`{"reward":1,"stored":"late"}`)
-	recs := []driver.Record{
+	recs := []record{
 		{RolloutID: back, Attempt: 1, Bookmark: json.RawMessage(`{"v":1,"next":"seed"}`)},
 		{RolloutID: late, Attempt: 3, Bookmark: json.RawMessage(`{"v":1,"next":"return","result":{"reward":1,"stored":"late"}}`)},
 	}
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
-	if err := p.Restore("ckpt-1", recs); err != nil {
+	if err := restoreRecords(t, p, recs); err != nil {
 		t.Fatal(err)
 	}
 
-	// A checkpoint before any rollout came back: both records, unchanged.
+	// A checkpoint before any rollout came back: both records, as the
+	// attempts that continue them (Gym's restored sessions), bookmarks
+	// unchanged.
 	res := prepare(t, p, "ckpt-2")
 	if len(res.Records) != 2 {
 		t.Fatalf("ckpt-2 exported %d records, want the 2 restored: %+v", len(res.Records), res.Records)
 	}
 	for i, rec := range res.Records {
-		if rec.RolloutID != recs[i].RolloutID || rec.Attempt != recs[i].Attempt || string(rec.Bookmark) != string(recs[i].Bookmark) {
-			t.Errorf("ckpt-2 exported %s attempt %d %s, want %s attempt %d %s", rec.RolloutID, rec.Attempt, rec.Bookmark, recs[i].RolloutID, recs[i].Attempt, recs[i].Bookmark)
+		if rec.RolloutID != recs[i].RolloutID || rec.Attempt != recs[i].Attempt+1 || string(rec.Bookmark) != string(recs[i].Bookmark) {
+			t.Errorf("ckpt-2 exported %s attempt %d %s, want %s attempt %d %s", rec.RolloutID, rec.Attempt, rec.Bookmark, recs[i].RolloutID, recs[i].Attempt+1, recs[i].Bookmark)
 		}
 	}
 	commit(t, e, p, "ckpt-2", false)
@@ -243,20 +252,18 @@ func TestRestoredRecordsCarriedUntilClaimed(t *testing.T) {
 	// One rollout comes back and finishes: only the other is carried on.
 	checkVerified(t, e, back, e.Start(rn, back, 2, drivertest.Task(back, 3, 0.1, nil)).MustSucceed(t))
 	res = prepare(t, p, "ckpt-3")
-	if len(res.Records) != 1 || res.Records[0].RolloutID != late || res.Records[0].Attempt != 3 || string(res.Records[0].Bookmark) != string(recs[1].Bookmark) {
+	if len(res.Records) != 1 || res.Records[0].RolloutID != late || res.Records[0].Attempt != 4 || string(res.Records[0].Bookmark) != string(recs[1].Bookmark) {
 		t.Fatalf("ckpt-3 exported %+v, want only %s's restored record", res.Records, late)
 	}
-	commit(t, e, p, "ckpt-3", false)
+	ck3 := commit(t, e, p, "ckpt-3", false)
 	resume(t, p, "ckpt-3")
 
 	// A second crash: the driver restored from ckpt-3 returns the stored
 	// result of the first restore's bookmark, without seeding.
-	p2 := driver.NewParticipant(0)
+	p2 := newParticipant()
 	rn2 := e.Runner(drivertest.Fake(3, 0.1), p2)
-	if err := p2.Restore("ckpt-3", res.Records); err != nil {
-		t.Fatal(err)
-	}
-	out, err := rn2.Run(ctx, driver.RunRequest{RolloutID: late, Attempt: 4, Body: drivertest.Task(late, 3, 0.1, nil)})
+	restore(t, e, p2, "ckpt-3", ck3)
+	out, err := rn2.Run(ctx, driver.RunRequest{RolloutID: late, Attempt: 5, Body: drivertest.Task(late, 3, 0.1, nil)})
 	if err != nil {
 		t.Fatalf("the run restored twice: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
@@ -65,7 +66,7 @@ func checkStill(t *testing.T, e *drivertest.Env, what, sandboxID string, stepS f
 func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("pause-twice")
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
@@ -145,7 +146,7 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 func TestCheckpointClosedBeforeTheRunWakes(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("close-early")
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
@@ -179,7 +180,7 @@ func TestCheckpointClosedBeforeTheRunWakes(t *testing.T) {
 func TestPausedTimeIsRecorded(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("paused-time")
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
@@ -222,7 +223,7 @@ func TestPausedTimeIsRecorded(t *testing.T) {
 func TestPausedUnsupervisedLaunch(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	rn.Unsupervised = true
 	ro := e.Rollout("pause-unsup")
@@ -271,7 +272,7 @@ func TestPausedUnsupervisedLaunch(t *testing.T) {
 func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	const n = 3
 	rn := e.Runner(drivertest.Fake(n, 0.1), p)
 	ro := e.Rollout("ended-early")
@@ -327,7 +328,7 @@ func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
 func TestCommitWithStopKillsPausedLaunch(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("commit-stop")
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
@@ -359,7 +360,7 @@ func TestCommitWithStopKillsPausedLaunch(t *testing.T) {
 func TestContinueFailureStopsAndRelaunches(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("continue-fails")
 	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
@@ -418,7 +419,7 @@ func heldByPause(t *testing.T, launchDir string) []drivertest.Proc {
 func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("continue-nothing")
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
@@ -477,7 +478,7 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 func TestUnconfirmedPauseFallsBackToStop(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("pause-unconfirmed")
 	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
@@ -519,7 +520,7 @@ func TestUnconfirmedPauseFallsBackToStop(t *testing.T) {
 func TestEmptyPauseRetriedOnce(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("pause-empty-once")
 	var pauses atomic.Int32
@@ -554,7 +555,7 @@ func TestEmptyPauseRetriedOnce(t *testing.T) {
 func TestPauseThatKeepsPrintingNothingStops(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("pause-empty")
 	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
@@ -597,7 +598,7 @@ func TestPauseThatKeepsPrintingNothingStops(t *testing.T) {
 func TestCheckpointResumedWhileThePauseRuns(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("resume-mid-pause")
 	pausing, release := make(chan struct{}), make(chan struct{})
@@ -615,14 +616,14 @@ func TestCheckpointResumedWhileThePauseRuns(t *testing.T) {
 	procs := e.WaitPids(sess, allKinds...)
 	e.WaitSteps(sess, 1)
 
-	type prepared struct {
-		res driver.PrepareResult
+	type prepareOutcome struct {
+		rep *gym.PrepareReply
 		err error
 	}
-	prepDone := make(chan prepared, 1)
+	prepDone := make(chan prepareOutcome, 1)
 	go func() {
-		res, err := p.Prepare(context.Background(), "ckpt-1", time.Now().Add(drivertest.Patience))
-		prepDone <- prepared{res, err}
+		rep, err := p.Control().Prepare(context.Background(), request("ckpt-1"))
+		prepDone <- prepareOutcome{rep, err}
 	}()
 	await(t, pausing, "the pause", h)
 	resume(t, p, "ckpt-1")
@@ -638,17 +639,17 @@ func TestCheckpointResumedWhileThePauseRuns(t *testing.T) {
 	drivertest.CheckGone(t, "after verify", procs)
 	select {
 	case got := <-prepDone:
-		if got.err == nil && got.res.Parked {
-			t.Errorf("the prepare of the closed checkpoint claimed every run parked (%d records)", len(got.res.Records))
+		if got.err == nil && got.rep.Phase == gym.PhasePrepared {
+			t.Errorf("the prepare of the closed checkpoint claimed every run parked")
 		}
 	case <-time.After(drivertest.Patience):
 		t.Fatalf("the prepare of a resumed checkpoint never returned")
 	}
-	if ph := p.Phase(); ph != driver.PhaseIdle {
+	if ph := p.Control().Status().Phase; ph != gym.PhaseIdle {
 		t.Errorf("phase %s after the checkpoint was resumed, want idle", ph)
 	}
-	if _, err := p.Prepare(context.Background(), "ckpt-2", time.Now().Add(drivertest.Patience)); err != nil {
-		t.Errorf("the next checkpoint cannot open: %v", err)
+	if rep, err := p.Control().Prepare(context.Background(), request("ckpt-2")); err != nil || rep.Phase != gym.PhasePrepared {
+		t.Errorf("the next checkpoint cannot open: %+v, %v", rep, err)
 	} else {
 		resume(t, p, "ckpt-2")
 	}
@@ -668,7 +669,7 @@ func TestSupervisorCannotStartFallsBackToTagged(t *testing.T) {
 		}
 		return next(ctx, req)
 	})
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("fallback")
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))

@@ -114,17 +114,20 @@ func (rn *Runner) Run(ctx context.Context, req RunRequest) (json.RawMessage, err
 	if err := json.Unmarshal(req.Body, &probe); err != nil {
 		return nil, fmt.Errorf("%w: the body is not a JSON object: %v", ErrBadRequest, err)
 	}
-	if req.Attempt <= 0 {
-		req.Attempt = 1
+	if req.Attempt < 0 {
+		return nil, fmt.Errorf("%w: attempt %d is negative", ErrBadRequest, req.Attempt)
 	}
-	r, err := rn.Participant.register(req.RolloutID, req.Attempt)
+	id := gym.EpisodeID{RolloutID: req.RolloutID, Attempt: req.Attempt}
+	r, err := rn.Participant.register(id, rn.Participant.control.CheckAttempt)
 	if err != nil {
 		return nil, err
 	}
 	defer rn.Participant.unregister(r)
-	st := &attemptState{req: req, r: r, bm: r.bookmark.Clone()}
-	st.key = gym.EpisodeID{RolloutID: req.RolloutID, Attempt: r.attempt}.CaptureKey()
-	st.log = rn.log().With("rollout", req.RolloutID, "attempt", r.attempt)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	rn.Participant.setCancel(r, cancel)
+	st := &attemptState{req: req, r: r, bm: r.bookmark.Clone(), key: id.CaptureKey()}
+	st.log = rn.log().With("rollout", req.RolloutID, "attempt", req.Attempt)
 	if err := st.bm.Validate(); err != nil {
 		return nil, fmt.Errorf("continue rollout %s: %w", req.RolloutID, err)
 	}
@@ -160,7 +163,13 @@ func (rn *Runner) stages(ctx context.Context, st *attemptState) (json.RawMessage
 			}
 		case StageVerify:
 			st.log.Info("stage", "stage", StageVerify)
-			rn.Participant.record(st.r, st.bm, runReplay)
+			// Gym's verify modes (steps.py): a checkpoint waits for a verify
+			// unless the owner's seed reply said it may be replayed.
+			mode := runWaiting
+			if st.bm.VerifyMode == VerifyReplay {
+				mode = runReplay
+			}
+			rn.Participant.record(st.r, st.bm, mode)
 			if err := rn.verify(ctx, st); err != nil {
 				return nil, err
 			}
@@ -197,7 +206,7 @@ func (rn *Runner) seed(ctx context.Context, st *attemptState) error {
 	if err != nil {
 		return err
 	}
-	state, err := rn.Adapter.NewState(st.req.RolloutID, st.r.attempt, lent)
+	state, err := rn.Adapter.NewState(st.req.RolloutID, st.req.Attempt, lent)
 	if err != nil {
 		return fmt.Errorf("make the %s state of %s: %w", rn.Adapter.Name(), st.req.RolloutID, err)
 	}
@@ -274,7 +283,7 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 	lent := *st.sb
 	rec := LaunchRecord{SandboxID: lent.ID(), Outcome: OutcomeRunning, ExitCode: -1, StartedAt: time.Now().UTC()}
 	if st.bm.Resume {
-		d, err := rn.Adapter.ResumeDecision(ctx, lent, st.bm.State, st.req.RolloutID, st.r.attempt)
+		d, err := rn.Adapter.ResumeDecision(ctx, lent, st.bm.State, st.req.RolloutID, st.req.Attempt)
 		if err != nil {
 			return fmt.Errorf("decide whether %s can resume: %w", st.req.RolloutID, err)
 		}
@@ -298,7 +307,7 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 		}
 	}
 	n := len(st.bm.Launches) + 1
-	rec.ID = LaunchID(st.req.RolloutID, st.r.attempt, n)
+	rec.ID = LaunchID(st.req.RolloutID, st.req.Attempt, n)
 	ref := LaunchRef{ID: rec.ID, Dir: path.Join(lent.Root(), "launches", rec.ID), SandboxID: lent.ID(), Supervised: !rn.Unsupervised}
 	rec.Supervised = ref.Supervised
 	bin, err := rn.Ngsup.Ensure(ctx, lent)
@@ -306,7 +315,7 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 		return err
 	}
 	spec, err := rn.Adapter.Launch(ctx, LaunchContext{
-		RolloutID: st.req.RolloutID, Attempt: st.r.attempt, Input: st.req.Body,
+		RolloutID: st.req.RolloutID, Attempt: st.req.Attempt, Input: st.req.Body,
 		Sandbox: lent, State: st.bm.State, Resume: st.bm.Resume, LaunchID: ref.ID, LaunchDir: ref.Dir,
 	})
 	if err != nil {

@@ -57,7 +57,7 @@ func TestCheckpointStopsLaunch(t *testing.T) {
 				t.Parallel()
 				const n = 4
 				e := drivertest.New(t)
-				p := driver.NewParticipant(0)
+				p := newParticipant()
 				rn := e.Runner(drivertest.Fake(n, stepS), p)
 				rn.PauseAtCheckpoints = boolp(false)
 				rn.Unsupervised = !supervised
@@ -173,7 +173,7 @@ func TestAdapterThatDoesNotPauseIsStopped(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := drivertest.New(t)
-			p := driver.NewParticipant(0)
+			p := newParticipant()
 			rn := e.Runner(c.adapter(), p)
 			if c.override {
 				rn.PauseAtCheckpoints = boolp(false)
@@ -250,7 +250,7 @@ func TestCutAnswersAreAskedAgain(t *testing.T) {
 		}
 		return res, err
 	})
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("cut-answers")
 	r := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil)).MustSucceed(t)
@@ -301,7 +301,7 @@ func TestCutRunAnswerLaunchesOnce(t *testing.T) {
 		}
 		return res, err
 	})
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("cut-run")
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))

@@ -1,20 +1,20 @@
-// Package serve is `ngdriver serve`: an HTTP server that stands where the
-// rollout framework's sandboxed harness agent stands. POST /run runs one
-// rollout through the driver's stage machine; the checkpoint control plane
-// (/ng-control/v1/checkpoint/...) parks, exports, commits, resumes and
-// restores runs; /metrics and /healthz report on it.
+// Package serve is `ngdriver serve`: an HTTP server that stands where NeMo
+// Gym's sandboxed harness agent stands. POST /run runs one rollout through
+// the driver's stage machine, with its identity taken from the body as
+// Gym's collector sends it; POST /aggregate_metrics answers as Gym's agents
+// do; the checkpoint routes under /ng-control/v1/checkpoint are pkg/gym's
+// control plane over the driver's agent participant; /metrics and /healthz
+// report on it.
 package serve
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -22,16 +22,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // Server serves one driver's runs and its checkpoint participant.
 type Server struct {
 	// Runner runs the rollouts; its Participant is the checkpoint side.
 	Runner *driver.Runner
-	// Name names this participant in the records files it writes.
-	Name string
-	// Token authenticates the control plane (Authorization: Bearer).
+	// Token authenticates the control plane (Authorization: Bearer). Empty:
+	// checkpointing is off, and the control routes answer 404, which Gym's
+	// coordinator reads as "not a participant".
 	Token string
+	// SkipVerification makes /aggregate_metrics answer empty, as a Gym
+	// agent configured with skip_verification does.
+	SkipVerification bool
 	// Metrics, if set, is served at /metrics.
 	Metrics *Metrics
 	// Log receives one line per request that changes state.
@@ -45,23 +49,62 @@ type Server struct {
 const maxBody = 64 << 20
 
 // Handler returns the server's routes.
-func (s *Server) Handler() http.Handler {
+func (s *Server) Handler() (http.Handler, error) {
 	if s.base == nil {
 		s.base, s.cancelBase = context.WithCancelCause(context.Background())
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /run", s.handleRun)
-	mux.HandleFunc("POST /ng-rollout/{rollout}/run", s.handleRun)
-	for _, call := range []string{"prepare", "commit", "resume", "restore", "retire"} {
-		mux.HandleFunc("POST /ng-control/v1/checkpoint/"+call, s.control(call))
+	mux.HandleFunc("POST /ng-rollout/{key}/run", s.handleRun)
+	mux.HandleFunc("POST /aggregate_metrics", s.handleAggregate)
+	if s.Token != "" {
+		control, err := gym.NewHandler(s.Runner.Participant.Control(), s.Token)
+		if err != nil {
+			return nil, err
+		}
+		mux.Handle(gym.RoutePrefix+"/", s.timed(control))
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "phase": s.Runner.Participant.Phase(), "runs": len(s.Runner.Participant.Runs())})
+		st := s.Runner.Participant.Control().Status()
+		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "phase": st.Phase, "runs": len(s.Runner.Participant.Runs())})
 	})
 	if s.Metrics != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(s.Metrics.Registry, promhttp.HandlerOpts{}))
 	}
-	return mux
+	return mux, nil
+}
+
+// timed counts and times each control call and logs the ones that change
+// state.
+func (s *Server) timed(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		op := strings.TrimPrefix(r.URL.Path, gym.RoutePrefix+"/")
+		switch op {
+		case gym.OpStatus, gym.OpPrepare, gym.OpRenew, gym.OpRetire, gym.OpForget, gym.OpCommit, gym.OpRestore, gym.OpResume:
+		default:
+			op = "other" // no label for whatever a caller puts in a path
+		}
+		begin := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		h.ServeHTTP(rec, r)
+		if s.Metrics != nil {
+			s.Metrics.phase(op, time.Since(begin))
+		}
+		s.count(op, rec.status)
+		if op != gym.OpStatus {
+			s.log().Info("checkpoint "+op, "status", rec.status, "took_ms", time.Since(begin).Milliseconds())
+		}
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
 }
 
 // ParkAll ends the runs still in flight for a shutdown: each is cancelled
@@ -80,9 +123,29 @@ func (s *Server) log() *slog.Logger {
 	return s.Log
 }
 
-// attemptSuffix splits "<id>-a<N>" as the framework's rollout prefix names
-// an attempt.
-var attemptSuffix = regexp.MustCompile(`^(.+)-a([0-9]+)$`)
+// runIdentity is the attempt a /run belongs to: from the body as Gym's
+// rollout_correlation derives it, else from the /ng-rollout/<key>/ prefix.
+// When both name one, they must agree.
+func runIdentity(r *http.Request, body []byte) (gym.EpisodeID, error) {
+	id, err := gym.RunIdentity(body)
+	key := r.PathValue("key")
+	if key == "" {
+		return id, err
+	}
+	fromPath, perr := gym.ParseCaptureKey(key)
+	if perr != nil {
+		return gym.EpisodeID{}, gym.Refuse(gym.ErrInvalidRequest, "the path's rollout key %q: %v", driver.Clip(key, 200), perr)
+	}
+	switch {
+	case errors.Is(err, gym.ErrRolloutIDRequired):
+		return fromPath, nil
+	case err != nil:
+		return id, err
+	case id != fromPath:
+		return gym.EpisodeID{}, gym.Refuse(gym.ErrInvalidRequest, "the path names %s but the body names %s", fromPath.CaptureKey(), id.CaptureKey())
+	}
+	return id, nil
+}
 
 func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 	body, err := readBody(r)
@@ -90,29 +153,8 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, "run", err)
 		return
 	}
-	var fields struct {
-		RolloutID string `json:"rollout_id"`
-		Attempt   int    `json:"attempt"`
-	}
-	if err := json.Unmarshal(body, &fields); err != nil {
-		s.fail(w, "run", fmt.Errorf("%w: the body is not a JSON object: %v", driver.ErrBadRequest, err))
-		return
-	}
-	req := driver.RunRequest{RolloutID: fields.RolloutID, Attempt: fields.Attempt, Body: body}
-	if p := r.PathValue("rollout"); p != "" {
-		req.RolloutID = p
-		// "<id>-a<N>" is attempt N of <id>, unless the body's rollout_id
-		// is the whole word (an id may itself end in -a<digits>).
-		if m := attemptSuffix.FindStringSubmatch(p); m != nil && p != fields.RolloutID {
-			req.RolloutID = m[1]
-			req.Attempt, _ = strconv.Atoi(m[2])
-		}
-	}
-	if req.RolloutID == "" {
-		s.fail(w, "run", fmt.Errorf("%w: no rollout id (in the path /ng-rollout/<id>/run or the body's rollout_id)", driver.ErrBadRequest))
-		return
-	}
-	if err := driver.ValidateRolloutID(req.RolloutID); err != nil {
+	id, err := runIdentity(r, body)
+	if err != nil {
 		s.fail(w, "run", err)
 		return
 	}
@@ -120,15 +162,39 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 	defer cancel(nil)
 	stop := context.AfterFunc(s.base, func() { cancel(context.Cause(s.base)) })
 	defer stop()
-	result, err := s.Runner.Run(ctx, req)
+	result, err := s.Runner.Run(ctx, driver.RunRequest{RolloutID: id.RolloutID, Attempt: id.Attempt, Body: body})
 	if err != nil {
-		s.fail(w, "run", fmt.Errorf("run %s: %w", req.RolloutID, err))
+		s.fail(w, "run", fmt.Errorf("run %s: %w", id.CaptureKey(), err))
 		return
 	}
 	s.count("run", http.StatusOK)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	w.Write(result)
+}
+
+// handleAggregate answers POST /aggregate_metrics as Gym's base agent does:
+// computed here from the verify responses, not relayed to the owner.
+func (s *Server) handleAggregate(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(r)
+	if err != nil {
+		s.fail(w, "aggregate_metrics", err)
+		return
+	}
+	req, err := gym.DecodeAggregateMetricsRequest(body)
+	if err != nil {
+		s.fail(w, "aggregate_metrics", err)
+		return
+	}
+	out := gym.EmptyAggregateMetrics()
+	if !s.SkipVerification {
+		if out, err = gym.ComputeAggregateMetrics(req.VerifyResponses); err != nil {
+			s.fail(w, "aggregate_metrics", err)
+			return
+		}
+	}
+	s.count("aggregate_metrics", http.StatusOK)
+	writeJSON(w, http.StatusOK, out)
 }
 
 func readBody(r *http.Request) ([]byte, error) {
@@ -142,149 +208,32 @@ func readBody(r *http.Request) ([]byte, error) {
 	return data, nil
 }
 
-// checkpointRequest is the body of every control call.
-type checkpointRequest struct {
-	CheckpointID  string   `json:"checkpoint_id"`
-	DeadlineTS    float64  `json:"deadline_ts"`
-	CheckpointDir string   `json:"checkpoint_dir"`
-	EpisodeIDs    []string `json:"episode_ids"`
-	Stop          bool     `json:"stop"`
-}
+// Codes of the refusals that are the driver's own, not Gym's checkpoint
+// wire: they travel in the same envelope.
+const (
+	CodeBadRequest   = "bad_request"
+	CodeRunInFlight  = "run_in_flight"
+	CodeShuttingDown = "shutting_down"
+	CodeCancelled    = "cancelled"
+)
 
-// errUnauthorized: a wrong or missing bearer token.
-var errUnauthorized = errors.New("unauthorized")
-
-func (s *Server) authorized(r *http.Request) bool {
-	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") || s.Token == "" {
-		return false
+// classify maps an error class to its HTTP status and code: the one place
+// that does. Gym's refusals keep Gym's status and code.
+func classify(err error) (int, string) {
+	if status, code := gym.Classify(err); code != gym.CodeInternal {
+		return status, code
 	}
-	return subtle.ConstantTimeCompare([]byte(got), []byte(s.Token)) == 1
-}
-
-func (s *Server) control(call string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if !s.authorized(r) {
-			s.fail(w, call, fmt.Errorf("%w: a bearer token is required and must match", errUnauthorized))
-			return
-		}
-		body, err := readBody(r)
-		if err != nil {
-			s.fail(w, call, err)
-			return
-		}
-		// Fields this build does not know are ignored: the framework may
-		// add some; the ones read here are checked.
-		var req checkpointRequest
-		if err := json.Unmarshal(body, &req); err != nil {
-			s.fail(w, call, fmt.Errorf("%w: %s body: %v", driver.ErrBadRequest, call, err))
-			return
-		}
-		if req.CheckpointID == "" {
-			s.fail(w, call, fmt.Errorf("%w: %s needs a checkpoint_id", driver.ErrBadRequest, call))
-			return
-		}
-		begin := time.Now()
-		reply, err := s.do(r.Context(), call, req)
-		if s.Metrics != nil {
-			s.Metrics.phase(call, time.Since(begin))
-		}
-		if err != nil {
-			s.fail(w, call, err)
-			return
-		}
-		s.log().Info("checkpoint "+call, "checkpoint", driver.Clip(req.CheckpointID, 200), "took_ms", time.Since(begin).Milliseconds())
-		s.count(call, http.StatusOK)
-		writeJSON(w, http.StatusOK, reply)
-	}
-}
-
-func (s *Server) do(ctx context.Context, call string, req checkpointRequest) (any, error) {
-	p := s.Runner.Participant
-	switch call {
-	case "prepare":
-		deadline := time.Now().Add(5 * time.Minute)
-		if req.DeadlineTS > 0 {
-			deadline = time.Unix(0, int64(req.DeadlineTS*1e9))
-		}
-		return p.Prepare(ctx, req.CheckpointID, deadline)
-	case "commit":
-		return s.commit(ctx, req)
-	case "resume":
-		return map[string]any{"checkpoint_id": req.CheckpointID, "resumed": true}, p.Resume(req.CheckpointID)
-	case "restore":
-		if err := p.CanRestore(); err != nil {
-			return nil, err
-		}
-		recs, err := driver.ReadRecords(req.CheckpointDir, s.Name, req.CheckpointID)
-		if err != nil {
-			return nil, err
-		}
-		recs = filterEpisodes(recs, req.EpisodeIDs)
-		if err := p.Restore(req.CheckpointID, recs); err != nil {
-			return nil, err
-		}
-		return map[string]any{"checkpoint_id": req.CheckpointID, "restored": len(recs)}, nil
-	case "retire":
-		return map[string]any{"checkpoint_id": req.CheckpointID, "retired": true}, p.Retire(req.CheckpointID)
-	}
-	return nil, fmt.Errorf("%w: unknown call %s", driver.ErrBadRequest, call)
-}
-
-// commit writes the prepared export durably, then commits (killing the
-// exported launches with stop, only after the write is durable).
-func (s *Server) commit(ctx context.Context, req checkpointRequest) (any, error) {
-	p := s.Runner.Participant
-	recs, err := p.Exported(req.CheckpointID)
-	if err != nil {
-		return nil, err
-	}
-	recs = filterEpisodes(recs, req.EpisodeIDs)
-	path, err := driver.WriteRecords(req.CheckpointDir, s.Name, req.CheckpointID, recs)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := p.Commit(ctx, req.CheckpointID, req.Stop); err != nil {
-		return nil, err
-	}
-	return map[string]any{"checkpoint_id": req.CheckpointID, "records": len(recs), "path": path, "stopped": req.Stop}, nil
-}
-
-// filterEpisodes keeps the records of the given rollouts (all when none).
-func filterEpisodes(recs []driver.Record, ids []string) []driver.Record {
-	if len(ids) == 0 {
-		return recs
-	}
-	keep := map[string]bool{}
-	for _, id := range ids {
-		keep[id] = true
-	}
-	out := []driver.Record{}
-	for _, r := range recs {
-		if keep[r.RolloutID] {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// status maps an error class to its HTTP status: the one place that does.
-func status(err error) int {
 	switch {
-	case errors.Is(err, errUnauthorized):
-		return http.StatusUnauthorized
 	case errors.Is(err, driver.ErrBadRequest), errors.Is(err, driver.ErrBadBookmark), errors.Is(err, driver.ErrBookmarkVersion):
-		return http.StatusBadRequest
-	case errors.Is(err, driver.ErrBadRecords):
-		return http.StatusUnprocessableEntity
-	case errors.Is(err, driver.ErrPhase), errors.Is(err, driver.ErrDuplicateRun), errors.Is(err, driver.ErrRunsInFlight):
-		return http.StatusConflict
+		return http.StatusBadRequest, CodeBadRequest
+	case errors.Is(err, driver.ErrDuplicateRun):
+		return http.StatusConflict, CodeRunInFlight
 	case errors.Is(err, driver.ErrShuttingDown):
-		return http.StatusServiceUnavailable
+		return http.StatusServiceUnavailable, CodeShuttingDown
 	case errors.Is(err, context.Canceled), errors.Is(err, driver.ErrCancelled):
-		return 499 // the client went away
+		return 499, CodeCancelled // the client went away, or a retire ended the run
 	}
-	return http.StatusInternalServerError
+	return http.StatusInternalServerError, gym.CodeInternal
 }
 
 // maxErrorText bounds the error text of a reply and its log line, so no
@@ -292,7 +241,7 @@ func status(err error) int {
 const maxErrorText = 4 << 10
 
 func (s *Server) fail(w http.ResponseWriter, route string, err error) {
-	code := status(err)
+	code, name := classify(err)
 	s.count(route, code)
 	level := slog.LevelWarn
 	if code >= 500 {
@@ -302,8 +251,8 @@ func (s *Server) fail(w http.ResponseWriter, route string, err error) {
 	if len(msg) > maxErrorText {
 		msg = fmt.Sprintf("%s... (%d bytes cut)", strings.ToValidUTF8(msg[:maxErrorText], ""), len(msg)-maxErrorText)
 	}
-	s.log().Log(context.Background(), level, route+" failed", "status", code, "error", msg)
-	writeJSON(w, code, map[string]string{"error": msg})
+	s.log().Log(context.Background(), level, route+" failed", "status", code, "code", name, "error", msg)
+	writeJSON(w, code, gym.ErrorBody{Error: gym.ErrorDetail{Code: name, Detail: msg}})
 }
 
 func (s *Server) count(route string, code int) {

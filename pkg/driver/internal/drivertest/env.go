@@ -99,6 +99,7 @@ type Env struct {
 	Tag string
 
 	logs    *syncbuf.Buffer
+	ckRoot  string
 	mu      sync.Mutex
 	handles []*Handle
 }
@@ -125,7 +126,7 @@ func New(t *testing.T) *Env {
 	var tb [4]byte
 	_, _ = rand.Read(tb[:])
 	inner, lender := withBackend(t, lb) // local unless DRIVERTEST_BACKEND names another
-	e := &Env{T: t, Local: lb, Backend: NewBackend(inner), Tag: hex.EncodeToString(tb[:]), logs: &syncbuf.Buffer{}}
+	e := &Env{T: t, Local: lb, Backend: NewBackend(inner), Tag: hex.EncodeToString(tb[:]), logs: &syncbuf.Buffer{}, ckRoot: t.TempDir()}
 	var w io.Writer = e.logs
 	if os.Getenv("DRIVERTEST_VERBOSE") != "" {
 		w = io.MultiWriter(e.logs, os.Stderr)
@@ -146,6 +147,9 @@ func New(t *testing.T) *Env {
 	t.Cleanup(e.cleanup)
 	return e
 }
+
+// CheckpointDir is the folder checkpoint id is committed into.
+func (e *Env) CheckpointDir(id string) string { return filepath.Join(e.ckRoot, id) }
 
 // Rollout returns a rollout id unique to this Env: name-<tag>.
 func (e *Env) Rollout(name string) string { return name + "-" + e.Tag }
