@@ -93,6 +93,13 @@ func TestCrashRestore(t *testing.T) {
 		if st := w.coord.status(m); st.Phase != gym.PhaseRestored || deref(st.CheckpointID) != rid {
 			t.Errorf("%s after restore: phase %s checkpoint %v", m.Name, st.Phase, deref(st.CheckpointID))
 		}
+		// A retried restore is replayed; another restore id conflicts.
+		first := w.coord.to(m, gym.OpRestore, restoreBody(rid, ck.dir, ck.scope, deadline))
+		second := w.coord.to(m, gym.OpRestore, restoreBody(rid, ck.dir, ck.scope, deadline))
+		if first.status != http.StatusOK || !sameJSON(first.body, second.body) {
+			t.Errorf("%s: a retried restore answered %s, then %s", m.Name, first, second)
+		}
+		checkRefusal(t, w.coord.to(m, gym.OpRestore, restoreBody(restoreID(), ck.dir, ck.scope, deadline)), gym.CodeConflict)
 	}
 	w.coord.resume(rid, deadline)
 
