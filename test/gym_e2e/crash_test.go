@@ -43,7 +43,7 @@ func TestCrashRestore(t *testing.T) {
 		ids = append(ids, rolloutID(r))
 		chans[rolloutID(r)] = w.coll.start(r)
 	}
-	w.waitStepped(ids...)
+	w.waitSteps(3, ids...)
 
 	id := ckID("crash")
 	ck := w.checkpoint(id, episodes(all...), false)
@@ -64,7 +64,11 @@ func TestCrashRestore(t *testing.T) {
 	}
 	atSnapshot := map[string]int{}
 	for _, r := range paused {
-		atSnapshot[rolloutID(r)] = len(w.sessionSteps(rolloutID(r)))
+		n := len(w.sessionSteps(rolloutID(r)))
+		if n == 0 || n >= steps {
+			t.Fatalf("%s took %d of %d steps by the checkpoint: nothing would be left to continue", rolloutID(r), n, steps)
+		}
+		atSnapshot[rolloutID(r)] = n
 	}
 
 	w.crash()

@@ -22,9 +22,12 @@ func TestCheckpointBeforeReplacement(t *testing.T) {
 	w := newWorld(t, options{steps: steps})
 	a, b := w.coll.row(1, 0, job{steps: steps, stepS: 0.3}), w.coll.row(2, 0, job{steps: steps, stepS: 0.3})
 	chA, chB := w.coll.start(a), w.coll.start(b)
-	w.waitStepped(rolloutID(a), rolloutID(b))
+	w.waitSteps(3, rolloutID(a), rolloutID(b))
 	ck1 := w.checkpoint(ckID("first"), episodes(a, b), false)
 	done := len(w.sessionSteps(rolloutID(a)))
+	if done == 0 || done >= steps {
+		t.Fatalf("%s took %d of %d steps by the checkpoint", rolloutID(a), done, steps)
+	}
 	w.crash()
 	for _, ch := range []<-chan runResult{chA, chB} {
 		if res := await(t, ch); res.err == nil && res.status == http.StatusOK {

@@ -34,7 +34,7 @@ func TestCommitStop(t *testing.T) {
 	for _, r := range rows {
 		ids = append(ids, rolloutID(r))
 	}
-	w.waitStepped(ids...)
+	w.waitSteps(3, ids...)
 
 	id := ckID("stop")
 	deadline := deadlineIn(waitLimit)
@@ -51,6 +51,9 @@ func TestCommitStop(t *testing.T) {
 		for _, f := range w.sessionSandboxes(r) {
 			sandboxes[f] = true
 		}
+	}
+	if len(live) == 0 || len(sandboxes) != len(rows) {
+		t.Fatalf("before the commit: %d live harness processes, sandboxes %v; want some, and one sandbox per row", len(live), sandboxes)
 	}
 	scope := prep.continued(episodes(rows...))
 	commits := w.coord.commit(id, w.checkpointDir(id), scope, true, deadline)

@@ -186,16 +186,22 @@ func (w *world) startServers() {
 		members[1].Kind != gym.KindResources || members[1].Name != ownerEntry {
 		w.t.Fatalf("discovered %+v, want the agent %s then the resources server %s", members, agentEntry, ownerEntry)
 	}
-	if members[0].Instance != agentEntry {
-		w.t.Errorf("the agent's status names instance %q, want its entry name %q", members[0].Instance, agentEntry)
+	for _, m := range members {
+		if m.Instance != m.Name {
+			w.t.Errorf("%s's status names instance %q, want its entry name", m.Name, m.Instance)
+		}
 	}
 }
 
 // ownerArgs starts `ngdriver owner serve` as the deployment's resources
-// server: on its entry's port, lending local sandboxes under base.
+// server: on its entry's port, lending local sandboxes under base, a
+// participant named after its entry with the deployment's token and lease
+// grace (the owner takes them as flags; it reads no Gym config).
 func (w *world) ownerArgs() []string {
 	return []string{"owner", "serve", "--listen", fmt.Sprintf("127.0.0.1:%d", w.ownerPort),
-		"--base", w.base, "--ngsup-dir", binDir, "--log-format", "json"}
+		"--base", w.base, "--ngsup-dir", binDir, "--log-format", "json",
+		"--instance", ownerEntry, "--lease-grace", fmt.Sprintf("%ds", w.opts.leaseGrace),
+		"--checkpoint-token-env", "NG_CONTROL_TOKEN"}
 }
 
 // start starts one server and waits until it listens at url.
@@ -326,13 +332,19 @@ func eventually(t *testing.T, what string, cond func() (bool, string)) {
 // waitStepped waits until every rollout's session holds at least one step.
 func (w *world) waitStepped(rollouts ...string) {
 	w.t.Helper()
-	eventually(w.t, "every run has taken a step", func() (bool, string) {
+	w.waitSteps(1, rollouts...)
+}
+
+// waitSteps waits until every rollout's session holds at least n steps.
+func (w *world) waitSteps(n int, rollouts ...string) {
+	w.t.Helper()
+	eventually(w.t, fmt.Sprintf("every run has taken %d steps", n), func() (bool, string) {
 		var missing []string
 		for _, r := range rollouts {
-			if len(w.sessionSteps(r)) == 0 {
+			if len(w.sessionSteps(r)) < n {
 				missing = append(missing, r)
 			}
 		}
-		return len(missing) == 0, fmt.Sprintf("no step yet: %v", missing)
+		return len(missing) == 0, fmt.Sprintf("fewer steps: %v", missing)
 	})
 }
