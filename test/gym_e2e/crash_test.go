@@ -1,6 +1,7 @@
 package gyme2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -11,22 +12,26 @@ import (
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
-// TestCrashRestore: four rows paused in place and one restart row are in
-// flight (a fifth row returned before). Gym's collection checkpoints them:
-// the restart is reported, left out of the scope and recorded by nobody.
-// Right after the commit both servers are killed with SIGKILL. Fresh
-// processes on the same config are restored as collection.py restores a
-// run: the restart row's logged attempt is retired everywhere, the
-// continued rows are restored (attempt + 1 everywhere, source the
+// TestCrashRestore: four rows paused in place, one restart row and one
+// row queued for a slot are in flight (another returned before). Gym's
+// collection checkpoints them: the restart is reported, left out of the
+// scope and recorded by nobody; the queued row is exported at its seed
+// bookmark. Right after the commit both servers are killed with SIGKILL.
+// Fresh processes on the same config are restored as collection.py
+// restores a run: the restart row's logged attempt is retired everywhere,
+// the continued rows are restored (attempt + 1 everywhere, source the
 // checkpoint) and resumed, and each row is posted again with
 // _ng_attempt_index + 1. Each paused row continues from its bookmark in a
-// fork of its snapshot, after its last step; the restart row starts over
-// from its input; the returned row is not run again; a /run of a
-// superseded or retired attempt is refused stale_attempt, and forget lifts
-// the retired one. 0 runs lost, 0 finished steps repeated.
+// fork of its snapshot, after its last step; the queued row starts from
+// its seed; the restart row starts over from its input; the returned row
+// is not run again; a /run of a superseded or retired attempt is refused
+// stale_attempt, and forget lifts the retired one. 0 runs lost, 0
+// finished steps repeated.
 func TestCrashRestore(t *testing.T) {
 	const steps = 12
-	w := newWorld(t, options{steps: steps})
+	// Five slots: the four paused rows and the restart row take them; a
+	// sixth row waits in the queue and is exported at its seed bookmark.
+	w := newWorld(t, options{steps: steps, maxRuns: 5})
 	quick := w.coll.row(0, 0, job{steps: 1, stepS: 0.05})
 	if res := w.coll.post(t.Context(), quick).reply(t); res.Reward != 1 {
 		t.Fatalf("the quick run: reward %v, want 1", res.Reward)
@@ -44,6 +49,14 @@ func TestCrashRestore(t *testing.T) {
 		chans[rolloutID(r)] = w.coll.start(r)
 	}
 	w.waitSteps(3, ids...)
+	queued := w.coll.row(6, 0, job{steps: 3, stepS: 0.1})
+	chans[rolloutID(queued)] = w.coll.start(queued)
+	eventually(t, "the sixth row is taken in and waits for a slot", func() (bool, string) {
+		st := w.coord.status(w.coord.member(gym.KindAgent))
+		return st.Report.Counts["sessions"] == 6, fmt.Sprintf("counts %v", st.Report.Counts)
+	})
+	paused = append(paused, queued)
+	all = append(all, queued)
 
 	id := ckID("crash")
 	ck := w.checkpoint(id, episodes(all...), false)
@@ -52,7 +65,13 @@ func TestCrashRestore(t *testing.T) {
 		t.Fatalf("the restart row: restarts %q, scope %q; want it reported and left out", ck.prep.restarts(), keysOf(ck.scope))
 	}
 	if got := keysOf(ck.scope); !slices.Equal(got, keysOf(episodes(paused...))) {
-		t.Fatalf("the commit scope is %q, want the four paused rows", got)
+		t.Fatalf("the commit scope is %q, want the four paused rows and the queued one", got)
+	}
+	var bm struct {
+		Next string `json:"next"`
+	}
+	if err := json.Unmarshal(recordOf(t, ck, agentEntry, episode(queued)).Fields["episode"], &bm); err != nil || bm.Next != "seed" {
+		t.Errorf("the queued row was exported at %q (%v), want its seed bookmark", bm.Next, err)
 	}
 	for name := range ck.records {
 		if slices.Contains(ck.keys(name), restartKey) {
@@ -63,7 +82,7 @@ func TestCrashRestore(t *testing.T) {
 		t.Errorf("the agent recorded %q, want the scope %q", got, keysOf(ck.scope))
 	}
 	atSnapshot := map[string]int{}
-	for _, r := range paused {
+	for _, r := range paused[:4] {
 		n := len(w.sessionSteps(rolloutID(r)))
 		if n == 0 || n >= steps {
 			t.Fatalf("%s took %d of %d steps by the checkpoint: nothing would be left to continue", rolloutID(r), n, steps)
@@ -83,15 +102,13 @@ func TestCrashRestore(t *testing.T) {
 	// checkpoint does not continue, then restore and resume the others.
 	w.coord.retire("retire", episodes(restart), deadline)
 	rid := restoreID()
-	var want []string
-	for _, e := range ck.scope {
-		want = append(want, e.Next().CaptureKey())
-	}
-	slices.Sort(want)
 	for name, rr := range w.coord.restore(rid, ck.dir, ck.scope, deadline) {
-		if rr.SourceCheckpointID != id || !slices.Equal(rr.Restored, want) {
-			t.Errorf("%s restore: %+v, want source %s and restored %q", name, rr, id, want)
+		if want := restoredOf(ck, name); rr.SourceCheckpointID != id || !slices.Equal(rr.Restored, want) {
+			t.Errorf("%s restore: %+v, want source %s and restored %q (the next attempt of each record)", name, rr, id, want)
 		}
+	}
+	if got := restoredOf(ck, agentEntry); len(got) != len(ck.scope) {
+		t.Errorf("the agent restores %q, want every episode of the scope", got)
 	}
 	for _, m := range w.coord.members {
 		if st := w.coord.status(m); st.Phase != gym.PhaseRestored || deref(st.CheckpointID) != rid {
@@ -114,9 +131,11 @@ func TestCrashRestore(t *testing.T) {
 	for _, r := range all {
 		again[rolloutID(r)] = w.coll.start(nextAttempt(r))
 	}
-	for _, r := range paused {
+	for _, r := range paused[:4] {
 		checkContinued(t, w, rolloutID(r), await(t, again[rolloutID(r)]).reply(t), steps, atSnapshot[rolloutID(r)], true)
 	}
+	// The queued row continues from its seed bookmark: a first launch.
+	checkOneLaunch(t, w, rolloutID(queued), await(t, again[rolloutID(queued)]).reply(t), 3, 0)
 	res := await(t, again[rolloutID(restart)]).reply(t)
 	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].Resumed {
 		t.Errorf("the restart row: reward %v launches %+v, want 1 and one first launch", res.Reward, res.Launches)
@@ -179,4 +198,17 @@ func checkContinued(t *testing.T, w *world, rollout string, res rolloutReply, st
 			t.Errorf("%s: the session in %s holds %q (%v), want %q", rollout, c.sandbox, got, err, c.want)
 		}
 	}
+}
+
+// restoredOf is what a participant's restore of ck must answer: the next
+// attempt of each of its records in the scope, sorted.
+func restoredOf(ck ckpt, name string) []string {
+	var out []string
+	for _, r := range ck.records[name] {
+		if inScope(ck.scope, r.Episode.CaptureKey()) {
+			out = append(out, r.Episode.Next().CaptureKey())
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

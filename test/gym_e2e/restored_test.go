@@ -1,9 +1,13 @@
 package gyme2e
 
 import (
+	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/ngharness/ngharness/pkg/gym"
 )
@@ -82,4 +86,107 @@ func recordOf(t *testing.T, ck ckpt, name string, id gym.EpisodeID) storedRecord
 	}
 	t.Fatalf("%s holds no record of %s in %s", name, id.CaptureKey(), ck.id)
 	return storedRecord{}
+}
+
+// TestRestoreAllOrNothing: after a crash, the restore fails on one
+// participant (the owner's records no longer match their digest: 422
+// invalid_checkpoint_state) and succeeds on the other. Gym's
+// coordination.restore then retires the replacement attempts everywhere,
+// which frees the agent's restored state, and resumes everyone. Nothing
+// continues from the partial restore: the replacement attempt is refused
+// stale_attempt, and the row starts over from its input one attempt later.
+func TestRestoreAllOrNothing(t *testing.T) {
+	const steps = 8
+	w := newWorld(t, options{steps: steps})
+	r := w.coll.row(1, 0, job{steps: steps, stepS: 0.3})
+	ch := w.coll.start(r)
+	w.waitSteps(2, rolloutID(r))
+	ck := w.checkpoint(ckID("partial"), episodes(r), false)
+	w.crash()
+	if res := await(t, ch); res.err == nil && res.status == http.StatusOK {
+		t.Fatalf("%s returned although its servers were killed", res)
+	}
+	owner := w.coord.member(gym.KindResources)
+	recordsFile, _ := ck.commits[owner.Name].Manifest["records_file"].(string)
+	path := filepath.Join(ck.dir, "gym", owner.Kind, owner.Instance, recordsFile)
+	if err := os.WriteFile(path, []byte("{\"episode_id\": {\"rollout_id\": \"1-0\", \"attempt\": 0}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w.startServers()
+	rid := restoreID()
+	deadline := deadlineIn(waitLimit)
+	replies := w.coord.fanOut(w.coord.members, gym.OpRestore, restoreBody(rid, ck.dir, ck.scope, deadline))
+	checkRefusal(t, replies[ownerEntry], gym.CodeCheckpointState)
+	if rr := w.coord.checkRestore(replies[agentEntry]); !slices.Equal(rr.Restored, []string{episode(r).Next().CaptureKey()}) {
+		t.Errorf("the agent's restore %+v", rr)
+	}
+	// coordination.restore's cleanup.
+	next := []gym.EpisodeID{episode(r).Next()}
+	w.coord.retire(rid, next, deadline)
+	resumed := w.coord.resume(rid, deadline)
+	if resumed[agentEntry].Idempotent || !resumed[ownerEntry].Idempotent {
+		t.Errorf("the cleanup's resume: %+v, want the agent resumed and the owner (never restored) idempotent", resumed)
+	}
+	for _, m := range w.coord.members {
+		if st := w.coord.status(m); st.Phase != gym.PhaseIdle || st.RetiredRollouts != 1 || st.Report.Counts["sessions"] != 0 {
+			t.Errorf("%s after the failed restore: %+v, want idle, 1 retired rollout, no session", m.Name, st)
+		}
+	}
+	w.coll.post(t.Context(), nextAttempt(r)).refusal(t, gym.CodeStaleAttempt)
+	res := w.coll.post(t.Context(), nextAttempt(nextAttempt(r))).reply(t)
+	checkOneLaunch(t, w, rolloutID(r), res, steps, 0)
+	w.coord.forget("forget", []string{rolloutID(r)}, deadlineIn(waitLimit))
+}
+
+// TestCrashMidReplayVerify: a row whose seed reply allowed its verify to
+// be replayed (verify_mode replay) is in its verify when the checkpoint
+// comes. It does not block the prepare, and it is exported at the
+// bookmark taken before the verify; when the verify ends during the
+// checkpoint the run parks, its reply held. After a crash and a restore its
+// replacement replays the verify in the fork: the harness is not run
+// again, and the verdict is reward 1.
+func TestCrashMidReplayVerify(t *testing.T) {
+	w := newWorld(t, options{})
+	r := w.coll.row(1, 0, job{steps: 2, stepS: 0.05})
+	r["verify_mode"] = "replay"
+	r["check"] = `touch verify-started && sleep 5 && [ "$(cat progress)" = "$(seq -f 'step %g' 1 2)" ] && touch verify-done`
+	ch := w.coll.start(r)
+	eventually(t, "the row's verify has started", func() (bool, string) {
+		return w.findInSandboxes("verify-started"), "no verify-started marker"
+	})
+	ck := w.checkpoint(ckID("verify"), episodes(r), false)
+	var bm struct {
+		Next string `json:"next"`
+	}
+	if err := json.Unmarshal(recordOf(t, ck, agentEntry, episode(r)).Fields["episode"], &bm); err != nil || bm.Next != "verify" {
+		t.Errorf("the row in its replay verify was exported at %q (%v), want its verify bookmark", bm.Next, err)
+	}
+	// The verify ends while the checkpoint is open: the run parks at the
+	// boundary after it (steps.py), its reply held until resume.
+	eventually(t, "the first verify has ended", func() (bool, string) {
+		return w.findInSandboxes("verify-done"), "no verify-done marker"
+	})
+	select {
+	case res := <-ch:
+		t.Errorf("%s was delivered while the checkpoint that exported the row at its verify was open", res)
+		ch = nil
+	case <-time.After(3 * time.Second):
+	}
+	w.crash()
+	if ch != nil {
+		if res := await(t, ch); res.err == nil && res.status == http.StatusOK {
+			t.Errorf("%s returned although its servers were killed", res)
+		}
+	}
+	w.startServers()
+	rid := restoreID()
+	w.coord.restore(rid, ck.dir, ck.scope, deadlineIn(waitLimit))
+	w.coord.resume(rid, deadlineIn(waitLimit))
+	res := w.coll.post(t.Context(), nextAttempt(r)).reply(t)
+	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].Outcome != "finished" {
+		t.Errorf("the replayed verify: reward %v launches %+v, want 1 and the one launch that finished before", res.Reward, res.Launches)
+	}
+	if got := w.sessionSteps(rolloutID(r)); !slices.Equal(got, wantSteps(1, 2)) {
+		t.Errorf("the session holds %q, want steps 1..2 once each", got)
+	}
 }
