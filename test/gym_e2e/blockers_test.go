@@ -1,6 +1,8 @@
 package gyme2e
 
 import (
+	"encoding/json"
+	"fmt"
 	"io/fs"
 	"path/filepath"
 	"slices"
@@ -17,8 +19,9 @@ import (
 // new row refused checkpoint_parked). The coordinator's prepare stops at
 // that stage: the resources server is never prepared. Gym's collection
 // then aborts with resume: the agent reopens, the owner, which never saw
-// the checkpoint, answers idempotent and fences the id, and the run
-// finishes with its verdict.
+// the checkpoint, answers idempotent and fences the id. A second prepare
+// waits for the verify until a resume ends its wait: it answers phase
+// idle. The run finishes with its verdict.
 func TestPrepareMissesDeadline(t *testing.T) {
 	w := newWorld(t, options{})
 	r := w.coll.row(1, 0, job{steps: 1, stepS: 0.05})
@@ -52,6 +55,30 @@ func TestPrepareMissesDeadline(t *testing.T) {
 	}
 	for _, m := range w.coord.members {
 		checkRefusal(t, w.coord.to(m, gym.OpPrepare, plainBody(id, deadlineIn(waitLimit))), gym.CodeStaleCheckpoint)
+	}
+	// A prepare with time left waits for the verify; a resume meanwhile
+	// ends the wait, and the prepare answers the phase the resume left.
+	again := ckID("waiting")
+	agentM := w.coord.member(gym.KindAgent)
+	body, err := json.Marshal(plainBody(again, deadlineIn(waitLimit)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan reply, 1)
+	go func() {
+		r, err := w.coord.post(agentM, gym.OpPrepare, body)
+		if err != nil {
+			r.body = []byte(err.Error())
+		}
+		waiting <- r
+	}()
+	eventually(t, "the second prepare waits for the verify", func() (bool, string) {
+		st := w.coord.status(agentM)
+		return st.Phase == gym.PhasePreparing && deref(st.CheckpointID) == again, fmt.Sprintf("phase %s checkpoint %v", st.Phase, deref(st.CheckpointID))
+	})
+	w.coord.resume(again, deadlineIn(waitLimit))
+	if p := w.coord.checkPrepare(agentM, <-waiting); p.Phase != gym.PhaseIdle {
+		t.Errorf("a prepare whose wait a resume ended answered phase %s, want idle", p.Phase)
 	}
 	checkOneLaunch(t, w, rolloutID(r), await(t, ch).reply(t), 1, 0)
 }

@@ -1,6 +1,7 @@
 package gyme2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -15,9 +16,9 @@ import (
 // paused at a boundary (report ready, counts sessions = at_boundary = 4,
 // accepting false); the agent's records are exactly the four runs in
 // flight; a row posted while the checkpoint is open is refused
-// checkpoint_parked; nothing steps while it is open. After resume every run
-// finishes in its one launch (paused once) with reward 1 and every step
-// once, and /aggregate_metrics over the five replies gives mean/reward 1.
+// checkpoint_parked; nothing steps while it is open. After resume, and a
+// second checkpoint once every run has moved on, every run finishes in its
+// one launch (paused twice) with reward 1 and every step once, and /aggregate_metrics over the five replies gives mean/reward 1.
 func TestCheckpointPausedInPlace(t *testing.T) {
 	const steps = 10
 	w := newWorld(t, options{steps: steps})
@@ -73,10 +74,32 @@ func TestCheckpointPausedInPlace(t *testing.T) {
 	if st := w.coord.status(agent); st.Phase != gym.PhaseIdle || st.Accepting == nil || !*st.Accepting {
 		t.Errorf("the agent after resume: %+v, want idle and accepting", st)
 	}
+	// A second checkpoint once every run has moved on: each is paused in
+	// place again, and its bookmark counts both pauses of its launch.
+	eventually(t, "every run steps after the resume", func() (bool, string) {
+		for _, r := range ids {
+			if len(w.sessionSteps(r)) <= len(atCommit[r]) {
+				return false, r + " has not stepped"
+			}
+		}
+		return true, ""
+	})
+	id2 := ckID("again")
+	ck2 := w.checkpoint(id2, episodes(rows...), false)
+	for _, r := range rows {
+		var bm struct {
+			Launches []launch `json:"launches"`
+		}
+		json.Unmarshal(recordOf(t, ck2, agentEntry, episode(r)).Fields["episode"], &bm)
+		if len(bm.Launches) != 1 || bm.Launches[0].Pauses != 2 {
+			t.Errorf("%s in the second checkpoint: launches %+v, want its one launch paused twice", rolloutID(r), bm.Launches)
+		}
+	}
+	w.coord.resume(id2, deadlineIn(waitLimit))
 	replies := []rolloutReply{quickRep}
 	for i, ch := range chans {
 		res := await(t, ch).reply(t)
-		checkOneLaunch(t, w, ids[i], res, steps, 1)
+		checkOneLaunch(t, w, ids[i], res, steps, 2)
 		replies = append(replies, res)
 	}
 	agg := w.coll.aggregate(t, append([]row{quick}, rows...), replies)

@@ -3,6 +3,7 @@ package gyme2e
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/ngharness/ngharness/pkg/gym"
 )
@@ -11,7 +12,8 @@ import (
 // is a restart: the agent reports it in report.restarts, it never blocks a
 // prepare (the checkpoint is prepared while it keeps running and
 // stepping), a commit whose scope names it is refused restart_in_scope,
-// and the commit Gym's collection sends (the scope without the restarts)
+// a commit past its deadline is refused deadline_exceeded, and the commit
+// Gym's collection sends (the scope without the restarts)
 // records the other row only. After resume both finish with every step
 // once: the paused one after one pause, the restart never paused.
 func TestRestartRuns(t *testing.T) {
@@ -43,6 +45,11 @@ func TestRestartRuns(t *testing.T) {
 	checkRefusal(t, w.coord.to(agent, gym.OpCommit, commitBody(id, w.checkpointDir(id), all, false, deadline)), gym.CodeRestartInScope)
 	if st := w.coord.status(agent); st.Phase != gym.PhasePrepared {
 		t.Errorf("the agent after a refused commit: phase %s, want prepared", st.Phase)
+	}
+	// A commit whose deadline has passed is refused and changes nothing: a
+	// retry with time left commits.
+	for _, m := range w.coord.members {
+		checkRefusal(t, w.coord.to(m, gym.OpCommit, commitBody(id, w.checkpointDir(id), prep.continued(all), false, deadlineIn(-time.Second))), gym.CodeDeadlineExceeded)
 	}
 	scope := prep.continued(all)
 	if got := keysOf(scope); !slices.Equal(got, keysOf(episodes(paused))) {
