@@ -122,6 +122,11 @@ func TestCrashRestore(t *testing.T) {
 		}
 		checkRefusal(t, w.coord.to(m, gym.OpRestore, restoreBody(restoreID(), ck.dir, ck.scope, deadline)), gym.CodeConflict)
 	}
+	// Restored, not yet resumed: admission stays closed to new rows.
+	if st := w.coord.status(w.coord.member(gym.KindAgent)); st.Accepting == nil || *st.Accepting {
+		t.Errorf("the agent after restore: accepting %v, want false until resume", deref(st.Accepting))
+	}
+	w.coll.post(t.Context(), w.coll.row(9, 0, job{steps: 1, stepS: 0.05})).refusal(t, gym.CodeCheckpointParked)
 	w.coord.resume(rid, deadline)
 
 	// A superseded attempt (restored as attempt 1) and the retired one are refused.

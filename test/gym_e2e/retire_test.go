@@ -1,6 +1,10 @@
 package gyme2e
 
 import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
 	"math"
 	"os"
 	"path/filepath"
@@ -17,7 +21,8 @@ import (
 // agent stops the attempt's launch and frees its state before it replies:
 // every process the harness started is gone by then. Both servers count
 // the rollout in retired_rollouts; a /run of the retired attempt is
-// refused stale_attempt (and stays refused), a later attempt runs from
+// refused stale_attempt (and stays refused), and so is the owner's seed of
+// it under Gym's /ng-rollout/<key>/ prefix; a later attempt runs from
 // its input; once it finished, forget lifts the mark everywhere and the
 // rollout's attempt 0 is admitted again.
 func TestRetireForget(t *testing.T) {
@@ -43,6 +48,10 @@ func TestRetireForget(t *testing.T) {
 	for range 2 { // the mark does not wear off
 		w.coll.post(t.Context(), r).refusal(t, gym.CodeStaleAttempt)
 	}
+	// The owner refuses the retired attempt on its data plane too: a seed
+	// bound to the attempt by Gym's /ng-rollout/<key>/ prefix.
+	seed := w.postOwner(t, "/ng-rollout/"+episode(r).CaptureKey()+"/seed_session", r)
+	checkRefusal(t, seed, gym.CodeStaleAttempt)
 
 	later := nextAttempt(r)
 	later["fake"] = map[string]any{"steps": 3, "step_s": 0.05}
@@ -146,4 +155,20 @@ func TestLeaseExpiry(t *testing.T) {
 		checkRefusal(t, w.coord.to(m, gym.OpPrepare, plainBody(id, deadlineIn(waitLimit))), gym.CodeStaleCheckpoint)
 	}
 	checkOneLaunch(t, w, rolloutID(r), await(t, ch).reply(t), 8, 1)
+}
+
+// postOwner posts a JSON body to path on the owner's data plane.
+func (w *world) postOwner(t *testing.T, path string, body any) reply {
+	t.Helper()
+	data, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post(w.ownerURL()+path, "application/json", bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return reply{who: "owner " + path, status: resp.StatusCode, body: out}
 }
