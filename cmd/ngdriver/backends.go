@@ -136,6 +136,46 @@ func newKubectl(section map[string]any) (*kubectl.Backend, error) {
 	})
 }
 
+// remoteBackend is a backend configured by a section of its own that can
+// both run the driver's commands and lend sandboxes to an owner.
+type remoteBackend interface {
+	sandbox.Backend
+	localowner.Sandboxes
+}
+
+// remoteBackends is the one table of the backends beside local, in the
+// order they are listed: adding one touches only here (and its section in
+// config.Backends). lend, when set, checks what lending sandboxes needs
+// beyond running commands in them.
+var remoteBackends = []struct {
+	name    string
+	section func(config.Backends) map[string]any
+	build   func(map[string]any) (remoteBackend, error)
+	lend    func(map[string]any) error
+}{
+	{name: opensandbox.Name, section: func(b config.Backends) map[string]any { return b.OpenSandbox },
+		build: func(s map[string]any) (remoteBackend, error) { return newOpenSandbox(s) }},
+	{name: docker.Name, section: func(b config.Backends) map[string]any { return b.Docker },
+		build: func(s map[string]any) (remoteBackend, error) { return newDocker(s) }},
+	{name: kubectl.Name, section: func(b config.Backends) map[string]any { return b.Kubectl },
+		build: func(s map[string]any) (remoteBackend, error) { return newKubectl(s) },
+		lend: func(s map[string]any) error {
+			if dir, _ := s["snapshot_dir"].(string); dir == "" {
+				return usagef("backends.kubectl.snapshot_dir is required to lend pods (snapshots are tar files kept there)")
+			}
+			return nil
+		}},
+}
+
+// backendNames lists local and every remote backend, for errors.
+func backendNames() string {
+	names := []string{"local"}
+	for _, rb := range remoteBackends {
+		names = append(names, rb.name)
+	}
+	return strings.Join(names, ", ")
+}
+
 // buildBackends makes every backend the config's backends section names,
 // by provider name.
 func buildBackends(b config.Backends) (map[string]sandbox.Backend, error) {
@@ -150,65 +190,47 @@ func buildBackends(b config.Backends) (map[string]sandbox.Backend, error) {
 		}
 		out[lb.Name()] = lb
 	}
-	if b.OpenSandbox != nil {
-		ob, err := newOpenSandbox(b.OpenSandbox)
+	for _, rb := range remoteBackends {
+		section := rb.section(b)
+		if section == nil {
+			continue
+		}
+		be, err := rb.build(section)
 		if err != nil {
 			return nil, err
 		}
-		out[ob.Name()] = ob
-	}
-	if b.Docker != nil {
-		db, err := newDocker(b.Docker)
-		if err != nil {
-			return nil, err
-		}
-		out[db.Name()] = db
-	}
-	if b.Kubectl != nil {
-		kb, err := newKubectl(b.Kubectl)
-		if err != nil {
-			return nil, err
-		}
-		out[kb.Name()] = kb
+		out[be.Name()] = be
 	}
 	if len(out) == 0 {
-		return nil, usagef("no sandbox backend configured (backends.local, backends.opensandbox, backends.docker or backends.kubectl)")
+		return nil, usagef("no sandbox backend configured (a backends section for one of %s)", backendNames())
 	}
 	return out, nil
 }
 
 // buildLender makes the backend an owner lends sandboxes of: the section
-// of the backends config named name (opensandbox, docker or kubectl).
+// of the backends config named name (a remote backend).
 func buildLender(b config.Backends, name string) (localowner.Sandboxes, error) {
-	var section map[string]any
-	switch name {
-	case opensandbox.Name:
-		section = b.OpenSandbox
-	case docker.Name:
-		section = b.Docker
-	case kubectl.Name:
-		section = b.Kubectl
-	default:
-		return nil, usagef("--backend %q: want local, opensandbox, docker or kubectl", name)
+	for _, rb := range remoteBackends {
+		if rb.name != name {
+			continue
+		}
+		section := rb.section(b)
+		if section == nil {
+			return nil, usagef("--backend %s: the config has no backends.%s section", name, name)
+		}
+		if img, _ := section["image"].(string); strings.TrimSpace(img) == "" {
+			return nil, usagef("backends.%s.image is required to lend sandboxes", name)
+		}
+		be, err := rb.build(section)
+		if err != nil {
+			return nil, err
+		}
+		if rb.lend != nil {
+			if err := rb.lend(section); err != nil {
+				return nil, err
+			}
+		}
+		return be, nil
 	}
-	if section == nil {
-		return nil, usagef("--backend %s: the config has no backends.%s section", name, name)
-	}
-	if img, _ := section["image"].(string); strings.TrimSpace(img) == "" {
-		return nil, usagef("backends.%s.image is required to lend sandboxes", name)
-	}
-	switch name {
-	case opensandbox.Name:
-		return newOpenSandbox(section)
-	case docker.Name:
-		return newDocker(section)
-	}
-	kb, err := newKubectl(section)
-	if err != nil {
-		return nil, err
-	}
-	if dir, _ := section["snapshot_dir"].(string); dir == "" {
-		return nil, usagef("backends.kubectl.snapshot_dir is required to lend pods (snapshots are tar files kept there)")
-	}
-	return kb, nil
+	return nil, usagef("--backend %q: want one of %s", name, backendNames())
 }

@@ -18,10 +18,12 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/config"
+	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 func newOwnerCmd() *cobra.Command {
@@ -29,17 +31,33 @@ func newOwnerCmd() *cobra.Command {
 		Use:   "owner",
 		Short: "The embedded local sandbox owner",
 	}
-	var listen, base, ngsupDir, isolation, tokenEnv, logFormat, backendName, cfgPath string
+	var listen, base, ngsupDir, isolation, tokenEnv, logFormat, backendName, cfgPath, instance string
 	var removeUnused bool
+	var leaseGrace time.Duration
 	serveCmd := &cobra.Command{
 		Use:   "serve --listen ADDR (--base DIR | --backend NAME --config FILE)",
 		Short: "Serve the local owner over HTTP",
-		Long: `Serve the embedded local owner over HTTP: POST /seed_session, /sandbox_access,
-/verify and /close_session as a resources server answers them, lending local
-sandboxes kept under --base. Its checkpoint side answers the control plane:
-commit snapshots every open session's sandbox, restore forks each snapshot
-under a new sandbox id, retire drops a checkpoint's snapshots. Point
-ngdriver serve's backends.local.base at the same --base.
+		Long: `Serve the embedded local owner over HTTP as a NeMo Gym resources server:
+POST /seed_session, /sandbox_access, /verify and /close_session, also under
+/ng-rollout/<capture key>/ (the prefix that binds a session to its attempt: a
+seed for a key whose session exists answers that session again), lending local
+sandboxes kept under --base. Point ngdriver serve's backends.local.base at the
+same --base.
+
+It is also a checkpoint participant of kind "resources", instance --instance:
+Gym's control routes under /ng-control/v1/checkpoint (status, prepare, renew,
+commit, restore, resume, retire, forget), with the bearer token read from the
+variable --checkpoint-token-env names. While a checkpoint is open, session
+calls wait for resume; prepare is ready once none is in flight. Commit
+snapshots the sandbox of every open session in scope and writes one record per
+session under <checkpoint_dir>/gym/resources/<instance>/; with stop, the
+exported sandboxes are removed once the records are durable. Restore, in a
+fresh owner process too, forks each snapshot into a new sandbox bound to the
+next attempt's key; retire frees an attempt's sessions and later calls of it
+answer 409 stale_attempt. Sessions with no sandbox, or whose run body asks to
+restart, are reported as restarts and never exported. Without a token the
+control routes answer 404 (not a participant). --lease-grace is Gym's
+lease_grace_seconds.
 
 With --backend opensandbox, docker or kubectl it lends sandboxes of that
 backend instead, made from the image that section of the --config file's
@@ -96,7 +114,18 @@ Sandboxes no session uses any more are then removed unless
 				KillSandbox:  func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandboxGrace(ctx, sb, 0) },
 				Logger:       log,
 			})
-			srv := &httpowner.Server{Owner: own, Checkpoints: own, Token: os.Getenv(tokenEnv), Log: log,
+			token := os.Getenv(tokenEnv)
+			control, err := owner.NewControl(own, gym.Config{Instance: instance, LeaseGrace: leaseGrace,
+				Logf: func(format string, args ...any) { log.Warn(fmt.Sprintf(format, args...)) }})
+			if err != nil {
+				return usagef("--instance %q / --lease-grace %s: %v", instance, leaseGrace, err)
+			}
+			if token == "" {
+				log.Warn("no checkpoint token: the control routes answer 404 and this owner is not a checkpoint participant", "token_env", tokenEnv)
+			} else {
+				log.Info("checkpoint participant", "kind", own.Kind(), "instance", instance, "lease_grace", leaseGrace.String())
+			}
+			srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log,
 				ClientError: func(err error) bool {
 					var se *json.SyntaxError
 					return errors.Is(err, localowner.ErrUnknownSession) || errors.Is(err, localowner.ErrUnknownCheckpoint) ||
@@ -137,7 +166,10 @@ Sandboxes no session uses any more are then removed unless
 	fl.BoolVar(&removeUnused, "remove-unused", false, "remove a sandbox once no session uses it (default true for every backend but local)")
 	fl.StringVar(&ngsupDir, "ngsup-dir", "", "folder of the ngsup binaries (default: beside ngdriver)")
 	fl.StringVar(&isolation, "isolation", "auto", "auto, namespace or none")
-	fl.StringVar(&tokenEnv, "token-env", "NG_CONTROL_TOKEN", "environment variable holding the control-plane token")
+	fl.StringVar(&tokenEnv, "checkpoint-token-env", "NG_CONTROL_TOKEN", "environment variable holding the checkpoint control routes' bearer token (unset or empty: no control routes)")
+	fl.StringVar(&tokenEnv, "token-env", "NG_CONTROL_TOKEN", "the same as --checkpoint-token-env")
+	fl.StringVar(&instance, "instance", "ngdriver_owner", "the checkpoint participant's instance name (records go under <checkpoint_dir>/gym/resources/<instance>)")
+	fl.DurationVar(&leaseGrace, "lease-grace", 600*time.Second, "how long past a request's deadline an open checkpoint stays open without another call (Gym's lease_grace_seconds)")
 	fl.StringVar(&logFormat, "log-format", "auto", "json, text or auto")
 	c.AddCommand(serveCmd)
 	return c

@@ -18,13 +18,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ngharness/ngharness/internal/legacyowner"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/fake"
+	"github.com/ngharness/ngharness/pkg/driver/config"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/gym"
-	"github.com/ngharness/ngharness/pkg/opencode"
 )
 
 type runFlags struct {
@@ -174,19 +174,10 @@ func newLogger(level slog.Leveler) *slog.Logger {
 }
 
 func runRollout(ctx context.Context, f runFlags) error {
-	var adapter driver.Adapter
-	switch f.adapter {
-	case "fake":
-		adapter = &fake.Adapter{Pause: true}
-	case "opencode":
-		oc, err := opencode.New(opencode.Options{OpenCode: f.openCode, ModelURL: f.modelURL, Model: f.model,
-			ResumeBinaries: driver.FindBinaries(f.ngsupDir, "ngresume")})
-		if err != nil {
-			return usageError{err.Error()}
-		}
-		adapter = oc
-	default:
-		return usagef("--adapter %q: want fake or opencode", f.adapter)
+	adapter, err := buildAdapter(config.Config{Adapter: f.adapter, NgsupDir: f.ngsupDir,
+		OpenCode: map[string]any{"opencode": f.openCode, "model_url": f.modelURL, "model": f.model}})
+	if err != nil {
+		return err
 	}
 	checkpoints, err := parseTimes("checkpoint-at", f.checkpointAt)
 	if err != nil {
@@ -240,7 +231,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 	})
 	pause := f.pause
 	checkpointDir := filepath.Join(stateDir, "checkpoints")
-	ownerControl := newLegacyOwnerControl(own)
+	ownerControl := legacyowner.Control(own)
 	newRunner := func() *driver.Runner {
 		return &driver.Runner{
 			Adapter:            adapter,
@@ -357,7 +348,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 			attempt++
 			rn = newRunner()
 			if last != nil {
-				ownerControl = newLegacyOwnerControl(own)
+				ownerControl = legacyowner.Control(own)
 				if err := driver.Restore(ctx, []*gym.Control{rn.Participant.Control(), ownerControl}, *last); err != nil {
 					return err
 				}

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -182,15 +184,18 @@ func buildRunner(cfg config.Config, log *slog.Logger) (*driver.Runner, error) {
 	}, nil
 }
 
-func buildAdapter(cfg config.Config) (driver.Adapter, error) {
-	switch cfg.Adapter {
-	case "fake":
+// adapters is the one table of harness adapters, by the name the config's
+// `adapter` (and `ngdriver run --adapter`) gives: adding one touches only
+// here. Each builds its adapter from its own section of the config.
+var adapters = map[string]func(cfg config.Config) (driver.Adapter, error){
+	"fake": func(cfg config.Config) (driver.Adapter, error) {
 		a := &fake.Adapter{Pause: true}
 		if err := remarshal(cfg.Fake, &a.Defaults); err != nil {
 			return nil, usagef("fake: %v", err)
 		}
 		return a, nil
-	case "opencode":
+	},
+	"opencode": func(cfg config.Config) (driver.Adapter, error) {
 		var opt opencode.Options
 		if err := remarshal(cfg.OpenCode, &opt); err != nil {
 			return nil, usagef("opencode: %v", err)
@@ -204,8 +209,25 @@ func buildAdapter(cfg config.Config) (driver.Adapter, error) {
 			return nil, usageError{err.Error()}
 		}
 		return a, nil
+	},
+}
+
+// adapterNames lists the adapters this ngdriver has, for errors.
+func adapterNames() string {
+	names := make([]string, 0, len(adapters))
+	for n := range adapters {
+		names = append(names, n)
 	}
-	return nil, usagef("adapter %q is not built into this ngdriver yet", cfg.Adapter)
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+func buildAdapter(cfg config.Config) (driver.Adapter, error) {
+	build, ok := adapters[cfg.Adapter]
+	if !ok {
+		return nil, usagef("adapter %q is not built into this ngdriver (it has %s)", cfg.Adapter, adapterNames())
+	}
+	return build(cfg)
 }
 
 func runServe(ctx context.Context, cfg config.Config, gs *gymconfig.Settings) error {

@@ -130,6 +130,17 @@ type Adapter interface {
 	Response(ctx context.Context, sb LentSandbox, state json.RawMessage, res HarnessResult) (json.RawMessage, error)
 }
 
+// GymResulter is optional: an adapter whose harness response maps onto
+// NeMo Gym's /run reply. GymResult turns the stored response (what Response
+// returned) and the run body into the `response` that verify and the reply
+// carry (a NeMoGymResponse) and the adapter's own fields set beside it
+// (OpenCode's opencode_*). Without it the stored response goes as it is. An
+// error fails the run: a reply that is not what the trainer reads must not
+// be handed on as if it were.
+type GymResulter interface {
+	GymResult(response, body json.RawMessage) (json.RawMessage, map[string]json.RawMessage, error)
+}
+
 // PausesAtCheckpoints is the optional opt-in of an adapter whose harness can
 // be paused in place at a checkpoint (SIGSTOP, then SIGCONT to the same
 // processes). Without it, or when it returns false, a checkpoint stops the

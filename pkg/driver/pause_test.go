@@ -13,8 +13,8 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
-	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 

@@ -627,7 +627,15 @@ func (rn *Runner) verify(ctx context.Context, st *attemptState) error {
 	if err := json.Unmarshal(st.req.Body, &body); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
-	body["response"] = st.bm.Response
+	response := st.bm.Response
+	var fields map[string]json.RawMessage
+	if g, ok := rn.Adapter.(GymResulter); ok {
+		var err error
+		if response, fields, err = g.GymResult(st.bm.Response, st.req.Body); err != nil {
+			return fmt.Errorf("build the response of %s: %w", st.req.RolloutID, err)
+		}
+	}
+	body["response"] = response
 	data, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("build the verify request of %s: %w", st.req.RolloutID, err)
@@ -644,6 +652,12 @@ func (rn *Runner) verify(ctx context.Context, st *attemptState) error {
 			result[k] = v
 		}
 		result["reward"], _ = json.Marshal(reply.Reward)
+	}
+	if _, ok := result["response"]; !ok {
+		result["response"] = response
+	}
+	for k, v := range fields {
+		result[k] = v
 	}
 	launches := st.bm.Launches
 	if launches == nil {

@@ -92,10 +92,10 @@ func RunIdentityFields(fields map[string]json.RawMessage) (EpisodeID, error) {
 	var id EpisodeID
 	if raw, ok := present(FieldRolloutID); ok {
 		if err := decodeString(raw, FieldRolloutID, &id.RolloutID); err != nil {
-			return EpisodeID{}, Refuse(ErrInvalidRequest, "%s must be a string of letters, digits, dots, dashes or underscores starting with a letter or digit; got %s", FieldRolloutID, bytes.TrimSpace(raw))
+			return EpisodeID{}, Refuse(ErrInvalidRequest, "%s must be a string of letters, digits, dots, dashes or underscores starting with a letter or digit; got %s", FieldRolloutID, echo(string(bytes.TrimSpace(raw))))
 		}
 		if !NamePattern.MatchString(id.RolloutID) {
-			return EpisodeID{}, Refuse(ErrInvalidRequest, "%s must be a string of letters, digits, dots, dashes or underscores starting with a letter or digit; got %q", FieldRolloutID, id.RolloutID)
+			return EpisodeID{}, Refuse(ErrInvalidRequest, "%s must be a string of letters, digits, dots, dashes or underscores starting with a letter or digit; got %q", FieldRolloutID, echo(id.RolloutID))
 		}
 	} else {
 		taskRaw, hasTask := present(FieldTaskIndex)
@@ -113,7 +113,7 @@ func RunIdentityFields(fields map[string]json.RawMessage) (EpisodeID, error) {
 		}
 		id.RolloutID = task + "-" + rollout
 		if !NamePattern.MatchString(id.RolloutID) {
-			return EpisodeID{}, Refuse(ErrInvalidRequest, "rollout id %q derived from %s and %s must be letters, digits, dots, dashes or underscores starting with a letter or digit", id.RolloutID, FieldTaskIndex, FieldRolloutIndex)
+			return EpisodeID{}, Refuse(ErrInvalidRequest, "rollout id %q derived from %s and %s must be letters, digits, dots, dashes or underscores starting with a letter or digit", echo(id.RolloutID), FieldTaskIndex, FieldRolloutIndex)
 		}
 	}
 
@@ -149,10 +149,10 @@ func indexText(raw json.RawMessage, field string) (string, error) {
 	}
 	text := string(raw)
 	if !jsonInteger.MatchString(text) {
-		return "", Refuse(ErrInvalidRequest, "%s must be a non-negative integer or a string, got %s", field, text)
+		return "", Refuse(ErrInvalidRequest, "%s must be a non-negative integer or a string, got %s", field, echo(text))
 	}
 	if text[0] == '-' {
-		return "", Refuse(ErrInvalidRequest, "%s must be >= 0, got %s", field, text)
+		return "", Refuse(ErrInvalidRequest, "%s must be >= 0, got %s", field, echo(text))
 	}
 	return text, nil
 }
@@ -168,23 +168,23 @@ func attemptIndex(raw json.RawMessage) (int, error) {
 			return 0, err
 		}
 		if !decimalDigits.MatchString(s) {
-			return 0, Refuse(ErrInvalidRequest, "%s must be a non-negative integer, got %q", field, s)
+			return 0, Refuse(ErrInvalidRequest, "%s must be a non-negative integer, got %q", field, echo(s))
 		}
 		n, err := strconv.Atoi(s)
 		if err != nil {
-			return 0, Refuse(ErrInvalidRequest, "%s %q is out of range", field, s)
+			return 0, Refuse(ErrInvalidRequest, "%s %q is out of range", field, echo(s))
 		}
 		return n, nil
 	}
 	if len(raw) == 0 || !(raw[0] == '-' || (raw[0] >= '0' && raw[0] <= '9')) {
-		return 0, Refuse(ErrInvalidRequest, "%s must be a non-negative integer, got %s", field, raw)
+		return 0, Refuse(ErrInvalidRequest, "%s must be a non-negative integer, got %s", field, echo(string(raw)))
 	}
 	n, err := decodeInt(raw, field)
 	if err != nil {
 		return 0, err
 	}
 	if n < 0 {
-		return 0, Refuse(ErrInvalidRequest, "%s must be >= 0, got %s", field, raw)
+		return 0, Refuse(ErrInvalidRequest, "%s must be >= 0, got %s", field, echo(string(raw)))
 	}
 	return n, nil
 }

@@ -3,8 +3,10 @@ package gym
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"strconv"
+	"unicode/utf8"
 )
 
 // NamePattern is the one identifier rule of Gym's wire: rollout ids,
@@ -36,13 +38,13 @@ func (e EpisodeID) Validate() error {
 		return Refuse(ErrInvalidRequest, "rollout_id must not be empty")
 	}
 	if !NamePattern.MatchString(e.RolloutID) {
-		return Refuse(ErrInvalidRequest, "rollout_id %q must be letters, digits, dots, dashes or underscores starting with a letter or digit", e.RolloutID)
+		return Refuse(ErrInvalidRequest, "rollout_id %q must be letters, digits, dots, dashes or underscores starting with a letter or digit", echo(e.RolloutID))
 	}
 	if attemptSuffix.MatchString(e.RolloutID) {
-		return Refuse(ErrInvalidRequest, "rollout_id %q must not end with the reserved attempt suffix '-a<N>'", e.RolloutID)
+		return Refuse(ErrInvalidRequest, "rollout_id %q must not end with the reserved attempt suffix '-a<N>'", echo(e.RolloutID))
 	}
 	if e.Attempt < 0 {
-		return Refuse(ErrInvalidRequest, "attempt %d of rollout %q must be >= 0", e.Attempt, e.RolloutID)
+		return Refuse(ErrInvalidRequest, "attempt %d of rollout %q must be >= 0", e.Attempt, echo(e.RolloutID))
 	}
 	return nil
 }
@@ -74,12 +76,12 @@ func ParseCaptureKey(key string) (EpisodeID, error) {
 	if m := attemptSuffix.FindStringSubmatchIndex(key); m != nil {
 		n, err := strconv.Atoi(key[m[2]:m[3]])
 		if err != nil {
-			return EpisodeID{}, Refuse(ErrInvalidRequest, "capture key %q: attempt out of range", key)
+			return EpisodeID{}, Refuse(ErrInvalidRequest, "capture key %q: attempt out of range", echo(key))
 		}
 		id = EpisodeID{RolloutID: key[:m[0]], Attempt: n}
 	}
 	if err := id.Validate(); err != nil {
-		return EpisodeID{}, Refuse(ErrInvalidRequest, "capture key %q: %v", key, err)
+		return EpisodeID{}, Refuse(ErrInvalidRequest, "capture key %q: %v", echo(key), err)
 	}
 	return id, nil
 }
@@ -133,7 +135,7 @@ func strictObject(data []byte, what string, allowed ...string) (map[string]json.
 			}
 		}
 		if !known {
-			return nil, Refuse(ErrInvalidRequest, "%s: unknown field %q", what, name)
+			return nil, Refuse(ErrInvalidRequest, "%s: unknown field %q", what, echo(name))
 		}
 	}
 	return fields, nil
@@ -189,4 +191,21 @@ func decodeBool(raw json.RawMessage, field string, out *bool) error {
 		return Refuse(ErrInvalidRequest, "%s must be true or false", field)
 	}
 	return nil
+}
+
+// maxEcho bounds how much of a caller's value an error repeats: enough to
+// recognise it, never a whole 4 KB id in a reply or a log line.
+const maxEcho = 64
+
+// echo is s as an error repeats it: whole if short, else its first maxEcho
+// bytes (whole characters) and how long it was.
+func echo(s string) string {
+	if len(s) <= maxEcho {
+		return s
+	}
+	cut := maxEcho
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes)", s[:cut], len(s))
 }

@@ -535,10 +535,62 @@ func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.
 			}
 		}
 	}
-	if res.ExitCode != 0 {
-		out["stderr_tail"] = tail(string(res.Stderr), 4000)
+	out["stdout_tail"] = tail(string(res.Stdout), 4000)
+	out["stderr_tail"] = tail(string(res.Stderr), 4000)
+	if exportRaw != nil {
+		out["export_path"] = path.Join(st.Home, exportFileName)
 	}
 	return json.Marshal(out)
+}
+
+// GymResult implements driver.GymResulter, as Gym's OpenCode agent builds
+// its /run reply: `response` is the NeMoGymResponse of the session export
+// (BuildGymResponse, the request side from the body's
+// responses_create_params, the model from Options.Model), and the agent's
+// opencode_* fields go beside it.
+func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, map[string]json.RawMessage, error) {
+	var r struct {
+		ExitCode   int             `json:"exit_code"`
+		Session    json.RawMessage `json:"session"`
+		ExportPath string          `json:"export_path"`
+		Stdout     string          `json:"stdout_tail"`
+		Stderr     string          `json:"stderr_tail"`
+	}
+	if err := json.Unmarshal(response, &r); err != nil {
+		return nil, nil, fmt.Errorf("opencode: the stored response is not the adapter's: %w", err)
+	}
+	var b struct {
+		Params json.RawMessage `json:"responses_create_params"`
+	}
+	_ = json.Unmarshal(body, &b) // the body was checked to be an object
+	opt, err := GymResponseOptionsFrom(b.Params, a.opt.Model)
+	if err != nil {
+		return nil, nil, err
+	}
+	gr, found, err := BuildGymResponse(r.Session, opt)
+	if err != nil {
+		return nil, nil, err
+	}
+	resp, err := json.Marshal(gr)
+	if err != nil {
+		return nil, nil, err
+	}
+	runFields := GymRunFields{RunStdout: r.Stdout, RunStderr: r.Stderr, ExportFound: found, Finished: r.ExitCode == 0}
+	if found {
+		runFields.ResultsFpath = r.ExportPath
+	}
+	fields, err := fieldsOf(runFields)
+	return resp, fields, err
+}
+
+// fieldsOf splits a struct into its JSON fields.
+func fieldsOf(v any) (map[string]json.RawMessage, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var out map[string]json.RawMessage
+	return out, json.Unmarshal(data, &out)
 }
 
 // exportAny exports without the rollout's model prefix (the export needs no
@@ -556,3 +608,4 @@ func tail(s string, n int) string {
 
 var _ driver.Adapter = (*Adapter)(nil)
 var _ driver.PausesAtCheckpoints = (*Adapter)(nil)
+var _ driver.GymResulter = (*Adapter)(nil)

@@ -25,13 +25,13 @@ import (
 func modeRun(t *testing.T, w *world, disturb func(sandboxID string)) {
 	t.Helper()
 	ro := w.rollout("mode")
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	h := w.start(w.runner(p, nil), ro, 1, task(ro, "count", 10, 0.4))
 	sb := w.session(ro).SandboxID
 	dir := w.sessionDir(sb, ro)
 	waitSteps(t, dir, 2)
 	disturb(sb)
-	if _, err := driver.Checkpoint(context.Background(), p, w.owner, "ckpt-1", 300*time.Millisecond, w.log); err != nil {
+	if _, err := w.checkpoint(p, "ckpt-1", 300*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	r := h.mustSucceed(t)

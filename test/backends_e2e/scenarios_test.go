@@ -42,7 +42,7 @@ func checkLaunch(t *testing.T, rec driver.LaunchRecord, outcome driver.Outcome, 
 func TestVerifiedRun(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, w *world) {
 		ro := w.rollout("plain")
-		h := w.start(w.runner(driver.NewParticipant(0), nil), ro, 1, task(ro, "count", 4, 0.2))
+		h := w.start(w.runner(newParticipant(), nil), ro, 1, task(ro, "count", 4, 0.2))
 		r := h.mustSucceed(t)
 		if len(r.Launches) != 1 {
 			t.Fatalf("want one launch, got %+v", r.Launches)
@@ -71,17 +71,17 @@ func TestVerifiedRun(t *testing.T) {
 func TestPausedAtCheckpointContinuesInPlace(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, w *world) {
 		ro := w.rollout("pause")
-		p := driver.NewParticipant(0)
+		p := newParticipant()
 		h := w.start(w.runner(p, nil), ro, 1, task(ro, "count", 8, 0.4))
 		sb := w.session(ro).SandboxID
 		dir := w.sessionDir(sb, ro)
 		waitSteps(t, dir, 2)
-		c, err := driver.Checkpoint(context.Background(), p, w.owner, "ckpt-1", 500*time.Millisecond, w.log)
+		c, err := w.checkpoint(p, "ckpt-1", 500*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(c.Records) != 1 {
-			t.Errorf("the checkpoint exported %d records, want 1", len(c.Records))
+		if len(c.Episodes) != 1 {
+			t.Errorf("the checkpoint exported %d records, want 1", len(c.Episodes))
 		}
 		if snaps := w.session(ro).Snapshots; snaps["ckpt-1"] == "" {
 			t.Errorf("the owner took no snapshot: %v", snaps)
@@ -95,7 +95,7 @@ func TestPausedAtCheckpointContinuesInPlace(t *testing.T) {
 		if n := harnesses(dir); n != 1 {
 			t.Errorf("the harness was started %d times, want once", n)
 		}
-		if err := w.owner.Retire(context.Background(), "ckpt-1"); err != nil {
+		if err := w.owner.RetireCheckpoint(context.Background(), "ckpt-1"); err != nil {
 			t.Errorf("retire: %v", err)
 		}
 		w.checkNoProcs("after verify", sb)
@@ -115,12 +115,12 @@ func TestCrashRestoresAFork(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, w *world) {
 		ro := w.rollout("crash")
 		body := task(ro, "count", 10, 0.4)
-		p1 := driver.NewParticipant(0)
+		p1 := newParticipant()
 		h1 := w.start(w.runner(p1, nil), ro, 1, body)
 		sb0 := w.session(ro).SandboxID
 		dir0 := w.sessionDir(sb0, ro)
 		waitSteps(t, dir0, 2)
-		c, err := driver.Checkpoint(context.Background(), p1, w.owner, "ckpt-1", 0, w.log)
+		c, err := w.checkpoint(p1, "ckpt-1", 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,17 +130,14 @@ func TestCrashRestoresAFork(t *testing.T) {
 		if _, err := h1.wait(t); !errors.Is(err, driver.ErrCrashed) {
 			t.Fatalf("the crashed run returned %v", err)
 		}
-		if err := w.owner.Restore(context.Background(), "ckpt-1"); err != nil {
+		p2 := newParticipant()
+		if err := w.restore(p2, c); err != nil {
 			t.Fatal(err)
 		}
 		w.checkNoProcs("the sandbox a restore replaced", sb0)
 		sb1 := w.session(ro).SandboxID
 		if sb1 == sb0 {
 			t.Fatalf("the restore did not fork a new sandbox (%s)", sb1)
-		}
-		p2 := driver.NewParticipant(0)
-		if err := p2.Restore("ckpt-1", c.Records); err != nil {
-			t.Fatal(err)
 		}
 		r := w.start(w.runner(p2, nil), ro, 2, body).mustSucceed(t)
 		if len(r.Launches) != 2 {
@@ -172,7 +169,7 @@ func TestHostileTaskTextNeverExecuted(t *testing.T) {
 		marker := filepath.Join(t.TempDir(), "pwned")
 		text := fmt.Sprintf("$(touch %s) `touch %s` ' \" ; touch %s; exit 9\nnext line \\ $HOME %%s", marker, marker, marker)
 		ro := w.rollout("hostile")
-		r := w.start(w.runner(driver.NewParticipant(0), nil), ro, 1, task(ro, text, 2, 0.1)).mustSucceed(t)
+		r := w.start(w.runner(newParticipant(), nil), ro, 1, task(ro, text, 2, 0.1)).mustSucceed(t)
 		if _, err := os.Stat(marker); err == nil {
 			t.Fatalf("the task text ran a command: %s exists", marker)
 		}
@@ -193,7 +190,7 @@ func TestHostileTaskTextNeverExecuted(t *testing.T) {
 func TestSecondLaunchSkipsUpload(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, w *world) {
 		ro := w.rollout("relaunch")
-		p := driver.NewParticipant(0)
+		p := newParticipant()
 		rn := w.runner(p, nil)
 		no := false
 		rn.PauseAtCheckpoints = &no
@@ -201,7 +198,7 @@ func TestSecondLaunchSkipsUpload(t *testing.T) {
 		sb := w.session(ro).SandboxID
 		dir := w.sessionDir(sb, ro)
 		waitSteps(t, dir, 2)
-		if _, err := driver.Checkpoint(context.Background(), p, w.owner, "ckpt-1", 0, w.log); err != nil {
+		if _, err := w.checkpoint(p, "ckpt-1", 0); err != nil {
 			t.Fatal(err)
 		}
 		r := h.mustSucceed(t)
@@ -225,7 +222,7 @@ func TestSecondLaunchSkipsUpload(t *testing.T) {
 func TestSandboxDeletedMidRun(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, w *world) {
 		victim, other := w.rollout("victim"), w.rollout("other")
-		p := driver.NewParticipant(0)
+		p := newParticipant()
 		hv := w.start(w.runner(p, nil), victim, 1, task(victim, "count", 40, 0.5))
 		ho := w.start(w.runner(p, nil), other, 1, task(other, "count", 6, 0.4))
 		sb := w.session(victim).SandboxID

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/legacyowner"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
@@ -30,6 +31,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/kubectl"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
+	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/proto"
 	"github.com/ngharness/ngharness/test/fakeexecd"
 )
@@ -221,10 +223,11 @@ func (w *world) rollout(name string) string {
 // seconds, checked by the owner (every step in ./progress).
 func task(rollout, text string, steps int, stepS float64) json.RawMessage {
 	body := map[string]any{
-		"rollout_id": rollout,
-		"task":       text,
-		"check":      fmt.Sprintf(`test "$(grep -c '^step' progress)" -ge %d`, steps),
-		"fake":       map[string]any{"steps": steps, "step_s": stepS},
+		"rollout_id":     rollout,
+		"_ng_rollout_id": rollout, // the identity `ngdriver serve` reads, as Gym's collector sends it
+		"task":           text,
+		"check":          fmt.Sprintf(`test "$(grep -c '^step' progress)" -ge %d`, steps),
+		"fake":           map[string]any{"steps": steps, "step_s": stepS},
 	}
 	data, err := json.Marshal(body)
 	if err != nil {
@@ -588,4 +591,27 @@ func (o *trackingOwner) seeds(rollout string) []owner.Cookies {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return slices.Clone(o.cookies[rollout])
+}
+
+// newParticipant is a participant for the fake adapter.
+func newParticipant() *driver.Participant {
+	return driver.MustParticipant(driver.ParticipantConfig{Adapter: "fake"})
+}
+
+// controls are the checkpoint participants of one driver and the owner, in
+// Gym's prepare order (agent, then resources).
+func (w *world) controls(p *driver.Participant) []*gym.Control {
+	// owner: old checkpoint side by checkpoint id until it is a Gym participant.
+	return []*gym.Control{p.Control(), legacyowner.Control(w.owner.Owner)}
+}
+
+// checkpoint takes checkpoint id in process: prepare, commit into a
+// folder of its own, resume after hold.
+func (w *world) checkpoint(p *driver.Participant, id string, hold time.Duration) (driver.Committed, error) {
+	return driver.Checkpoint(context.Background(), w.controls(p), filepath.Join(w.t.TempDir(), id), id, hold, w.log)
+}
+
+// restore restores c into the fresh participant p (and the owner).
+func (w *world) restore(p *driver.Participant, c driver.Committed) error {
+	return driver.Restore(context.Background(), w.controls(p), c)
 }

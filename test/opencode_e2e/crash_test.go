@@ -23,7 +23,7 @@ import (
 type crashed struct {
 	old, fork string
 	snapshot  string
-	records   []driver.Record
+	committed committed
 	saved     session
 	attempt1  []fakemodel.Request
 	oldProcs  []proto.TreeProc
@@ -40,7 +40,7 @@ func (w *world) crashAfterSnapshot(env map[string]string, ready, lasts func(sand
 	t := w.t
 	t.Helper()
 	var c crashed
-	p1 := driver.NewParticipant(0)
+	p1 := newParticipant()
 	h1 := w.start(w.runner(w.adapter(env), p1), 1)
 	c.old = w.waitSandbox(1)
 	l1 := w.launchID(1, 1)
@@ -52,17 +52,17 @@ func (w *world) crashAfterSnapshot(env map[string]string, ready, lasts func(sand
 		t.Fatal(err)
 	}
 	c.oldProcs = tr.Processes
-	snaps, recs := w.commit(p1, "ck-1")
-	if len(snaps) != 1 || len(recs) != 1 {
-		t.Fatalf("checkpoint ck-1: snapshots %v, records %d; want one of each", snaps, len(recs))
+	snaps, ck := w.commit(p1, "ck-1")
+	if len(snaps) != 1 || len(ck.records) != 1 {
+		t.Fatalf("checkpoint ck-1: snapshots %v, records %d; want one of each", snaps, len(ck.records))
 	}
 	for _, s := range snaps {
 		c.snapshot = s
 	}
-	c.records = recs
-	bm, err := driver.ParseBookmark(recs[0].Bookmark)
+	c.committed = ck
+	_, bm, err := driver.ParseAgentRecord(ck.records[0])
 	if err != nil || bm.Next != driver.StageHarness || !bm.Resume || bm.Paused == nil || bm.Paused.ID != l1 {
-		t.Fatalf("the committed bookmark (%v) does not continue the paused launch %s: %s", err, l1, recs[0].Bookmark)
+		t.Fatalf("the committed bookmark (%v) does not continue the paused launch %s: %s", err, l1, ck.records[0].JSON)
 	}
 	w.resume(p1, "ck-1")
 	// The run continues its launch once the checkpoint opens: crash only
@@ -96,10 +96,8 @@ func (w *world) crashAfterSnapshot(env map[string]string, ready, lasts func(sand
 // driver after the crash) and runs attempt 2, which must be verified.
 func (w *world) relaunch(c crashed, env map[string]string, during func()) result {
 	w.t.Helper()
-	p2 := driver.NewParticipant(0)
-	if err := p2.Restore("ck-1", c.records); err != nil {
-		w.t.Fatalf("restore the records: %v", err)
-	}
+	p2 := newParticipant()
+	w.restore(p2, "ck-1", c.committed)
 	h2 := w.start(w.runner(w.adapter(env), p2), 2)
 	if during != nil {
 		during()

@@ -94,7 +94,7 @@ func comms(s still) []string {
 func TestPauseMidTool(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, "midtool", fakemodel.Options{Script: script("sleep 15; touch done.txt", "touch done.txt")})
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	h := w.start(w.runner(w.adapter(nil), p), 1)
 	sb := w.waitSandbox(1)
 	l1 := w.launchID(1, 1)
@@ -139,7 +139,7 @@ func TestPauseHeldReply(t *testing.T) {
 		Holdable: func(r fakemodel.Request) bool { return r.HasTools },
 	})
 	w.model.Hold(1)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	h := w.start(w.runner(w.adapter(nil), p), 1)
 	w.waitHeld(1)
 	// The title request goes beside the main turn; let it be answered.
@@ -209,7 +209,7 @@ func TestPauseFourTimes(t *testing.T) {
 		Holdable: func(r fakemodel.Request) bool { return r.HasTools },
 	})
 	w.model.Hold(1)
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	h := w.start(w.runner(w.adapter(nil), p), 1)
 	w.waitHeld(1)
 	sb := w.waitSandbox(1)

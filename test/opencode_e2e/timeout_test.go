@@ -59,7 +59,7 @@ func TestPausedTimeCountsTowardToolTimeout(t *testing.T) {
 			return bashCall(command, toolTimeoutMS)
 		}
 	}})
-	p := driver.NewParticipant(0)
+	p := newParticipant()
 	h := w.start(w.runner(w.adapter(nil), p), 1)
 	sb := w.waitSandbox(1)
 	l1 := w.launchID(1, 1)

@@ -24,6 +24,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/opencode"
 	"github.com/ngharness/ngharness/pkg/proto"
 	"github.com/ngharness/ngharness/test/fakemodel"
@@ -158,7 +159,7 @@ func (w *world) adapter(env map[string]string) *opencode.Adapter {
 // runner wires a Runner as `ngdriver run` does.
 func (w *world) runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
 	return &driver.Runner{
-		Adapter:     a,
+		Adapter:     rawResponses{a},
 		Owner:       w.owner,
 		Backends:    map[string]sandbox.Backend{w.local.Name(): w.local},
 		Ngsup:       w.ng,
@@ -166,6 +167,71 @@ func (w *world) runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
 		Log:         w.log,
 		StopGrace:   2 * time.Second,
 		Observer:    w.obs,
+	}
+}
+
+// rawResponses is the adapter without its Gym shaping, so the result's
+// response is the adapter's own (exit code, the whole session export),
+// which the tests read; mustSucceed shapes it as `ngdriver serve` does and
+// checks the Gym reply too.
+type rawResponses struct{ a driver.Adapter }
+
+func (r rawResponses) Name() string { return r.a.Name() }
+func (r rawResponses) NewState(ro string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
+	return r.a.NewState(ro, attempt, sb)
+}
+func (r rawResponses) ResumeDecision(ctx context.Context, sb driver.LentSandbox, st json.RawMessage, ro string, attempt int) (driver.Decision, error) {
+	return r.a.ResumeDecision(ctx, sb, st, ro, attempt)
+}
+func (r rawResponses) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+	return r.a.Launch(ctx, lc)
+}
+func (r rawResponses) Response(ctx context.Context, sb driver.LentSandbox, st json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+	return r.a.Response(ctx, sb, st, res)
+}
+func (r rawResponses) PausesAtCheckpoints() bool {
+	p, ok := r.a.(driver.PausesAtCheckpoints)
+	return ok && p.PausesAtCheckpoints()
+}
+
+// checkGymReply shapes the adapter's response as the /run reply carries it
+// (a NeMoGymResponse from the session export, and opencode_* fields) and
+// checks it: the final answer is the last output message, the usage is
+// counted, the run finished and its export was found.
+func (w *world) checkGymReply(response, body json.RawMessage) {
+	w.t.Helper()
+	resp, fields, err := w.adapter(nil).GymResult(response, body)
+	if err != nil {
+		w.t.Fatalf("the Gym response of the run: %v", err)
+	}
+	var gr struct {
+		Object string `json:"object"`
+		Model  string `json:"model"`
+		Output []struct {
+			Type    string `json:"type"`
+			Role    string `json:"role"`
+			Content []struct {
+				Text string `json:"text"`
+			} `json:"content"`
+		} `json:"output"`
+		Usage *struct {
+			TotalTokens int `json:"total_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(resp, &gr); err != nil {
+		w.t.Fatalf("the Gym response is not JSON: %v\n%s", err, resp)
+	}
+	last := ""
+	for _, it := range gr.Output {
+		if it.Type == "message" && it.Role == "assistant" && len(it.Content) > 0 {
+			last = it.Content[len(it.Content)-1].Text
+		}
+	}
+	if gr.Object != "response" || gr.Model == "" || last != finalText || gr.Usage == nil || gr.Usage.TotalTokens == 0 {
+		w.t.Errorf("the Gym response: object %q model %q last assistant text %q usage %+v; want response, a model, %q, counted", gr.Object, gr.Model, last, gr.Usage, finalText)
+	}
+	if string(fields["opencode_finished"]) != "true" || string(fields["opencode_export_found"]) != "true" || len(fields["opencode_results_fpath"]) < 3 {
+		w.t.Errorf("the opencode_* fields %v: want finished, export found and its path", fields)
 	}
 }
 
@@ -248,6 +314,12 @@ func (w *world) mustSucceed(h *runHandle) result {
 	if r.Response.ExitCode != 0 || r.Response.ExportError != "" || r.Response.FinalText != finalText {
 		w.t.Errorf("response: exit code %d, export error %q, final text %q (want 0, none, %q); stderr tail %q",
 			r.Response.ExitCode, r.Response.ExportError, r.Response.FinalText, finalText, r.Response.StderrTail)
+	}
+	var whole struct {
+		Response json.RawMessage `json:"response"`
+	}
+	if err := json.Unmarshal(raw, &whole); err == nil {
+		w.checkGymReply(whole.Response, w.body())
 	}
 	return r
 }
@@ -451,39 +523,77 @@ func describeTree(tr proto.TreeResult) string {
 	return "[" + strings.Join(parts, ", ") + "]"
 }
 
+// newParticipant is a participant for the OpenCode adapter.
+func newParticipant() *driver.Participant {
+	return driver.MustParticipant(driver.ParticipantConfig{Adapter: "opencode"})
+}
+
+func request(id string) gym.Request {
+	return gym.Request{CheckpointID: id, DeadlineTS: float64(time.Now().Add(patience).UnixNano()) / 1e9}
+}
+
 // prepare opens checkpoint id: every run must park (its launch paused).
-func (w *world) prepare(p *driver.Participant, id string) driver.PrepareResult {
+func (w *world) prepare(p *driver.Participant, id string) {
 	w.t.Helper()
-	res, err := p.Prepare(context.Background(), id, time.Now().Add(patience))
+	rep, err := p.Control().Prepare(context.Background(), request(id))
 	if err != nil {
 		w.t.Fatalf("prepare %s: %v", id, err)
 	}
-	if !res.Parked {
-		w.t.Fatalf("prepare %s: runs not parked: %v", id, res.NotParked)
+	if rep.Phase != gym.PhasePrepared {
+		w.t.Fatalf("prepare %s: runs not parked: %v", id, rep.Report.Blockers)
 	}
-	return res
+}
+
+// committed is what commit wrote: the folder and the records read back.
+type committed struct {
+	dir     string
+	records []gym.Record
 }
 
 // commit snapshots every open session's sandbox (the owner's side of the
-// commit) and commits; it returns the snapshots (session -> snapshot id)
-// and the exported records.
-func (w *world) commit(p *driver.Participant, id string) (map[string]string, []driver.Record) {
+// commit) and commits into a folder of its own; it returns the snapshots
+// (session -> snapshot id) and what was written, read back from disk.
+func (w *world) commit(p *driver.Participant, id string) (map[string]string, committed) {
 	w.t.Helper()
+	// owner: old checkpoint side by checkpoint id until it is a Gym participant.
 	snaps, err := w.owner.Snapshot(context.Background(), id)
 	if err != nil {
 		w.t.Fatalf("snapshot %s: %v", id, err)
 	}
-	recs, err := p.Commit(context.Background(), id, false)
-	if err != nil {
+	c := committed{dir: filepath.Join(w.t.TempDir(), id)}
+	if _, err := p.Control().Commit(context.Background(), &gym.CommitRequest{Request: request(id), CheckpointDir: c.dir}); err != nil {
 		w.t.Fatalf("commit %s: %v", id, err)
 	}
-	return snaps, recs
+	if _, err := gym.ReadState(c.dir, gym.KindAgent, driver.DefaultInstance, func(r gym.Record) error {
+		c.records = append(c.records, r)
+		return nil
+	}); err != nil {
+		w.t.Fatalf("read back %s: %v", id, err)
+	}
+	return snaps, c
+}
+
+// restore installs what commit wrote into the fresh participant p, each
+// record under its next attempt, and resumes.
+func (w *world) restore(p *driver.Participant, id string, c committed) {
+	w.t.Helper()
+	scope := make([]gym.EpisodeID, len(c.records))
+	for i, r := range c.records {
+		scope[i] = r.EpisodeID
+	}
+	ctx := context.Background()
+	if _, err := p.Control().Restore(ctx, &gym.RestoreRequest{Request: request("restore-" + id), CheckpointDir: c.dir, EpisodeIDs: scope}); err != nil {
+		w.t.Fatalf("restore %s: %v", id, err)
+	}
+	if _, err := p.Control().Resume(ctx, request("restore-"+id)); err != nil {
+		w.t.Fatalf("resume after restoring %s: %v", id, err)
+	}
 }
 
 // resume opens checkpoint id: parked runs go on.
 func (w *world) resume(p *driver.Participant, id string) {
 	w.t.Helper()
-	if err := p.Resume(id); err != nil {
+	if _, err := p.Control().Resume(context.Background(), request(id)); err != nil {
 		w.t.Fatalf("resume %s: %v", id, err)
 	}
 }

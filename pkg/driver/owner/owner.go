@@ -8,8 +8,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // Cookies are the session cookies a seed reply set; every later call of the
@@ -34,8 +36,11 @@ type SeedReply struct {
 // After a restore it names a fork of the snapshot under a new id.
 type Access struct {
 	Connection struct {
-		Kind       string             `json:"kind"`
-		Descriptor sandbox.Descriptor `json:"descriptor"`
+		Kind string `json:"kind"`
+		// ProviderConfigRef names the sandbox provider's config, as Gym's
+		// DirectSandboxConnection does.
+		ProviderConfigRef string             `json:"provider_config_ref,omitempty"`
+		Descriptor        sandbox.Descriptor `json:"descriptor"`
 	} `json:"connection"`
 	Workdir string `json:"workdir"`
 }
@@ -74,4 +79,74 @@ type Owner interface {
 	Verify(ctx context.Context, key string, c Cookies, body json.RawMessage) (VerifyReply, error)
 	// CloseSession ends the session without a verdict. Idempotent.
 	CloseSession(ctx context.Context, key string, c Cookies) error
+}
+
+// HandleAccess builds the Access a seed reply's body names, for an owner
+// without /sandbox_access (it answers 404): Gym's main-branch SWE-bench
+// server answers the seed with {"sandbox_handle": "<sandbox id>"} (the
+// sandbox's id at its provider; the workdir is the image's WORKDIR, so the
+// reply has none), and the local owner with {"sandbox_handle": id,
+// "workdir": dir}. An optional "provider_config_ref" string names the
+// provider. The second result is false when the body names no sandbox (no
+// object, no handle, or a handle that is not a non-empty string).
+func (r SeedReply) HandleAccess() (Access, bool) {
+	var body struct {
+		Handle   json.RawMessage `json:"sandbox_handle"`
+		Workdir  json.RawMessage `json:"workdir"`
+		Provider json.RawMessage `json:"provider_config_ref"`
+	}
+	if json.Unmarshal(r.Body, &body) != nil {
+		return Access{}, false
+	}
+	handle, ok := jsonString(body.Handle)
+	if !ok || strings.TrimSpace(handle) == "" {
+		return Access{}, false
+	}
+	workdir, _ := jsonString(body.Workdir)
+	provider, _ := jsonString(body.Provider)
+	var a Access
+	a.Connection.Kind = "direct"
+	a.Connection.ProviderConfigRef = provider
+	a.Connection.Descriptor = sandbox.Descriptor{Provider: provider, SandboxID: handle, Workdir: workdir}
+	a.Workdir = workdir
+	return a, true
+}
+
+// jsonString decodes raw when it is a JSON string.
+func jsonString(raw json.RawMessage) (string, bool) {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// CheckpointOwner is the owner's side of a checkpoint: it is a
+// gym.Participant of kind resources (gym.KindResources), driven by a
+// gym.Control like every other participant. At a commit it snapshots the
+// sandbox of every open session in scope and exports one record per
+// session; at a restore, in a process that may never have seen those
+// sessions, it forks each snapshot into a new sandbox bound to the
+// attempt after the exported one, so that attempt's seed finds it; retire
+// frees what an attempt holds. The embedded local owner
+// (localowner.Owner) implements it; the driver never imports that package.
+type CheckpointOwner interface {
+	gym.Participant
+	gym.RestoredKeeper
+	gym.StatusExtender
+	// Attach gives the participant the control plane that drives it: it
+	// calls Notify when its readiness may have changed and refuses retired
+	// attempts with CheckAttempt on its data plane.
+	Attach(c *gym.Control)
+}
+
+// NewControl builds the control plane of p (gym.NewControl) and attaches
+// p to it.
+func NewControl(p CheckpointOwner, cfg gym.Config) (*gym.Control, error) {
+	c, err := gym.NewControl(p, cfg)
+	if err != nil {
+		return nil, err
+	}
+	p.Attach(c)
+	return c, nil
 }

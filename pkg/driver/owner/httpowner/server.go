@@ -2,29 +2,30 @@ package httpowner
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
-// Server serves an owner over HTTP with the framework's shapes, and its
-// checkpoint side (snapshot at commit, fork at restore, drop at retire) on
-// the control plane, so tests and users run the same HTTP path a cluster
-// uses.
+// Server serves an owner over HTTP as a Gym resources server answers:
+// POST /seed_session, /sandbox_access, /verify and /close_session, each
+// also under /ng-rollout/<capture key>/, the prefix that binds a call to
+// its attempt. With a Control and a Token it is also a checkpoint
+// participant: Gym's control routes (gym.NewHandler) under gym.RoutePrefix.
+// So tests and users run the same HTTP path a cluster uses.
 type Server struct {
 	// Owner answers the session calls.
 	Owner owner.Owner
-	// Checkpoints answers the control plane (nil: no control plane).
-	Checkpoints driver.CheckpointOwner
-	// Token authenticates the control plane.
+	// Control is the owner's checkpoint control plane (owner.NewControl);
+	// nil, or an empty Token, serves no control routes (they answer 404:
+	// not a participant).
+	Control *gym.Control
+	// Token is the control routes' bearer token.
 	Token string
 	// Log receives a line per failed call.
 	Log *slog.Logger
@@ -43,9 +44,9 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("POST "+prefix+"/close_session", s.close)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { reply(w, http.StatusOK, map[string]bool{"ok": true}) })
-	if s.Checkpoints != nil {
-		for _, call := range []string{"prepare", "commit", "resume", "restore", "retire"} {
-			mux.HandleFunc("POST /ng-control/v1/checkpoint/"+call, s.control(call))
+	if s.Control != nil && s.Token != "" {
+		if control, err := gym.NewHandler(s.Control, s.Token); err == nil {
+			mux.Handle(gym.RoutePrefix+"/", control)
 		}
 	}
 	return mux
@@ -133,44 +134,7 @@ func (s *Server) close(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, "close_session", err)
 		return
 	}
-	reply(w, http.StatusOK, map[string]bool{"closed": true})
-}
-
-func (s *Server) control(call string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || s.Token == "" || subtle.ConstantTimeCompare([]byte(got), []byte(s.Token)) != 1 {
-			reply(w, http.StatusUnauthorized, map[string]string{"error": "unauthorized: a bearer token is required and must match"})
-			return
-		}
-		var req struct {
-			CheckpointID string `json:"checkpoint_id"`
-		}
-		data, err := body(r)
-		if err == nil {
-			err = json.Unmarshal(data, &req)
-		}
-		if err != nil || req.CheckpointID == "" {
-			reply(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("%s needs a JSON body with checkpoint_id", call)})
-			return
-		}
-		out := map[string]any{"checkpoint_id": req.CheckpointID}
-		switch call {
-		case "commit":
-			var snaps map[string]string
-			snaps, err = s.Checkpoints.Snapshot(r.Context(), req.CheckpointID)
-			out["snapshots"] = len(snaps)
-		case "restore":
-			err = s.Checkpoints.Restore(r.Context(), req.CheckpointID)
-		case "retire":
-			err = s.Checkpoints.Retire(r.Context(), req.CheckpointID)
-		}
-		if err != nil {
-			s.fail(w, call, err)
-			return
-		}
-		reply(w, http.StatusOK, out)
-	}
+	reply(w, http.StatusOK, struct{}{})
 }
 
 // code maps an owner error class to its HTTP status, in one place.
@@ -188,12 +152,19 @@ func (s *Server) code(err error) int {
 	return http.StatusInternalServerError
 }
 
+// fail answers an owner error. A refusal of Gym's checkpoint wire (a
+// stale attempt, closed admission, a bad capture key) is answered in Gym's
+// error envelope; the others as {"error": text} with the status code says.
 func (s *Server) fail(w http.ResponseWriter, call string, err error) {
 	code := s.code(err)
+	var body any = map[string]string{"error": err.Error()}
+	if status, _ := gym.Classify(err); status != http.StatusInternalServerError {
+		code, body = gym.Envelope(err)
+	}
 	if s.Log != nil {
 		s.Log.Warn("owner "+call+" failed", "status", code, "error", err.Error())
 	}
-	reply(w, code, map[string]string{"error": err.Error()})
+	reply(w, code, body)
 }
 
 func reply(w http.ResponseWriter, code int, v any) {

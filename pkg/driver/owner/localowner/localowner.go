@@ -2,10 +2,19 @@
 // top of the local sandbox backend, so `ngdriver run` works with no other
 // server. With Options.Sandboxes it lends the sandboxes of any backend that
 // can create, snapshot, fork and remove them (OpenSandbox, docker,
-// kubectl) the same way. It is also a checkpoint participant: at a commit
-// it snapshots the sandbox of every open session, at a restore it forks
-// each snapshot under a new sandbox id and makes the session current on
-// the fork, and at retire it removes the snapshots.
+// kubectl) the same way.
+//
+// Sessions are bound to the attempt a call names by its capture key (the
+// /ng-rollout/<key>/ prefix of Gym's resources servers): a seed for a key
+// whose session exists answers that session again. The Owner is also
+// Gym's resources checkpoint participant (gym.Participant of kind
+// "resources", checkpoint.go): at a commit it snapshots the sandbox of
+// every open session in scope and exports a record per session, at a
+// restore (in a fresh process too) it forks each snapshot into a new
+// sandbox bound to the next attempt's key, and retire frees an attempt's
+// sessions. While a checkpoint has admission closed, session calls wait
+// for it to reopen (CloseAdmission). The older in-process checkpoint side (Snapshot, Restore,
+// RetireCheckpoint by checkpoint id) remains for `ngdriver run`.
 //
 // The run body of its tasks (JSON; fields it does not know are kept):
 //
@@ -17,7 +26,8 @@
 //	 "no_sandbox": false,   lend no sandbox (SandboxAccess returns owner.ErrNoSandbox)
 //	 "verify_mode": ""}     "" or "replay"
 //
-// Sessions live in memory: an Owner forgets them when its process ends.
+// Sessions live in memory: an Owner forgets them when its process ends; a
+// checkpoint's records and snapshots are what a restore brings back.
 package localowner
 
 import (
@@ -38,9 +48,13 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
-// CookieName is the cookie that names a session.
+// CookieName is the cookie that names a session. Gym's resources servers
+// name their session cookie after the server (<ServerClass>___<name>); a
+// caller sends back every cookie the seed reply set, so the name is ours
+// to keep stable.
 const CookieName = "session_id"
 
 // DefaultCheckTimeout bounds a verify's check when Options.CheckTimeout is 0.
@@ -98,8 +112,18 @@ type Owner struct {
 	opt Options
 	log *slog.Logger
 
-	mu       sync.Mutex // guards sessions
+	mu       sync.Mutex // guards sessions, byKey and the admission state below
 	sessions map[string]*session
+	byKey    map[string]*session // capture key -> the attempt's session
+
+	accepting    bool
+	opened       chan struct{}         // closed while admission is open
+	inflight     int                   // calls a checkpoint waits for
+	requests     map[gym.EpisodeID]int // calls in flight per attempt, which a retire waits for
+	changed      chan struct{}         // closed and replaced when a call ends
+	checkpointID string                // of the last CloseAdmission
+	ending       []*session            // verified during a checkpoint; they end when admission reopens
+	control      *gym.Control
 
 	// ckMu serializes the checkpoint side (Snapshot, Restore, Retire) and
 	// guards checkpoints. Lock order: ckMu, then a session's mu, then mu.
@@ -109,18 +133,34 @@ type Owner struct {
 
 var _ owner.Owner = (*Owner)(nil)
 
-// session is one rollout's session. mu serializes the calls on it.
+// session is one rollout's session. mu serializes the calls on it and
+// guards the fields up to snapshots; the binding fields after it are
+// guarded by Owner.mu.
 type session struct {
 	mu         sync.Mutex
 	id         string
 	body       runBody
-	sandboxID  string // "" when no sandbox is lent
+	raw        json.RawMessage // the run body as the seed sent it
+	sandboxID  string          // "" when no sandbox is lent
 	workdir    string
 	generation int // the n of the current sandbox sb-<session>-<n>
 	closed     bool
 	verified   bool
+	parked     bool              // its sandbox was removed after a commit with stop
+	failed     bool              // the seed that made it failed; it is not registered
 	snapshots  map[string]string // checkpoint id -> snapshot id
+
+	// Guarded by Owner.mu.
+	bound    bool          // seeded under a capture key
+	episode  gym.EpisodeID // the attempt the key names
+	restored bool          // installed by a restore, not used by any call yet
+	retired  bool          // its attempt was retired: calls are refused
+	freed    bool          // a retire freed it
 }
+
+// capturable reports whether a checkpoint can capture the session: it
+// lends a sandbox and its body does not ask to restart.
+func (s *session) capturable() bool { return !s.body.Restart && !s.body.NoSandbox }
 
 // SessionInfo describes a session, for tests and the CLI.
 type SessionInfo struct {
@@ -140,6 +180,11 @@ type SessionInfo struct {
 	NoSandbox bool `json:"no_sandbox,omitempty"`
 	// Snapshots maps checkpoint id to the snapshot taken of the session.
 	Snapshots map[string]string `json:"snapshots,omitempty"`
+	// Key is the capture key the session is bound to ("" when its seed
+	// named none); Restored says a restore installed it and no call has
+	// used it yet.
+	Key      string `json:"key,omitempty"`
+	Restored bool   `json:"restored,omitempty"`
 }
 
 // New returns an owner on opt.Sandboxes (or the local opt.Backend). It
@@ -158,8 +203,12 @@ func New(opt Options) *Owner {
 	if log == nil {
 		log = slog.Default()
 	}
+	opened := make(chan struct{})
+	close(opened)
 	return &Owner{opt: opt, log: log.With("owner", "local"),
-		sessions: map[string]*session{}, checkpoints: map[string]map[string]string{}}
+		sessions: map[string]*session{}, byKey: map[string]*session{},
+		accepting: true, opened: opened, requests: map[gym.EpisodeID]int{}, changed: make(chan struct{}),
+		checkpoints: map[string]map[string]string{}}
 }
 
 func newSessionID() string {
@@ -177,41 +226,63 @@ func sandboxID(sessionID string, generation int) string {
 // workdir, and the reply body {"sandbox_handle", "workdir"}. Restart and
 // VerifyMode come from the body. A body that is not a JSON object, or whose
 // known fields have the wrong type, is an error and creates nothing.
+//
+// key is the attempt's capture key ("" for a caller that names none): the
+// session is bound to it, and a later seed for the same key answers the
+// same session (its cookies) again, or owner.ErrClosed once it ended. After
+// a restore the next attempt's key names the fork of the snapshot, so its
+// seed continues the session instead of making a fresh sandbox. A key of a
+// retired attempt is refused with gym.ErrStaleAttempt; while a checkpoint
+// has admission closed the seed waits for it to reopen.
 func (o *Owner) SeedSession(ctx context.Context, key string, body json.RawMessage) (owner.SeedReply, error) {
 	return o.SeedSessionWith(ctx, key, nil, body)
 }
 
 // SeedSessionWith is SeedSession for a caller that sends cookies with the
-// seed (as an HTTP client's cookie jar does): when they name a closed
-// session the seed is refused with owner.ErrClosed and nothing is created
-// (a late seed must not recreate a closed session); when they name an open
-// session, its seed reply is returned again.
+// seed (as an HTTP client's cookie jar does). Without a key, when they name
+// a closed session the seed is refused with owner.ErrClosed and nothing is
+// created (a late seed must not recreate a closed session); when they name
+// an open session, its seed reply is returned again. With a key, the key
+// decides.
 func (o *Owner) SeedSessionWith(ctx context.Context, key string, c owner.Cookies, body json.RawMessage) (owner.SeedReply, error) {
 	rb, err := parseRunBody(body)
 	if err != nil {
 		return owner.SeedReply{}, err
 	}
-	if id := c[CookieName]; id != "" {
-		o.mu.Lock()
-		s := o.sessions[id]
-		o.mu.Unlock()
-		if s != nil {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			if s.closed {
-				return owner.SeedReply{}, fmt.Errorf("localowner: seed for session %s: %w", id, owner.ErrClosed)
-			}
-			return s.seedReply()
-		}
-	}
-	if err := ctx.Err(); err != nil {
+	id, bound, err := attemptOf(key)
+	if err != nil {
 		return owner.SeedReply{}, err
 	}
+	done, err := o.admit(ctx, admission{call: callSeed, id: id, bound: bound})
+	if err != nil {
+		return owner.SeedReply{}, err
+	}
+	defer done()
 
-	s := &session{id: newSessionID(), body: rb, snapshots: map[string]string{}}
+	s := &session{id: newSessionID(), body: rb, raw: append(json.RawMessage(nil), body...), snapshots: map[string]string{}}
+	s.mu.Lock() // held until the sandbox exists: a concurrent seed of the key waits for it
+	defer s.mu.Unlock()
+	o.mu.Lock()
+	existing := o.byKey[key]
+	if !bound {
+		existing = o.sessions[c[CookieName]]
+	}
+	if existing == nil && bound {
+		s.bound, s.episode = true, id
+		o.byKey[key] = s
+	}
+	o.mu.Unlock()
+	if existing != nil {
+		return o.seedAgain(existing)
+	}
+	if err := ctx.Err(); err != nil {
+		o.unregister(s)
+		return owner.SeedReply{}, err
+	}
 	if !rb.NoSandbox {
 		sb, err := o.newSandbox(ctx, sandboxID(s.id, 0), rb.Files)
 		if err != nil {
+			o.unregister(s)
 			return owner.SeedReply{}, fmt.Errorf("localowner: seed session %s: %w", s.id, err)
 		}
 		s.sandboxID, s.workdir = sb.ID(), sb.Workdir()
@@ -219,9 +290,42 @@ func (o *Owner) SeedSessionWith(ctx context.Context, key string, c owner.Cookies
 	o.mu.Lock()
 	o.sessions[s.id] = s
 	o.mu.Unlock()
-	o.log.Info("session seeded", "session", s.id, "rollout", rb.RolloutID, "sandbox", s.sandboxID,
+	o.log.Info("session seeded", "session", s.id, "key", key, "rollout", rb.RolloutID, "sandbox", s.sandboxID,
 		"restart", rb.Restart, "no_sandbox", rb.NoSandbox)
 	return s.seedReply()
+}
+
+// seedAgain answers a seed for a session that exists: its reply again, or
+// owner.ErrClosed once it ended.
+func (o *Owner) seedAgain(s *session) (owner.SeedReply, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed {
+		return owner.SeedReply{}, fmt.Errorf("localowner: seed for session %s: a concurrent seed of the same attempt failed", s.id)
+	}
+	if s.closed {
+		return owner.SeedReply{}, fmt.Errorf("localowner: seed for session %s: %w", s.id, owner.ErrClosed)
+	}
+	o.mu.Lock()
+	retired := s.retired
+	if !retired {
+		s.restored = false
+	}
+	o.mu.Unlock()
+	if retired {
+		return owner.SeedReply{}, gym.Refuse(gym.ErrStaleAttempt, "resources session %s belongs to a retired attempt", s.id)
+	}
+	return s.seedReply()
+}
+
+// unregister drops a session whose seed failed (s.mu held).
+func (o *Owner) unregister(s *session) {
+	s.failed = true
+	o.mu.Lock()
+	if s.bound && o.byKey[s.episode.CaptureKey()] == s {
+		delete(o.byKey, s.episode.CaptureKey())
+	}
+	o.mu.Unlock()
 }
 
 // newSandbox creates a sandbox with files in its workdir; on failure
@@ -266,31 +370,66 @@ func (s *session) seedReply() (owner.SeedReply, error) {
 	}, nil
 }
 
-// lookup returns the session the cookies name.
-func (o *Owner) lookup(c owner.Cookies) (*session, error) {
+// lookup returns the session a call names: the one its cookies name, else
+// the one bound to its key.
+func (o *Owner) lookup(key string, c owner.Cookies) (*session, error) {
 	id := c[CookieName]
-	if id == "" {
-		return nil, fmt.Errorf("localowner: %w: no %s cookie", ErrUnknownSession, CookieName)
-	}
 	o.mu.Lock()
 	s := o.sessions[id]
-	o.mu.Unlock()
-	if s == nil {
-		return nil, fmt.Errorf("localowner: %w: %q", ErrUnknownSession, id)
+	if id == "" && key != "" {
+		s = o.byKey[key]
+		if s != nil && s.failed {
+			s = nil
+		}
 	}
-	return s, nil
+	o.mu.Unlock()
+	switch {
+	case s != nil:
+		return s, nil
+	case id == "" && key != "":
+		return nil, fmt.Errorf("localowner: %w: no %s cookie and no session of attempt %q", ErrUnknownSession, CookieName, key)
+	case id == "":
+		return nil, fmt.Errorf("localowner: %w: no %s cookie", ErrUnknownSession, CookieName)
+	}
+	return nil, fmt.Errorf("localowner: %w: %q", ErrUnknownSession, id)
+}
+
+// enter finds the session of a call and admits the call (see admit).
+func (o *Owner) enter(ctx context.Context, call, key string, c owner.Cookies) (*session, func(), error) {
+	id, bound, err := attemptOf(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := o.lookup(key, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !bound {
+		o.mu.Lock()
+		id, bound = s.episode, s.bound
+		o.mu.Unlock()
+	}
+	done, err := o.admit(ctx, admission{call: call, id: id, bound: bound, s: s})
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, done, nil
 }
 
 // SandboxAccess says which sandbox the session uses now: after a restore,
 // the fork. A closed session is owner.ErrClosed; one that lends no sandbox
 // is owner.ErrNoSandbox.
 func (o *Owner) SandboxAccess(ctx context.Context, key string, c owner.Cookies) (owner.Access, error) {
-	s, err := o.lookup(c)
+	s, done, err := o.enter(ctx, callAccess, key, c)
 	if err != nil {
 		return owner.Access{}, err
 	}
+	defer done()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.usable(); err != nil {
+		return owner.Access{}, err
+	}
 	if s.closed {
 		return owner.Access{}, fmt.Errorf("localowner: session %s: %w", s.id, owner.ErrClosed)
 	}
@@ -299,6 +438,7 @@ func (o *Owner) SandboxAccess(ctx context.Context, key string, c owner.Cookies) 
 	}
 	var a owner.Access
 	a.Connection.Kind = "direct"
+	a.Connection.ProviderConfigRef = o.opt.Sandboxes.Name()
 	a.Connection.Descriptor = sandbox.Descriptor{Provider: o.opt.Sandboxes.Name(), SandboxID: s.sandboxID, Workdir: s.workdir}
 	a.Workdir = s.workdir
 	return a, nil
@@ -313,18 +453,24 @@ func (o *Owner) SandboxAccess(ctx context.Context, key string, c owner.Cookies) 
 // its sandbox is stopped (a failure to stop is logged, the verdict stands)
 // and it is marked closed and verified. On a closed session: owner.ErrClosed.
 // An error running the check (other than its timeout) leaves the session
-// open.
+// open. A verify that replays and ran while a checkpoint has admission
+// closed leaves the session open until admission reopens, so the
+// checkpoint still exports it.
 func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body json.RawMessage) (owner.VerifyReply, error) {
 	req, err := parseObject("verify body", body)
 	if err != nil {
 		return owner.VerifyReply{}, err
 	}
-	s, err := o.lookup(c)
+	s, done, err := o.enter(ctx, callVerify, key, c)
 	if err != nil {
 		return owner.VerifyReply{}, err
 	}
+	defer done()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.usable(); err != nil {
+		return owner.VerifyReply{}, err
+	}
 	if s.closed {
 		return owner.VerifyReply{}, fmt.Errorf("localowner: verify session %s: %w", s.id, owner.ErrClosed)
 	}
@@ -362,13 +508,23 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 		return owner.VerifyReply{}, fmt.Errorf("localowner: verify session %s: %w", s.id, err)
 	}
 
+	o.log.Info("session verified", "session", s.id, "reward", reply.Reward, "failure_kind", reply.FailureKind)
+	if o.endAtReopen(s) {
+		return reply, nil
+	}
+	o.endVerified(ctx, s)
+	return reply, nil
+}
+
+// endVerified ends a verified session: its sandbox is stopped (a failure
+// is logged, the verdict stands) and it is marked closed and verified
+// (s.mu held).
+func (o *Owner) endVerified(ctx context.Context, s *session) {
 	if err := o.stop(ctx, s.sandboxID); err != nil {
 		o.log.Warn("stop the sandbox of a verified session", "session", s.id, "sandbox", s.sandboxID, "err", err)
 	}
 	s.closed, s.verified = true, true
 	o.removeUnused(ctx, s.sandboxID)
-	o.log.Info("session verified", "session", s.id, "reward", reply.Reward, "failure_kind", reply.FailureKind)
-	return reply, nil
 }
 
 // runCheck runs the session's check (s.mu held).
@@ -462,17 +618,20 @@ func (o *Owner) removeUnused(ctx context.Context, id string) {
 }
 
 // CloseSession ends the session without a verdict: its sandbox is stopped
-// and the session marked closed. Idempotent: closing a closed session does
-// nothing. If the sandbox cannot be stopped the error is returned and the
+// and the session marked closed. Idempotent: closing a closed session (or
+// one a retire or a stop freed) does nothing; a close is never refused as
+// stale. If the sandbox cannot be stopped the error is returned and the
 // session stays open, so the close can be retried.
 func (o *Owner) CloseSession(ctx context.Context, key string, c owner.Cookies) error {
-	s, err := o.lookup(c)
+	s, done, err := o.enter(ctx, callClose, key, c)
 	if err != nil {
 		return err
 	}
+	defer done()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.closed || s.parked {
+		s.closed = true
 		return nil
 	}
 	if err := o.stop(ctx, s.sandboxID); err != nil {
@@ -486,7 +645,7 @@ func (o *Owner) CloseSession(ctx context.Context, key string, c owner.Cookies) e
 
 // Session describes the session the cookies name.
 func (o *Owner) Session(c owner.Cookies) (SessionInfo, error) {
-	s, err := o.lookup(c)
+	s, err := o.lookup("", c)
 	if err != nil {
 		return SessionInfo{}, err
 	}
@@ -502,6 +661,12 @@ func (o *Owner) Session(c owner.Cookies) (SessionInfo, error) {
 	for k, v := range s.snapshots {
 		info.Snapshots[k] = v
 	}
+	o.mu.Lock()
+	if s.bound {
+		info.Key = s.episode.CaptureKey()
+	}
+	info.Restored = s.restored
+	o.mu.Unlock()
 	return info, nil
 }
 
@@ -523,13 +688,13 @@ func snapshotID(checkpointID, sessionID string) string {
 	return fmt.Sprintf("ck-%s-%s-%s", string(clean), hex.EncodeToString(sum[:4]), sessionID)
 }
 
-// forEach runs fn on every session, at most parallelism at once, and joins
+// forEach runs fn on every item, at most parallelism at once, and joins
 // the errors.
-func forEach(sessions []*session, fn func(*session) error) error {
-	errs := make([]error, len(sessions))
+func forEach[T any](items []T, fn func(T) error) error {
+	errs := make([]error, len(items))
 	sem := make(chan struct{}, parallelism)
 	var wg sync.WaitGroup
-	for i, s := range sessions {
+	for i, s := range items {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -640,24 +805,9 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		if err := o.kill(ctx, old); err != nil {
 			o.log.Warn("stop the sandbox a restore replaces", "session", s.id, "sandbox", old, "err", err)
 		}
-		var fork sandbox.Sandbox
-		gen := s.generation
-		for {
-			gen++
-			name := sandboxID(s.id, gen)
-			if gen <= s.generation+100 {
-				if _, err := o.opt.Sandboxes.Open(ctx, name); err == nil {
-					continue // the name is taken (a restore that failed half way)
-				}
-			}
-			var err error
-			fork, err = o.opt.Sandboxes.Fork(ctx, snap, name)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, local.ErrExists) || gen > s.generation+100 {
-				return fmt.Errorf("session %s: %w", s.id, err)
-			}
+		fork, gen, err := o.forkNext(ctx, snap, s.id, s.generation)
+		if err != nil {
+			return fmt.Errorf("session %s: %w", s.id, err)
 		}
 		s.sandboxID, s.workdir, s.generation = fork.ID(), fork.Workdir(), gen
 		s.closed, s.verified = false, false
@@ -674,10 +824,11 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 	return nil
 }
 
-// Retire removes the checkpoint's snapshots. Retiring a checkpoint with no
+// RetireCheckpoint removes the checkpoint's snapshots (the in-process
+// side; gym's Retire frees an attempt). Retiring a checkpoint with no
 // snapshots (or one retired already) does nothing. A snapshot that could
-// not be removed stays recorded, so a later Retire tries again.
-func (o *Owner) Retire(ctx context.Context, checkpointID string) error {
+// not be removed stays recorded, so a later call tries again.
+func (o *Owner) RetireCheckpoint(ctx context.Context, checkpointID string) error {
 	o.ckMu.Lock()
 	defer o.ckMu.Unlock()
 	taken := o.checkpoints[checkpointID]
@@ -710,4 +861,25 @@ func (o *Owner) Retire(ctx context.Context, checkpointID string) error {
 		return fmt.Errorf("localowner: retire %s: %w", checkpointID, err)
 	}
 	return nil
+}
+
+// forkNext forks the snapshot into the first free sandbox name
+// sb-<session>-<n> after generation (a restore that failed half way may
+// have left a name taken) and returns the fork and its n.
+func (o *Owner) forkNext(ctx context.Context, snap, sessionID string, generation int) (sandbox.Sandbox, int, error) {
+	for gen := generation + 1; ; gen++ {
+		name := sandboxID(sessionID, gen)
+		if gen <= generation+100 {
+			if _, err := o.opt.Sandboxes.Open(ctx, name); err == nil {
+				continue
+			}
+		}
+		fork, err := o.opt.Sandboxes.Fork(ctx, snap, name)
+		if err == nil {
+			return fork, gen, nil
+		}
+		if !errors.Is(err, local.ErrExists) || gen > generation+100 {
+			return nil, 0, err
+		}
+	}
 }

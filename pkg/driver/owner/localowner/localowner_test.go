@@ -577,7 +577,7 @@ func TestSnapshotRestoreRetire(t *testing.T) {
 		t.Errorf("second restore %+v", info)
 	}
 
-	if err := f.o.Retire(ctx, ck); err != nil {
+	if err := f.o.RetireCheckpoint(ctx, ck); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range snaps {
@@ -588,7 +588,7 @@ func TestSnapshotRestoreRetire(t *testing.T) {
 	if info, _ := f.o.Session(r2.Cookies); len(info.Snapshots) != 0 {
 		t.Errorf("session still lists snapshots %v", info.Snapshots)
 	}
-	if err := f.o.Retire(ctx, ck); err != nil {
+	if err := f.o.RetireCheckpoint(ctx, ck); err != nil {
 		t.Errorf("second retire: %v", err)
 	}
 	if err := f.o.Restore(ctx, ck); !errors.Is(err, ErrUnknownCheckpoint) {
@@ -659,7 +659,43 @@ func TestConcurrentRuns(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if err := f.o.Retire(ctx, "concurrent"); err != nil {
+	if err := f.o.RetireCheckpoint(ctx, "concurrent"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestConcurrentSeedsOfOneKeyShareTheSession: seeds of the same capture
+// key at once make one session and one sandbox, and all answer it.
+func TestConcurrentSeedsOfOneKeyShareTheSession(t *testing.T) {
+	f := newFixture(t, Options{})
+	const n = 8
+	replies := make([]owner.SeedReply, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			replies[i], errs[i] = f.o.SeedSession(context.Background(), "k-a3", json.RawMessage(`{"files": {"x": "y"}}`))
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("seed %d: %v", i, errs[i])
+		}
+		if replies[i].Cookies[CookieName] != replies[0].Cookies[CookieName] {
+			t.Fatalf("seed %d got session %v, seed 0 %v", i, replies[i].Cookies, replies[0].Cookies)
+		}
+	}
+	if got := f.sandboxCount(); got != 1 {
+		t.Fatalf("%d sandboxes for one attempt, want 1", got)
+	}
+	info, err := f.o.Session(replies[0].Cookies)
+	if err != nil || info.Key != "k-a3" {
+		t.Fatalf("session %+v %v", info, err)
+	}
+	if _, err := f.o.SeedSession(context.Background(), "r-a1-a2", json.RawMessage(`{}`)); err == nil {
+		t.Fatal("a seed under the malformed key r-a1-a2 was taken")
 	}
 }

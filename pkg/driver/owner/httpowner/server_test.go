@@ -1,0 +1,791 @@
+package httpowner_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver/owner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/gym"
+)
+
+// The tests below run the owner as `ngdriver owner serve` does: a local
+// owner on a local backend behind httpowner.Server, over real HTTP on
+// loopback, with Gym's control routes. Several port cases of Gym's own
+// resources participant tests (tests/unit_tests of NVIDIA-NeMo/Gym, the
+// resources checkpoint tests); each names the case it ports.
+
+const (
+	token    = "t"
+	instance = "ngdriver_owner"
+)
+
+// server is one owner process: its backend on base, its owner and its
+// HTTP server. A second server on the same base is a fresh process that
+// shares only the disk.
+type server struct {
+	t   *testing.T
+	b   *local.Backend
+	own *localowner.Owner
+	url string
+}
+
+func newServer(t *testing.T, base string) *server {
+	t.Helper()
+	b, err := local.New(base, local.Options{Isolation: local.IsolationNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	own := localowner.New(localowner.Options{Backend: b, Logger: log})
+	control, err := owner.NewControl(own, gym.Config{Instance: instance, LeaseGrace: time.Minute, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log,
+		ClientError: func(err error) bool { return errors.Is(err, localowner.ErrUnknownSession) }}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return &server{t: t, b: b, own: own, url: hs.URL}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// reply is one HTTP answer.
+type reply struct {
+	status  int
+	header  http.Header
+	cookies owner.Cookies
+	body    map[string]any
+	raw     string
+}
+
+// code is the error envelope's code ("" when there is none).
+func (r reply) code() string {
+	e, _ := r.body["error"].(map[string]any)
+	c, _ := e["code"].(string)
+	return c
+}
+
+// post sends body (JSON-encoded unless it is a string) to path with the
+// cookies; control routes get the bearer token.
+func (s *server) post(path string, c owner.Cookies, body any) reply {
+	s.t.Helper()
+	return s.do(http.MethodPost, path, c, body)
+}
+
+func (s *server) do(method, path string, c owner.Cookies, body any) reply {
+	s.t.Helper()
+	var data []byte
+	switch b := body.(type) {
+	case nil:
+	case string:
+		data = []byte(b)
+	default:
+		var err error
+		if data, err = json.Marshal(b); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	req, err := http.NewRequest(method, s.url+path, bytes.NewReader(data))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if strings.HasPrefix(path, gym.RoutePrefix) {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for k, v := range c {
+		req.AddCookie(&http.Cookie{Name: k, Value: v})
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	r := reply{status: resp.StatusCode, header: resp.Header, cookies: owner.Cookies{}, raw: string(raw)}
+	for _, ck := range resp.Cookies() {
+		r.cookies[ck.Name] = ck.Value
+	}
+	_ = json.Unmarshal(raw, &r.body)
+	return r
+}
+
+// control posts a checkpoint operation with a deadline in timeout.
+func (s *server) control(op, checkpointID string, timeout time.Duration, extra map[string]any) reply {
+	s.t.Helper()
+	body := map[string]any{"checkpoint_id": checkpointID, "deadline_ts": float64(time.Now().Add(timeout).UnixNano()) / 1e9}
+	for k, v := range extra {
+		body[k] = v
+	}
+	return s.post(gym.RoutePrefix+"/"+op, nil, body)
+}
+
+func (s *server) status() reply {
+	s.t.Helper()
+	return s.do(http.MethodGet, gym.RoutePrefix+"/status", nil, nil)
+}
+
+// counts is the status report's counts.
+func (s *server) counts() map[string]any {
+	s.t.Helper()
+	report, _ := s.status().body["report"].(map[string]any)
+	counts, _ := report["counts"].(map[string]any)
+	return counts
+}
+
+func (s *server) seed(key string, body map[string]any) reply {
+	s.t.Helper()
+	return s.post(httpowner.RolloutPath(key, "seed_session"), nil, body)
+}
+
+func (s *server) mustSeed(key string, body map[string]any) reply {
+	s.t.Helper()
+	r := s.seed(key, body)
+	if r.status != http.StatusOK || r.cookies[localowner.CookieName] == "" {
+		s.t.Fatalf("seed %s: %d %s (cookies %v)", key, r.status, r.raw, r.cookies)
+	}
+	return r
+}
+
+// want fails unless r has the status and (when code is set) the envelope code.
+func want(t *testing.T, what string, r reply, status int, code string) {
+	t.Helper()
+	if r.status != status || r.code() != code {
+		t.Fatalf("%s: got %d %s, want %d %q", what, r.status, r.raw, status, code)
+	}
+}
+
+// ok fails unless r is a 200.
+func ok(t *testing.T, what string, r reply) reply {
+	t.Helper()
+	want(t, what, r, http.StatusOK, "")
+	return r
+}
+
+// hostFile reads a file of a sandbox's workdir from the host.
+func (s *server) hostFile(sandboxID, name string) string {
+	s.t.Helper()
+	sb, err := s.b.Open(sandboxID)
+	if err != nil {
+		s.t.Fatalf("open sandbox %s: %v", sandboxID, err)
+	}
+	host, err := sb.HostPathOf(filepath.Join(sb.Workdir(), name))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	data, err := os.ReadFile(host)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return string(data)
+}
+
+// writeFile writes a file into a sandbox's workdir, as a run would.
+func (s *server) writeFile(sandboxID, name, content string) {
+	s.t.Helper()
+	sb, err := s.b.Open(sandboxID)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := sb.Upload(s.t.Context(), filepath.Join(sb.Workdir(), name), []byte(content), 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *server) exists(sandboxID string) bool {
+	_, err := s.b.Open(sandboxID)
+	if err != nil && !errors.Is(err, sandbox.ErrGone) {
+		s.t.Fatal(err)
+	}
+	return err == nil
+}
+
+// sandboxes lists the sandboxes on the backend's disk.
+func sandboxes(t *testing.T, base string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(base, "sandboxes"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func handle(t *testing.T, r reply) string {
+	t.Helper()
+	h, _ := r.body["sandbox_handle"].(string)
+	if h == "" {
+		t.Fatalf("seed reply %s has no sandbox_handle", r.raw)
+	}
+	return h
+}
+
+func episodes(ids ...string) []map[string]any {
+	out := []map[string]any{}
+	for _, key := range ids {
+		id, err := gym.ParseCaptureKey(key)
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, map[string]any{"rollout_id": id.RolloutID, "attempt": id.Attempt})
+	}
+	return out
+}
+
+// commit prepares and commits checkpointID into dir.
+func (s *server) commit(checkpointID, dir string, extra map[string]any) reply {
+	s.t.Helper()
+	p := ok(s.t, "prepare", s.control("prepare", checkpointID, 10*time.Second, nil))
+	if p.body["phase"] != "prepared" {
+		s.t.Fatalf("prepare: %s", p.raw)
+	}
+	if extra == nil {
+		extra = map[string]any{}
+	}
+	extra["checkpoint_dir"] = dir
+	return ok(s.t, "commit", s.control("commit", checkpointID, 30*time.Second, extra))
+}
+
+func TestStatusDiscovery(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	st := ok(t, "status", s.status())
+	if st.body["kind"] != "resources" || st.body["instance"] != instance || st.body["phase"] != "idle" || st.body["mode"] != "exported" {
+		t.Fatalf("status %s", st.raw)
+	}
+	req, _ := http.NewRequest(http.MethodGet, s.url+gym.RoutePrefix+"/status", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("status without the token: %d, want 401", resp.StatusCode)
+	}
+
+	// Without a token the owner is not a participant: the routes are not there.
+	b, err := local.New(t.TempDir(), local.Options{Isolation: local.IsolationNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := localowner.New(localowner.Options{Backend: b})
+	control, err := owner.NewControl(own, gym.Config{Instance: instance})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer((&httpowner.Server{Owner: own, Control: control}).Handler())
+	defer hs.Close()
+	resp, err = http.Get(hs.URL + gym.RoutePrefix + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("status of an owner without a token: %d, want 404", resp.StatusCode)
+	}
+}
+
+// TestSeedOfAnOpenSessionsKeyAnswersItAgain: the /ng-rollout/<key>/ prefix
+// binds the session; a seed repeated for the key answers the same session,
+// one after it closed is refused, and calls without a key still work by
+// cookie.
+func TestSeedOfAnOpenSessionsKeyAnswersItAgain(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	first := s.mustSeed("r", map[string]any{"files": map[string]string{"a.txt": "one"}})
+	again := s.mustSeed("r", map[string]any{"files": map[string]string{"a.txt": "one"}})
+	if again.cookies[localowner.CookieName] != first.cookies[localowner.CookieName] || handle(t, again) != handle(t, first) {
+		t.Fatalf("the second seed of r answered %v %s, the first %v %s", again.cookies, again.raw, first.cookies, first.raw)
+	}
+	other := s.mustSeed("r-a1", map[string]any{})
+	if other.cookies[localowner.CookieName] == first.cookies[localowner.CookieName] {
+		t.Fatal("attempt 1 got attempt 0's session")
+	}
+	acc := ok(t, "sandbox_access", s.post("/ng-rollout/r/sandbox_access", first.cookies, map[string]any{}))
+	conn, _ := acc.body["connection"].(map[string]any)
+	desc, _ := conn["descriptor"].(map[string]any)
+	if conn["kind"] != "direct" || conn["provider_config_ref"] != "local" || desc["sandbox_id"] != handle(t, first) || acc.body["workdir"] == "" {
+		t.Fatalf("sandbox_access %s", acc.raw)
+	}
+	closed := ok(t, "close", s.post("/ng-rollout/r/close_session", first.cookies, map[string]any{}))
+	if closed.raw != "{}" {
+		t.Fatalf("close_session answered %s, want {}", closed.raw)
+	}
+	ok(t, "close again", s.post("/ng-rollout/r/close_session", first.cookies, map[string]any{}))
+	want(t, "seed of a closed session's key", s.seed("r", map[string]any{}), http.StatusGone, "")
+
+	legacy := ok(t, "seed without a key", s.post("/seed_session", nil, map[string]any{}))
+	if legacy.cookies[localowner.CookieName] == "" {
+		t.Fatalf("seed without a key set no cookie: %s", legacy.raw)
+	}
+	ok(t, "sandbox_access without a key", s.post("/sandbox_access", legacy.cookies, map[string]any{}))
+}
+
+// TestSeededSessionStateIsCommittedAndRestored ports
+// test_seeded_session_state_is_committed_and_restored: the commit writes
+// the manifest and a record per session; a fresh owner process on the
+// same disk restores them, a call before resume waits for it, and the
+// next attempt's seed answers the fork holding the snapshot's files.
+func TestSeededSessionStateIsCommittedAndRestored(t *testing.T) {
+	base, dir := t.TempDir(), t.TempDir()
+	s := newServer(t, base)
+	seeded := s.mustSeed("r", map[string]any{"files": map[string]string{"a.txt": "one"}, "check": "test \"$(cat a.txt)\" = two"})
+	sb := handle(t, seeded)
+	s.writeFile(sb, "a.txt", "two")
+	commit := s.commit("c1", dir, nil)
+	if ids, _ := commit.body["episode_ids"].([]any); len(ids) != 1 || ids[0] != "r" {
+		t.Fatalf("commit %s", commit.raw)
+	}
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	s.writeFile(sb, "a.txt", "after the checkpoint")
+
+	participant := filepath.Join(dir, "gym", "resources", instance)
+	var manifest map[string]any
+	data, err := os.ReadFile(filepath.Join(participant, "manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &manifest); err != nil || manifest["kind"] != "resources" || manifest["record_count"] != float64(1) {
+		t.Fatalf("manifest %s (%v)", data, err)
+	}
+	var rec localowner.Record
+	if _, err := gym.ReadState(dir, gym.KindResources, instance, func(r gym.Record) error { return r.Decode(&rec) }); err != nil {
+		t.Fatal(err)
+	}
+	if rec.SessionID != seeded.cookies[localowner.CookieName] || rec.State.Snapshot == "" || rec.State.SandboxID != sb || rec.EpisodeID.CaptureKey() != "r" {
+		t.Fatalf("record %+v", rec)
+	}
+
+	fresh := newServer(t, base)
+	restore := ok(t, "restore", fresh.control("restore", "r1", 30*time.Second, map[string]any{"checkpoint_dir": dir, "episode_ids": episodes("r", "r-a1")}))
+	if got, _ := restore.body["restored"].([]any); len(got) != 1 || got[0] != "r-a1" {
+		t.Fatalf("restore %s", restore.raw)
+	}
+	st := fresh.status().body
+	if report, _ := st["report"].(map[string]any); report["counts"].(map[string]any)["sessions"] != float64(1) {
+		t.Fatalf("status after restore %v", st)
+	}
+	// A call before resume waits for it instead of being refused.
+	seeding := make(chan reply, 1)
+	go func() { seeding <- fresh.seed("r-a1", map[string]any{"files": map[string]string{"a.txt": "one"}}) }()
+	select {
+	case r := <-seeding:
+		t.Fatalf("a seed before resume answered %d %s", r.status, r.raw)
+	case <-time.After(300 * time.Millisecond):
+	}
+	ok(t, "resume", fresh.control("resume", "r1", 5*time.Second, nil))
+	again := ok(t, "seed of r-a1", <-seeding)
+	if again.cookies[localowner.CookieName] != rec.SessionID {
+		t.Fatalf("the seed of r-a1 set %v, want the restored session %s", again.cookies, rec.SessionID)
+	}
+	fork := handle(t, again)
+	if fork == sb || !strings.HasPrefix(fork, "sb-"+rec.SessionID+"-") {
+		t.Fatalf("the restored session's sandbox is %s (exported from %s)", fork, sb)
+	}
+	if got := fresh.hostFile(fork, "a.txt"); got != "two" {
+		t.Fatalf("the fork holds a.txt %q, want the snapshot's \"two\"", got)
+	}
+	acc := ok(t, "sandbox_access", fresh.post("/ng-rollout/r-a1/sandbox_access", again.cookies, map[string]any{}))
+	if acc.body["connection"].(map[string]any)["descriptor"].(map[string]any)["sandbox_id"] != fork {
+		t.Fatalf("sandbox_access %s, want %s", acc.raw, fork)
+	}
+	v := ok(t, "verify", fresh.post("/ng-rollout/r-a1/verify", again.cookies, map[string]any{"response": map[string]any{}}))
+	if v.body["reward"] != float64(1) {
+		t.Fatalf("verify on the fork: %s", v.raw)
+	}
+	if got := fresh.counts()["sessions"]; got != float64(0) {
+		t.Fatalf("sessions after verify: %v", got)
+	}
+}
+
+// TestLateCallsOfARetiredAttemptAreRefusedUntilForgetButACloseIsNot ports
+// test_late_requests_of_a_retired_attempt_are_refused_until_forget_but_a_close_is_not.
+func TestLateCallsOfARetiredAttemptAreRefusedUntilForgetButACloseIsNot(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{})
+	sb := handle(t, seeded)
+	retired := ok(t, "retire", s.control("retire", "retire", 10*time.Second, map[string]any{"episode_ids": episodes("r")}))
+	if got, _ := retired.body["retired"].([]any); len(got) != 1 || got[0] != "r" {
+		t.Fatalf("retire %s", retired.raw)
+	}
+	if s.exists(sb) {
+		t.Fatalf("the retired attempt's sandbox %s is still there", sb)
+	}
+	want(t, "a late call with the cookie only", s.post("/sandbox_access", seeded.cookies, map[string]any{}), http.StatusConflict, gym.CodeStaleAttempt)
+	want(t, "a late verify", s.post("/ng-rollout/r/verify", seeded.cookies, map[string]any{}), http.StatusConflict, gym.CodeStaleAttempt)
+	want(t, "a late seed", s.seed("r", map[string]any{}), http.StatusConflict, gym.CodeStaleAttempt)
+	ok(t, "close", s.post("/ng-rollout/r/close_session", seeded.cookies, map[string]any{}))
+	next := s.mustSeed("r-a1", map[string]any{})
+	st := ok(t, "status", s.status())
+	if st.body["retired_sessions"] != float64(1) || st.body["retired_rollouts"] != float64(1) {
+		t.Fatalf("status %s", st.raw)
+	}
+	ok(t, "forget", s.control("forget", "forget", 10*time.Second, map[string]any{"rollout_ids": []string{"r"}}))
+	if st := ok(t, "status", s.status()); st.body["retired_sessions"] != float64(0) {
+		t.Fatalf("status after forget %s", st.raw)
+	}
+	want(t, "a late call after forget", s.post("/sandbox_access", seeded.cookies, map[string]any{}), http.StatusGone, "")
+	after := s.mustSeed("r", map[string]any{})
+	if after.cookies[localowner.CookieName] == seeded.cookies[localowner.CookieName] || after.cookies[localowner.CookieName] == next.cookies[localowner.CookieName] {
+		t.Fatal("the seed after forget did not start a new session")
+	}
+}
+
+// TestARetireWaitsForTheSessionsCallInFlight ports
+// test_a_retire_waits_for_the_sessions_request_in_flight, with a verify
+// whose check runs until the test lets it end.
+func TestARetireWaitsForTheSessionsCallInFlight(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{"check": "while [ ! -f release ]; do sleep 0.02; done"})
+	sb := handle(t, seeded)
+	verifying := make(chan reply, 1)
+	go func() { verifying <- s.post("/ng-rollout/r/verify", seeded.cookies, map[string]any{}) }()
+	waitFor(t, "the verify in flight", func() bool { return s.counts()["inflight"] == float64(1) })
+	retiring := make(chan reply, 1)
+	go func() {
+		retiring <- s.control("retire", "retire", 30*time.Second, map[string]any{"episode_ids": episodes("r")})
+	}()
+	waitFor(t, "the retire's mark", func() bool { return s.status().body["retired_sessions"] == float64(1) })
+	select {
+	case r := <-retiring:
+		t.Fatalf("the retire answered %d %s while a call was in flight", r.status, r.raw)
+	default:
+	}
+	want(t, "a new call while it stops", s.post("/sandbox_access", seeded.cookies, map[string]any{}), http.StatusConflict, gym.CodeStaleAttempt)
+	s.writeFile(sb, "release", "")
+	ok(t, "verify", <-verifying)
+	ok(t, "retire", <-retiring)
+	if s.exists(sb) || s.counts()["sessions"] != float64(0) {
+		t.Fatalf("after the retire: sandbox there %v, counts %v", s.exists(sb), s.counts())
+	}
+}
+
+// TestInFlightVerifyBlocksPrepareAndVerifyEndsTheSession ports
+// test_in_flight_request_blocks_prepare_and_verify_ends_the_session: a
+// verify in wait mode holds up prepare.
+func TestInFlightVerifyBlocksPrepareAndVerifyEndsTheSession(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{"check": "while [ ! -f release ]; do sleep 0.02; done"})
+	verifying := make(chan reply, 1)
+	go func() { verifying <- s.post("/ng-rollout/r/verify", seeded.cookies, map[string]any{}) }()
+	waitFor(t, "the verify in flight", func() bool { return s.counts()["inflight"] == float64(1) })
+	missed := ok(t, "prepare", s.control("prepare", "c1", 300*time.Millisecond, nil))
+	report, _ := missed.body["report"].(map[string]any)
+	if missed.body["phase"] != "preparing" || fmt.Sprint(report["counts"]) != "map[inflight:1 sessions:1]" {
+		t.Fatalf("prepare with a verify in flight: %s", missed.raw)
+	}
+	s.writeFile(handle(t, seeded), "release", "")
+	ok(t, "verify", <-verifying)
+	prepared := ok(t, "prepare", s.control("prepare", "c1", 10*time.Second, nil))
+	if prepared.body["phase"] != "prepared" {
+		t.Fatalf("prepare after the verify: %s", prepared.raw)
+	}
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	if got := s.counts()["sessions"]; got != float64(0) {
+		t.Fatalf("sessions after verify: %v", got)
+	}
+}
+
+// TestARestartSessionIsARestartThatKeepsRunningThroughACheckpoint ports
+// test_a_restart_only_session_is_a_restart_that_keeps_running_through_a_checkpoint,
+// for a session whose run body asks to restart (and one with no sandbox).
+func TestARestartSessionIsARestartThatKeepsRunningThroughACheckpoint(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	dir := t.TempDir()
+	seeded := s.mustSeed("r-a2", map[string]any{"restart": true})
+	if seeded.header.Get(httpowner.HeaderRestart) != "1" {
+		t.Fatalf("the seed reply of a restart has headers %v", seeded.header)
+	}
+	s.mustSeed("q", map[string]any{"no_sandbox": true})
+	prepared := ok(t, "prepare", s.control("prepare", "c1", 10*time.Second, nil))
+	report, _ := prepared.body["report"].(map[string]any)
+	if prepared.body["phase"] != "prepared" || fmt.Sprint(report["restarts"]) != "[q r-a2]" || fmt.Sprint(report["blockers"]) != "[]" {
+		t.Fatalf("prepare %s", prepared.raw)
+	}
+	// Nothing of it is in the checkpoint, so it keeps running through it.
+	ok(t, "sandbox_access during the checkpoint", s.post("/ng-rollout/r-a2/sandbox_access", seeded.cookies, map[string]any{}))
+	want(t, "commit naming the restart", s.control("commit", "c1", 10*time.Second,
+		map[string]any{"checkpoint_dir": dir, "episode_ids": episodes("r-a2")}), http.StatusConflict, gym.CodeRestartInScope)
+	committed := ok(t, "commit", s.control("commit", "c1", 10*time.Second, map[string]any{"checkpoint_dir": dir, "episode_ids": episodes()}))
+	if committed.body["manifest"].(map[string]any)["record_count"] != float64(0) {
+		t.Fatalf("commit %s", committed.raw)
+	}
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+}
+
+// TestASeedArrivingDuringAnOpenCheckpointWaitsForResume ports
+// test_a_seed_arriving_during_an_open_checkpoint_waits_for_resume.
+func TestASeedArrivingDuringAnOpenCheckpointWaitsForResume(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	dir := t.TempDir()
+	if p := ok(t, "prepare", s.control("prepare", "c1", 10*time.Second, nil)); p.body["phase"] != "prepared" {
+		t.Fatalf("prepare %s", p.raw)
+	}
+	seeding := make(chan reply, 1)
+	go func() { seeding <- s.seed("r", map[string]any{}) }()
+	select {
+	case r := <-seeding:
+		t.Fatalf("a seed during the checkpoint answered %d %s", r.status, r.raw)
+	case <-time.After(300 * time.Millisecond):
+	}
+	commit := ok(t, "commit", s.control("commit", "c1", 10*time.Second, map[string]any{"checkpoint_dir": dir}))
+	if commit.body["manifest"].(map[string]any)["record_count"] != float64(0) {
+		t.Fatalf("commit %s", commit.raw)
+	}
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	ok(t, "the seed after resume", <-seeding)
+	if p := ok(t, "prepare", s.control("prepare", "c2", 10*time.Second, nil)); p.body["phase"] != "prepared" {
+		t.Fatalf("prepare after resume: %s", p.raw)
+	}
+	ok(t, "resume", s.control("resume", "c2", 5*time.Second, nil))
+}
+
+// TestACommitWithStopRemovesTheExportedSandboxes: with stop, once the
+// records are durable the sandboxes are removed; the snapshots stay and a
+// fresh owner rebuilds the sessions from them.
+func TestACommitWithStopRemovesTheExportedSandboxes(t *testing.T) {
+	base, dir := t.TempDir(), t.TempDir()
+	s := newServer(t, base)
+	a := s.mustSeed("a", map[string]any{"files": map[string]string{"f": "A"}})
+	b := s.mustSeed("b", map[string]any{"files": map[string]string{"f": "B"}})
+	commit := s.commit("c1", dir, map[string]any{"stop": true})
+	if fmt.Sprint(commit.body["episode_ids"]) != "[a b]" {
+		t.Fatalf("commit %s", commit.raw)
+	}
+	if s.exists(handle(t, a)) || s.exists(handle(t, b)) {
+		t.Fatalf("sandboxes left after a commit with stop: %v", sandboxes(t, base))
+	}
+	// The controller stops this process now; if it resumed instead, the
+	// parked sessions would refuse their calls.
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	want(t, "a call on a parked session", s.post("/sandbox_access", a.cookies, map[string]any{}), http.StatusConflict, gym.CodeCheckpointParked)
+
+	fresh := newServer(t, base)
+	ok(t, "restore", fresh.control("restore", "r1", 30*time.Second, map[string]any{"checkpoint_dir": dir, "episode_ids": episodes("a", "b")}))
+	ok(t, "resume", fresh.control("resume", "r1", 5*time.Second, nil))
+	for key, want := range map[string]string{"a-a1": "A", "b-a1": "B"} {
+		if got := fresh.hostFile(handle(t, fresh.mustSeed(key, map[string]any{})), "f"); got != want {
+			t.Fatalf("%s: f is %q, want %q", key, got, want)
+		}
+	}
+}
+
+// TestInvalidRestoredStateInstallsNothing ports
+// test_invalid_restored_state_installs_nothing: a checkpoint with one bad
+// record (its snapshot is missing, or it names another provider) installs
+// none, leaves no fork behind and the owner idle.
+func TestInvalidRestoredStateInstallsNothing(t *testing.T) {
+	base, dir := t.TempDir(), t.TempDir()
+	s := newServer(t, base)
+	s.mustSeed("good", map[string]any{"files": map[string]string{"f": "G"}})
+	s.commit("c1", dir, nil)
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	var good gym.Record
+	if _, err := gym.ReadState(dir, gym.KindResources, instance, func(r gym.Record) error { good = r; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var rec localowner.Record
+	if err := good.Decode(&rec); err != nil {
+		t.Fatal(err)
+	}
+
+	for name, spoil := range map[string]func(*localowner.Record){
+		"missing snapshot": func(r *localowner.Record) { r.State.Snapshot = "ck-gone" },
+		"other provider":   func(r *localowner.Record) { r.State.Provider = "docker" },
+		"bad run body":     func(r *localowner.Record) { r.State.RunBody = json.RawMessage(`{"files": 3}`) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			bad := rec
+			bad.EpisodeID, bad.SessionID = gym.EpisodeID{RolloutID: "bad"}, "0123456789abcdef01234567"
+			spoil(&bad)
+			badRec, err := gym.NewRecord(bad)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// good first: its fork is made before the bad one fails.
+			bdir := t.TempDir()
+			if _, err := gym.WriteState(bdir, gym.KindResources, instance, "c-bad", []gym.Record{good, badRec}, nil, &gym.WriteStop{}); err != nil {
+				t.Fatal(err)
+			}
+			before := sandboxes(t, base)
+			fresh := newServer(t, base)
+			refused := fresh.control("restore", "r-"+strings.ReplaceAll(name, " ", "-"), 30*time.Second,
+				map[string]any{"checkpoint_dir": bdir, "episode_ids": episodes("good", "bad")})
+			want(t, "restore with a bad record", refused, http.StatusUnprocessableEntity, gym.CodeCheckpointState)
+			if !strings.Contains(refused.raw, `\"bad\"`) && !strings.Contains(refused.raw, "bad") {
+				t.Fatalf("the refusal does not name the bad episode: %s", refused.raw)
+			}
+			if after := sandboxes(t, base); !slices.Equal(before, after) {
+				t.Fatalf("sandboxes before %v, after the failed restore %v", before, after)
+			}
+			st := ok(t, "status", fresh.status())
+			if st.body["phase"] != "idle" || fresh.counts()["sessions"] != float64(0) {
+				t.Fatalf("status after the failed restore %s", st.raw)
+			}
+			// Nothing installed: the next attempt's seed starts fresh.
+			if got := fresh.mustSeed("good-a1", map[string]any{}); got.cookies[localowner.CookieName] == rec.SessionID {
+				t.Fatal("the seed of good-a1 found a restored session")
+			}
+		})
+	}
+}
+
+// TestACommitThatNoLongerContinuesARestoredSessionRetiresIt ports
+// test_a_commit_that_no_longer_continues_a_restored_session_retires_it.
+func TestACommitThatNoLongerContinuesARestoredSessionRetiresIt(t *testing.T) {
+	base, dir := t.TempDir(), t.TempDir()
+	s := newServer(t, base)
+	s.mustSeed("r", map[string]any{})
+	s.commit("c1", filepath.Join(dir, "first"), nil)
+
+	fresh := newServer(t, base)
+	ok(t, "restore", fresh.control("restore", "r1", 30*time.Second, map[string]any{"checkpoint_dir": filepath.Join(dir, "first"), "episode_ids": episodes("r")}))
+	ok(t, "resume", fresh.control("resume", "r1", 5*time.Second, nil))
+	pending, err := fresh.own.RestoredPending(t.Context())
+	if err != nil || len(pending) != 1 || pending[0].CaptureKey() != "r-a1" {
+		t.Fatalf("restored pending %v %v", pending, err)
+	}
+	forks := sandboxes(t, base)
+	committed := fresh.commit("c2", filepath.Join(dir, "second"), map[string]any{"episode_ids": episodes()})
+	if fmt.Sprint(committed.body["episode_ids"]) != "[]" {
+		t.Fatalf("commit %s", committed.raw)
+	}
+	ok(t, "resume", fresh.control("resume", "c2", 5*time.Second, nil))
+	if got := fresh.counts()["sessions"]; got != float64(0) {
+		t.Fatalf("sessions after the commit: %v", got)
+	}
+	if after := sandboxes(t, base); len(after) != len(forks)-1 {
+		t.Fatalf("sandboxes before the commit %v, after %v: the fork should be gone", forks, after)
+	}
+}
+
+// waitFor polls cond (a state this test brings about) until it holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not happen", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestAReplayableVerifyDuringACheckpointKeepsTheSessionExported ports
+// test_a_replayable_verify_during_a_checkpoint_keeps_the_session_exported:
+// the checkpoint does not wait for a verify that replays, and the session
+// it verified is still exported (a restore replays the verify on it); it
+// ends at resume.
+func TestAReplayableVerifyDuringACheckpointKeepsTheSessionExported(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{"verify_mode": "replay"})
+	if seeded.header.Get(httpowner.HeaderVerify) != "replay" {
+		t.Fatalf("seed headers %v", seeded.header)
+	}
+	ok(t, "prepare", s.control("prepare", "c1", 10*time.Second, nil))
+	ok(t, "verify during the checkpoint", s.post("/ng-rollout/r/verify", seeded.cookies, map[string]any{}))
+	committed := ok(t, "commit", s.control("commit", "c1", 30*time.Second, map[string]any{"checkpoint_dir": t.TempDir()}))
+	during := s.counts()["sessions"]
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	if fmt.Sprint(committed.body["episode_ids"]) != "[r]" || during != float64(1) {
+		t.Fatalf("commit %s, sessions during %v", committed.raw, during)
+	}
+	if got := s.counts()["sessions"]; got != float64(0) {
+		t.Fatalf("sessions after resume: %v", got)
+	}
+	want(t, "a seed after the session ended", s.seed("r", map[string]any{}), http.StatusGone, "")
+}
+
+// TestASessionWhoseSandboxIsGoneIsNotExportedAndDoesNotFailTheCommit ports
+// test_a_session_the_server_already_dropped_is_not_exported_and_does_not_fail_the_commit.
+func TestASessionWhoseSandboxIsGoneIsNotExportedAndDoesNotFailTheCommit(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{})
+	if err := s.b.Remove(t.Context(), handle(t, seeded)); err != nil {
+		t.Fatal(err)
+	}
+	committed := s.commit("c1", t.TempDir(), nil)
+	if committed.body["manifest"].(map[string]any)["record_count"] != float64(0) {
+		t.Fatalf("commit %s", committed.raw)
+	}
+	if got := s.counts()["sessions"]; got != float64(0) {
+		t.Fatalf("sessions after the commit: %v", got)
+	}
+}
+
+// TestACloseDuringACheckpointWaitsForResumeAndThenEndsTheSession ports
+// test_a_close_during_a_checkpoint_waits_for_resume_and_then_ends_the_session.
+func TestACloseDuringACheckpointWaitsForResumeAndThenEndsTheSession(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{})
+	ok(t, "prepare", s.control("prepare", "c1", 10*time.Second, nil))
+	closing := make(chan reply, 1)
+	go func() { closing <- s.post("/ng-rollout/r/close_session", seeded.cookies, map[string]any{}) }()
+	select {
+	case r := <-closing:
+		t.Fatalf("a close during the checkpoint answered %d %s", r.status, r.raw)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// A waiting close is not in flight: it does not hold up the checkpoint.
+	if p := ok(t, "prepare", s.control("prepare", "c1", 10*time.Second, nil)); p.body["phase"] != "prepared" {
+		t.Fatalf("prepare %s", p.raw)
+	}
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	ok(t, "close", <-closing)
+	if got := s.counts()["sessions"]; got != float64(0) {
+		t.Fatalf("sessions after the close: %v", got)
+	}
+}
+
+// TestASessionWhoseRetireWasCutShortStaysUntilARetryFreesItAndBlocksMeanwhile
+// ports test_a_session_whose_retire_was_cut_short_stays_until_a_retry_frees_it_and_blocks_meanwhile:
+// here the retire is cut short while it waits for a verify in flight.
+func TestASessionWhoseRetireWasCutShortStaysUntilARetryFreesItAndBlocksMeanwhile(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	seeded := s.mustSeed("r", map[string]any{"check": "while [ ! -f release ]; do sleep 0.02; done"})
+	sb := handle(t, seeded)
+	verifying := make(chan reply, 1)
+	go func() { verifying <- s.post("/ng-rollout/r/verify", seeded.cookies, map[string]any{}) }()
+	waitFor(t, "the verify in flight", func() bool { return s.counts()["inflight"] == float64(1) })
+	cut := s.control("retire", "retire", 300*time.Millisecond, map[string]any{"episode_ids": episodes("r")})
+	want(t, "a retire cut short", cut, http.StatusConflict, gym.CodeDeadlineExceeded)
+	s.writeFile(sb, "release", "")
+	ok(t, "verify", <-verifying)
+	// The session is still being freed: the next checkpoint waits for it.
+	prepared := ok(t, "prepare", s.control("prepare", "c1", 300*time.Millisecond, nil))
+	report, _ := prepared.body["report"].(map[string]any)
+	if prepared.body["phase"] != "preparing" || fmt.Sprint(report["blockers"]) != "[r]" {
+		t.Fatalf("prepare %s", prepared.raw)
+	}
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	ok(t, "retire again", s.control("retire", "retire", 10*time.Second, map[string]any{"episode_ids": episodes("r")}))
+	if s.exists(sb) || s.counts()["sessions"] != float64(0) {
+		t.Fatalf("after the retry: sandbox there %v, counts %v", s.exists(sb), s.counts())
+	}
+}
