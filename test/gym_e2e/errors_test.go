@@ -74,9 +74,19 @@ func TestErrorCodes(t *testing.T) {
 	// While prepared/committed, new work is parked out.
 	w.coll.post(t.Context(), w.coll.row(3, 0, job{steps: 1, stepS: 0.05})).refusal(t, gym.CodeCheckpointParked)
 	// A scope naming an episode the agent reported as a restart is tested
-	// in TestRestartRuns; a restore into a process with a live session:
+	// in TestRestartRuns; a restore into a process with a live session is
+	// refused by both (Gym's agent and resources install need a process
+	// without live sessions):
 	w.coord.resume(id, deadline)
-	checkRefusal(t, w.coord.to(agent, gym.OpRestore, restoreBody(ckID("restore-live"), ck.dir, ck.scope, deadline)), gym.CodeRefused)
+	for _, m := range w.coord.members {
+		live := ckID("restore-live-" + m.Kind)
+		r := w.coord.to(m, gym.OpRestore, restoreBody(live, ck.dir, ck.scope, deadline))
+		checkRefusal(t, r, gym.CodeRefused)
+		if r.status == http.StatusOK {
+			// Reopen what the wrongly accepted restore closed, so the live run can finish.
+			w.coord.checkResume(w.coord.to(m, gym.OpResume, plainBody(live, deadline)))
+		}
+	}
 	if st := w.coord.status(agent); st.Phase != gym.PhaseIdle || st.Accepting == nil || !*st.Accepting {
 		t.Errorf("the agent after a refused restore: %+v, want idle and accepting", st)
 	}
