@@ -89,13 +89,20 @@ func recordOf(t *testing.T, ck ckpt, name string, id gym.EpisodeID) storedRecord
 }
 
 // TestRestoreAllOrNothing: after a crash, the restore fails on one
-// participant (the owner's records no longer match their digest: 422
-// invalid_checkpoint_state) and succeeds on the other. Gym's
-// coordination.restore then retires the replacement attempts everywhere,
-// which frees the agent's restored state, and resumes everyone. Nothing
-// continues from the partial restore: the replacement attempt is refused
-// stale_attempt, and the row starts over from its input one attempt later.
+// participant (its records no longer match their digest: 422
+// invalid_checkpoint_state) and succeeds on the other; each way round.
+// Gym's coordination.restore then retires the replacement attempts
+// everywhere, which frees the restored state (no session is left on
+// either), and resumes everyone. Nothing continues from the partial restore:
+// the replacement attempt is refused stale_attempt, and the row starts over
+// from its input one attempt later.
 func TestRestoreAllOrNothing(t *testing.T) {
+	for _, failing := range []string{gym.KindResources, gym.KindAgent} {
+		t.Run(failing+" fails", func(t *testing.T) { restoreAllOrNothing(t, failing) })
+	}
+}
+
+func restoreAllOrNothing(t *testing.T, failing string) {
 	const steps = 8
 	w := newWorld(t, options{steps: steps})
 	r := w.coll.row(1, 0, job{steps: steps, stepS: 0.3})
@@ -106,26 +113,30 @@ func TestRestoreAllOrNothing(t *testing.T) {
 	if res := await(t, ch); res.err == nil && res.status == http.StatusOK {
 		t.Fatalf("%s returned although its servers were killed", res)
 	}
-	owner := w.coord.member(gym.KindResources)
-	recordsFile, _ := ck.commits[owner.Name].Manifest["records_file"].(string)
-	path := filepath.Join(ck.dir, "gym", owner.Kind, owner.Instance, recordsFile)
+	bad := w.coord.member(failing)
+	recordsFile, _ := ck.commits[bad.Name].Manifest["records_file"].(string)
+	path := filepath.Join(ck.dir, "gym", bad.Kind, bad.Instance, recordsFile)
 	if err := os.WriteFile(path, []byte("{\"episode_id\": {\"rollout_id\": \"1-0\", \"attempt\": 0}}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	w.startServers()
+	good := w.coord.members[0]
+	if good.Kind == failing {
+		good = w.coord.members[1]
+	}
 	rid := restoreID()
 	deadline := deadlineIn(waitLimit)
 	replies := w.coord.fanOut(w.coord.members, gym.OpRestore, restoreBody(rid, ck.dir, ck.scope, deadline))
-	checkRefusal(t, replies[ownerEntry], gym.CodeCheckpointState)
-	if rr := w.coord.checkRestore(replies[agentEntry]); !slices.Equal(rr.Restored, []string{episode(r).Next().CaptureKey()}) {
-		t.Errorf("the agent's restore %+v", rr)
+	checkRefusal(t, replies[bad.Name], gym.CodeCheckpointState)
+	if rr := w.coord.checkRestore(replies[good.Name]); !slices.Equal(rr.Restored, []string{episode(r).Next().CaptureKey()}) {
+		t.Errorf("%s's restore %+v", good.Name, rr)
 	}
 	// coordination.restore's cleanup.
 	next := []gym.EpisodeID{episode(r).Next()}
 	w.coord.retire(rid, next, deadline)
 	resumed := w.coord.resume(rid, deadline)
-	if resumed[agentEntry].Idempotent || !resumed[ownerEntry].Idempotent {
-		t.Errorf("the cleanup's resume: %+v, want the agent resumed and the owner (never restored) idempotent", resumed)
+	if resumed[good.Name].Idempotent || !resumed[bad.Name].Idempotent {
+		t.Errorf("the cleanup's resume: %+v, want %s resumed and %s (never restored) idempotent", resumed, good.Name, bad.Name)
 	}
 	for _, m := range w.coord.members {
 		if st := w.coord.status(m); st.Phase != gym.PhaseIdle || st.RetiredRollouts != 1 || st.Report.Counts["sessions"] != 0 {
