@@ -3,6 +3,7 @@ package gyme2e
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -134,7 +135,8 @@ func checkOneLaunch(t *testing.T, w *world, rollout string, res rolloutReply, st
 // is never rewritten); while it is open, another id is refused
 // checkpoint_conflict and an operation of the wrong phase invalid_phase;
 // after resume the id is fenced: prepare, commit and renew of it are
-// stale_checkpoint and a second resume answers idempotent. A resume of an
+// stale_checkpoint and a second resume answers idempotent. The owner
+// holds a seed sent while the checkpoint is open until resume. A resume of an
 // id no participant saw is idempotent and fences that id too. Each is
 // checked on both participants.
 func TestReplaysAndFencing(t *testing.T) {
@@ -164,7 +166,24 @@ func TestReplaysAndFencing(t *testing.T) {
 		checkRefusal(t, w.coord.to(m, gym.OpForget, map[string]any{"checkpoint_id": id, "deadline_ts": deadline,
 			"rollout_ids": []string{rolloutID(r)}}), gym.CodeInvalidPhase)
 	}
+	// The owner holds a seed that arrives while the checkpoint is open
+	// until resume (resources.py: it waits instead of being refused).
+	heldRow := w.coll.row(7, 0, job{steps: 1, stepS: 0.05})
+	held := make(chan reply, 1)
+	go func() { held <- w.postOwnerAsync("/ng-rollout/"+rolloutID(heldRow)+"/seed_session", heldRow) }()
+	select {
+	case r := <-held:
+		t.Errorf("%s: answered while the checkpoint was open, want it held until resume", r)
+		held <- r
+	case <-time.After(2 * time.Second):
+	}
 	w.coord.resume(id, deadline)
+	if r := <-held; r.status != http.StatusOK {
+		t.Errorf("%s: the held seed after resume, want 200", r)
+	}
+	if r := w.postOwner(t, "/ng-rollout/"+rolloutID(heldRow)+"/close_session", map[string]any{}); r.status != http.StatusOK {
+		t.Errorf("%s: want 200", r)
+	}
 	for name, rr := range w.coord.resume(id, deadline) {
 		if !rr.Idempotent {
 			t.Errorf("%s: the second resume of %s is not idempotent", name, id)

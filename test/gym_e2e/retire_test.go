@@ -3,9 +3,10 @@ package gyme2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
-	"net/http"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -160,15 +161,27 @@ func TestLeaseExpiry(t *testing.T) {
 // postOwner posts a JSON body to path on the owner's data plane.
 func (w *world) postOwner(t *testing.T, path string, body any) reply {
 	t.Helper()
+	r := w.postOwnerAsync(path, body)
+	if r.status == 0 {
+		t.Fatalf("%s", r.body)
+	}
+	return r
+}
+
+// postOwnerAsync is postOwner for a goroutine: a failure to send is a
+// reply with status 0 and the error as its body.
+func (w *world) postOwnerAsync(path string, body any) reply {
+	r := reply{who: "owner " + path}
 	data, err := json.Marshal(body)
-	if err != nil {
-		t.Fatal(err)
+	if err == nil {
+		var resp *http.Response
+		if resp, err = http.Post(w.ownerURL()+path, "application/json", bytes.NewReader(data)); err == nil {
+			defer resp.Body.Close()
+			r.status = resp.StatusCode
+			r.body, _ = io.ReadAll(resp.Body)
+			return r
+		}
 	}
-	resp, err := http.Post(w.ownerURL()+path, "application/json", bytes.NewReader(data))
-	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	return reply{who: "owner " + path, status: resp.StatusCode, body: out}
+	r.body = []byte(fmt.Sprintf("POST %s: %v", path, err))
+	return r
 }
