@@ -212,9 +212,10 @@ func (c *coordinator) checkStatus(r reply, kind string) statusReply {
 	return st
 }
 
-// checkReport checks a PrepareReport: ready exactly when nothing blocks,
-// at most 100 blockers listed and all counted, capture keys throughout,
-// and the agent's counts.
+// checkReport checks a PrepareReport: ready exactly when nothing blocks
+// (for a resources server, nothing blocks and no request is in flight), at
+// most 100 blockers listed and all counted, capture keys throughout, and
+// the agent's counts.
 func (c *coordinator) checkReport(what string, raw json.RawMessage, kind string) gym.Report {
 	c.t.Helper()
 	if _, err := checkShape(what, raw, reportShape); err != nil {
@@ -228,8 +229,11 @@ func (c *coordinator) checkReport(what string, raw json.RawMessage, kind string)
 		(rep.BlockerCount <= gym.MaxReportedBlockers && rep.BlockerCount != len(rep.Blockers)) {
 		c.t.Errorf("%s: %d blockers listed, blocker_count %d", what, len(rep.Blockers), rep.BlockerCount)
 	}
-	if rep.Ready != (rep.BlockerCount == 0) {
-		c.t.Errorf("%s: ready %v with blocker_count %d", what, rep.Ready, rep.BlockerCount)
+	// Ready means nothing blocks. Not ready with no blocker is the
+	// resources server's requests in flight (resources.py readiness).
+	if rep.Ready && rep.BlockerCount != 0 ||
+		!rep.Ready && rep.BlockerCount == 0 && !(kind == gym.KindResources && rep.Counts["inflight"] > 0) {
+		c.t.Errorf("%s: ready %v with blocker_count %d, counts %v", what, rep.Ready, rep.BlockerCount, rep.Counts)
 	}
 	for _, key := range append(slices.Clone(rep.Blockers), rep.Restarts...) {
 		if _, err := gym.ParseCaptureKey(key); err != nil {

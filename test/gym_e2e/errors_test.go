@@ -10,7 +10,9 @@ import (
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
-// TestErrorCodes: every refusal the agent can answer, in Gym's envelope
+// TestErrorCodes: every refusal the agent can answer (but
+// restart_in_scope, in TestRestartRuns, stale_attempt, in TestRetireForget,
+// and checkpoint_error, in TestRestoreIntoLiveProcess), in Gym's envelope
 // with its code's status, each provoked the way a Gym deployment would
 // meet it; the control-plane ones on the owner too. Routes are matched
 // before anything else (404 unknown route, 405 wrong method), a body that
@@ -18,7 +20,6 @@ import (
 // checked (401 unauthorized).
 func TestErrorCodes(t *testing.T) {
 	w := newWorld(t, options{})
-	agent := w.coord.member(gym.KindAgent)
 	deadline := deadlineIn(waitLimit)
 	id := ckID("errors")
 
@@ -73,26 +74,8 @@ func TestErrorCodes(t *testing.T) {
 	ck := w.checkpoint(id, episodes(r), false)
 	// While prepared/committed, new work is parked out.
 	w.coll.post(t.Context(), w.coll.row(3, 0, job{steps: 1, stepS: 0.05})).refusal(t, gym.CodeCheckpointParked)
-	// A scope naming an episode the agent reported as a restart is tested
-	// in TestRestartRuns; a restore into a process with a live session is
-	// refused by both (Gym's agent and resources install need a process
-	// without live sessions):
 	w.coord.resume(id, deadline)
-	for _, m := range w.coord.members {
-		live := ckID("restore-live-" + m.Kind)
-		r := w.coord.to(m, gym.OpRestore, restoreBody(live, ck.dir, ck.scope, deadline))
-		checkRefusal(t, r, gym.CodeRefused)
-		if r.status == http.StatusOK {
-			// Reopen what the wrongly accepted restore closed, so the live run can finish.
-			w.coord.checkResume(w.coord.to(m, gym.OpResume, plainBody(live, deadline)))
-		}
-	}
-	if st := w.coord.status(agent); st.Phase != gym.PhaseIdle || st.Accepting == nil || !*st.Accepting {
-		t.Errorf("the agent after a refused restore: %+v, want idle and accepting", st)
-	}
-	// The refused restore closed admission for a moment, which may have
-	// paused the run once more.
-	checkOneLaunch(t, w, rolloutID(r), await(t, ch).reply(t), 6, -1)
+	checkOneLaunch(t, w, rolloutID(r), await(t, ch).reply(t), 6, 1)
 
 	for _, m := range w.coord.members {
 		recordsFile, _ := ck.commits[m.Name].Manifest["records_file"].(string)
@@ -107,4 +90,35 @@ func TestErrorCodes(t *testing.T) {
 	}
 	// Nothing refused is lost: a new row runs.
 	checkOneLaunch(t, w, "4-0", w.coll.post(t.Context(), w.coll.row(4, 0, job{steps: 2, stepS: 0.05})).reply(t), 2, 0)
+}
+
+// TestRestoreIntoLiveProcess: a restore sent to a process that serves a
+// live run is refused 409 checkpoint_error by both participants (Gym's
+// agent and resources install need a process without live sessions), and
+// changes nothing: the participant is idle and accepting again, and the
+// live run finishes with every step once.
+func TestRestoreIntoLiveProcess(t *testing.T) {
+	w := newWorld(t, options{})
+	r := w.coll.row(2, 0, job{steps: 6, stepS: 0.3})
+	ch := w.coll.start(r)
+	w.waitStepped(rolloutID(r))
+	id := ckID("live")
+	ck := w.checkpoint(id, episodes(r), false)
+	deadline := deadlineIn(waitLimit)
+	w.coord.resume(id, deadline)
+	for _, m := range w.coord.members {
+		live := ckID("restore-live-" + m.Kind)
+		r := w.coord.to(m, gym.OpRestore, restoreBody(live, ck.dir, ck.scope, deadline))
+		checkRefusal(t, r, gym.CodeRefused)
+		if r.status == http.StatusOK {
+			// Reopen what the wrongly accepted restore closed, so the live run can finish.
+			w.coord.checkResume(w.coord.to(m, gym.OpResume, plainBody(live, deadline)))
+		}
+		if st := w.coord.status(m); st.Phase != gym.PhaseIdle || (st.Accepting != nil && !*st.Accepting) {
+			t.Errorf("%s after a refused restore: %+v, want idle and accepting", m.Name, st)
+		}
+	}
+	// The refused restore closed admission for a moment, which may have
+	// paused the run once more.
+	checkOneLaunch(t, w, rolloutID(r), await(t, ch).reply(t), 6, -1)
 }
