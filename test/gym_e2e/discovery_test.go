@@ -16,7 +16,8 @@ import (
 // 404 there, which Gym's discover takes as "not a participant". An idle
 // participant's status is phase idle with null checkpoint_id and
 // lease_expires_at, no retired rollouts, and a ready report; the agent's
-// also says accepting. Status needs the bearer token.
+// also says accepting. Status needs the bearer token. A checkpoint of an
+// idle deployment writes empty records on both.
 func TestDiscovery(t *testing.T) {
 	w := newWorld(t, options{})
 	offPort := freePort(t)
@@ -51,4 +52,17 @@ func TestDiscovery(t *testing.T) {
 			checkRefusal(t, w.coord.call(m.Name, m.URL, gym.OpStatus, nil, auth), gym.CodeUnauthorized)
 		}
 	}
+	// With nothing in flight a checkpoint writes empty records: a 0-byte
+	// records file named after the digest of nothing, record_count 0.
+	id := ckID("empty")
+	ck := w.checkpoint(id, nil, false)
+	for name, cr := range ck.commits {
+		if cr.Manifest["record_count"] != float64(0) || cr.Manifest["records_sha256"] != emptySHA256 || len(cr.EpisodeIDs) != 0 {
+			t.Errorf("%s: the empty checkpoint's manifest %v, episode_ids %q", name, cr.Manifest, cr.EpisodeIDs)
+		}
+	}
+	w.coord.resume(id, deadlineIn(waitLimit))
 }
+
+// emptySHA256 is the sha256 of no bytes.
+const emptySHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
