@@ -18,9 +18,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ngharness/ngharness/internal/legacyowner"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/config"
+	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
@@ -231,7 +231,13 @@ func runRollout(ctx context.Context, f runFlags) error {
 	})
 	pause := f.pause
 	checkpointDir := filepath.Join(stateDir, "checkpoints")
-	ownerControl := legacyowner.Control(own)
+	newOwnerControl := func() (*gym.Control, error) {
+		return owner.NewControl(own, gym.Config{Instance: "ngdriver_owner", LeaseGrace: driver.DefaultLeaseGrace})
+	}
+	ownerControl, err := newOwnerControl()
+	if err != nil {
+		return err
+	}
 	newRunner := func() *driver.Runner {
 		return &driver.Runner{
 			Adapter:            adapter,
@@ -348,7 +354,11 @@ func runRollout(ctx context.Context, f runFlags) error {
 			attempt++
 			rn = newRunner()
 			if last != nil {
-				ownerControl = legacyowner.Control(own)
+				// The owner lives on (only the driver crashed): a fresh
+				// control plane, as a restarted deployment would have.
+				if ownerControl, err = newOwnerControl(); err != nil {
+					return err
+				}
 				if err := driver.Restore(ctx, []*gym.Control{rn.Participant.Control(), ownerControl}, *last); err != nil {
 					return err
 				}

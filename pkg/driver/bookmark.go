@@ -38,6 +38,9 @@ type Bookmark struct {
 	// VerifyMode is the owner's verify mode (x-ng-checkpoint-verify):
 	// VerifyReplay, or "wait" or "" (a checkpoint waits for the verify).
 	VerifyMode string `json:"verify_mode,omitempty"`
+	// SeedAccess is the sandbox the seed reply named, used when the owner
+	// has no /sandbox_access (it answers 404).
+	SeedAccess *owner.Access `json:"seed_access,omitempty"`
 	// SandboxHint is the sandbox id last used, for logs and for backends
 	// that can reconnect; the owner's /sandbox_access is always asked.
 	SandboxHint string `json:"sandbox_hint,omitempty"`
@@ -182,6 +185,10 @@ func (b Bookmark) Clone() Bookmark {
 	if b.Paused != nil {
 		p := *b.Paused
 		c.Paused = &p
+	}
+	if b.SeedAccess != nil {
+		a := *b.SeedAccess
+		c.SeedAccess = &a
 	}
 	return c
 }

@@ -107,13 +107,3 @@ func Restore(ctx context.Context, parts []*gym.Control, c Committed) error {
 	}
 	return nil
 }
-
-// CheckpointOwner is the owner's checkpoint side by checkpoint id, as the
-// owner server answered it before it became a Gym resources participant.
-//
-// Deprecated: kept only until the owner server runs pkg/gym's control plane.
-type CheckpointOwner interface {
-	Snapshot(ctx context.Context, checkpointID string) (map[string]string, error)
-	Restore(ctx context.Context, checkpointID string) error
-	Retire(ctx context.Context, checkpointID string) error
-}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // TestPausedBookmarkRelaunchesAfterCrash proves that the exported bookmark
@@ -63,9 +64,7 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 		t.Errorf("the crashed run closed its session")
 	}
 
-	if err := e.Owner.Restore(context.Background(), "ckpt-1"); err != nil {
-		t.Fatal(err)
-	}
+	restoreOwner(t, e, "ckpt-1", recs)
 	drivertest.CheckGone(t, "after the owner's restore (the replaced sandbox is stopped)", procs)
 	sb1 := e.Session(ro).SandboxID
 	if sb1 == sb0 {
@@ -130,9 +129,7 @@ func TestGonePausedLaunchLogsWhatTheRelaunchDoes(t *testing.T) {
 	_, bm := bookmarkOf(t, recs, ro)
 	h1.Cancel(driver.ErrCrashed) // while parked: the paused launch goes with it
 	h1.Wait(t)
-	if err := e.Owner.Restore(context.Background(), "ckpt-1"); err != nil {
-		t.Fatal(err)
-	}
+	restoreOwner(t, e, "ckpt-1", recs)
 	sb1 := e.Session(ro).SandboxID
 	if err := os.Remove(filepath.Join(e.SessionOf(sb1, bm.State), "steps")); err != nil {
 		t.Fatal(err)
@@ -155,7 +152,9 @@ func TestGonePausedLaunchLogsWhatTheRelaunchDoes(t *testing.T) {
 // no record of it, its launch is never paused and keeps running through the
 // checkpoint. After a crash it starts over from its input: no record is
 // restored, attempt 2 seeds again and launches fresh (resumed=false). When
-// it ends verified the driver stops its sandbox: no process of it is left.
+// it ends verified the driver stops its sandbox, and the controller's
+// retire of the crashed attempt has the owner stop the old one: no process
+// of either is left.
 func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
@@ -194,11 +193,16 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 	if _, err := h1.Wait(t); !errors.Is(err, driver.ErrCrashed) {
 		t.Fatalf("the crashed run returned %v, want ErrCrashed", err)
 	}
-	if err := e.Owner.Restore(context.Background(), "ckpt-1"); err != nil {
-		t.Fatal(err)
-	}
+	restoreOwner(t, e, "ckpt-1", recs)
 	p2 := newParticipant()
 	restore(t, e, p2, "ckpt-1", recs)
+	// The controller retires the crashed attempt of a rollout it starts
+	// over: the owner stops its session and sandbox (nothing else knows
+	// them: they were never captured).
+	if _, err := e.OwnerControl.Retire(context.Background(), &gym.RetireRequest{Request: request("retire-1"), EpisodeIDs: []gym.EpisodeID{{RolloutID: ro, Attempt: 1}}}); err != nil {
+		t.Fatalf("retire attempt 1 on the owner: %v", err)
+	}
+	drivertest.CheckGone(t, "after the owner retired the crashed attempt", procs)
 	rn2 := e.Runner(drivertest.Fake(steps, stepS), p2)
 	h2 := e.Start(rn2, ro, 2, body)
 	info := e.WaitSeeded(ro, 2)

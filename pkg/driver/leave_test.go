@@ -214,3 +214,24 @@ func TestHostileTaskText(t *testing.T) {
 	}
 	e.CheckNoProcs("after verify")
 }
+
+// TestSeedHandleWhenTheOwnerHasNoSandboxAccess proves the fallback for an
+// owner without /sandbox_access (Gym's main-branch SWE-bench server answers
+// it 404 and names the sandbox in its seed reply): the run connects to the
+// sandbox the seed's sandbox_handle names, through the only backend
+// configured, is not made a restart, and is verified.
+func TestSeedHandleWhenTheOwnerHasNoSandboxAccess(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	e.Owner.WithoutSandboxAccess()
+	ro := e.Rollout("no-access")
+	r := e.Start(e.Runner(drivertest.Fake(3, 0.1), newParticipant()), ro, 1, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t)
+	sb := e.Session(ro).SandboxID
+	if len(r.Launches) != 1 || r.Launches[0].SandboxID != sb {
+		t.Fatalf("launches %+v, want one in the seeded sandbox %s", r.Launches, sb)
+	}
+	if n := e.Owner.Count(drivertest.CallSandboxAccess, ro); n == 0 {
+		t.Errorf("the driver never asked /sandbox_access")
+	}
+	checkVerified(t, e, ro, r)
+}

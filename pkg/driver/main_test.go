@@ -98,8 +98,17 @@ func resume(t *testing.T, p *driver.Participant, id string) {
 // the Env's folder for id, then reads the records back from disk.
 func commit(t *testing.T, e *drivertest.Env, p *driver.Participant, id string, stop bool) []record {
 	t.Helper()
-	if _, err := e.Owner.Snapshot(context.Background(), id); err != nil {
-		t.Fatalf("snapshot %s: %v", id, err)
+	// The owner's side: it snapshots every open session. Its own stop is
+	// the owner's tests' (a stop here is the driver's).
+	oc := e.OwnerControl
+	if rep, err := oc.Prepare(context.Background(), request(id)); err != nil || rep.Phase != gym.PhasePrepared {
+		t.Fatalf("prepare the owner for %s: %+v, %v", id, rep, err)
+	}
+	if _, err := oc.Commit(context.Background(), &gym.CommitRequest{Request: request(id), CheckpointDir: e.CheckpointDir(id)}); err != nil {
+		t.Fatalf("commit the owner's %s: %v", id, err)
+	}
+	if _, err := oc.Resume(context.Background(), request(id)); err != nil {
+		t.Fatalf("resume the owner after %s: %v", id, err)
 	}
 	if _, err := p.Control().Commit(context.Background(), &gym.CommitRequest{Request: request(id), CheckpointDir: e.CheckpointDir(id), Stop: stop}); err != nil {
 		t.Fatalf("commit %s: %v", id, err)
@@ -112,6 +121,24 @@ func commit(t *testing.T, e *drivertest.Env, p *driver.Participant, id string, s
 		t.Fatalf("read back checkpoint %s: %v", id, err)
 	}
 	return toRecords(t, recs)
+}
+
+// restoreOwner restores the owner's records of checkpoint id for recs'
+// episodes (each session forked into a new sandbox for the next attempt)
+// and resumes it, as the controller does after a crash.
+func restoreOwner(t *testing.T, e *drivertest.Env, id string, recs []record) {
+	t.Helper()
+	scope := make([]gym.EpisodeID, len(recs))
+	for i, r := range recs {
+		scope[i] = gym.EpisodeID{RolloutID: r.RolloutID, Attempt: r.Attempt}
+	}
+	ctx := context.Background()
+	if _, err := e.OwnerControl.Restore(ctx, &gym.RestoreRequest{Request: request("restore-" + id), CheckpointDir: e.CheckpointDir(id), EpisodeIDs: scope}); err != nil {
+		t.Fatalf("restore the owner from %s: %v", id, err)
+	}
+	if _, err := e.OwnerControl.Resume(ctx, request("restore-"+id)); err != nil {
+		t.Fatalf("resume the owner after restoring %s: %v", id, err)
+	}
 }
 
 // restore installs the committed checkpoint id into p (every record, each

@@ -190,7 +190,12 @@ func (rn *Runner) seed(ctx context.Context, st *attemptState) error {
 	if reply.Restart {
 		st.log.Info("the owner cannot capture this session: the run is a restart")
 	}
-	lent, err := rn.connect(ctx, st, next.Cookies)
+	if acc, ok := reply.HandleAccess(); ok {
+		// Kept for an owner without /sandbox_access (it answers 404), as
+		// Gym's main-branch SWE-bench server: its seed names the sandbox.
+		next.SeedAccess = &acc
+	}
+	lent, err := rn.connect(ctx, st, next.Cookies, next.SeedAccess)
 	if errors.Is(err, owner.ErrNoSandbox) {
 		next.Restart = true
 		st.log.Info("no sandbox is lent: the run is a restart in a sandbox of the driver's own")
@@ -216,12 +221,19 @@ func (rn *Runner) seed(ctx context.Context, st *attemptState) error {
 	return nil
 }
 
-// connect asks the owner which sandbox is current and connects to it.
-func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies) (LentSandbox, error) {
+// connect asks the owner which sandbox is current and connects to it. An
+// owner that answers /sandbox_access with 404 is taken at the seed reply's
+// word (seedAccess), when it named a sandbox. The backend is the one
+// provider_config_ref names, else the descriptor's provider, else the only
+// backend configured.
+func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies, seedAccess *owner.Access) (LentSandbox, error) {
 	if st.own != nil {
 		return *st.own, nil
 	}
 	acc, err := rn.Owner.SandboxAccess(ctx, st.key, c)
+	if errors.Is(err, owner.ErrNoSandbox) && seedAccess != nil {
+		acc, err = *seedAccess, nil
+	}
 	if err != nil {
 		return LentSandbox{}, fmt.Errorf("ask the owner for the sandbox of %s: %w", st.req.RolloutID, err)
 	}
@@ -229,10 +241,20 @@ func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies
 	if d.Workdir == "" {
 		d.Workdir = acc.Workdir
 	}
-	b, ok := rn.Backends[d.Provider]
-	if !ok {
-		return LentSandbox{}, fmt.Errorf("connect to sandbox %s: no backend %q configured", d.SandboxID, d.Provider)
+	name := acc.Connection.ProviderConfigRef
+	if name == "" {
+		name = d.Provider
 	}
+	b, ok := rn.Backends[name]
+	if !ok && name == "" && len(rn.Backends) == 1 {
+		for _, only := range rn.Backends {
+			b, ok = only, true
+		}
+	}
+	if !ok {
+		return LentSandbox{}, fmt.Errorf("connect to sandbox %s: no backend %q configured", d.SandboxID, name)
+	}
+	d.Provider = b.Name()
 	sb, err := b.Connect(ctx, d)
 	if err != nil {
 		return LentSandbox{}, fmt.Errorf("connect to sandbox %s: %w", d.SandboxID, err)
@@ -258,7 +280,7 @@ func (rn *Runner) harness(ctx context.Context, st *attemptState) error {
 			}
 			continue
 		}
-		lent, err := rn.connect(ctx, st, st.bm.Cookies)
+		lent, err := rn.connect(ctx, st, st.bm.Cookies, st.bm.SeedAccess)
 		if err != nil {
 			return err
 		}

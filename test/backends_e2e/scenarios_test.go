@@ -1,7 +1,6 @@
 package backends_e2e
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -94,9 +93,6 @@ func TestPausedAtCheckpointContinuesInPlace(t *testing.T) {
 		checkStepsOnce(t, dir, 8)
 		if n := harnesses(dir); n != 1 {
 			t.Errorf("the harness was started %d times, want once", n)
-		}
-		if err := w.owner.RetireCheckpoint(context.Background(), "ckpt-1"); err != nil {
-			t.Errorf("retire: %v", err)
 		}
 		w.checkNoProcs("after verify", sb)
 	})

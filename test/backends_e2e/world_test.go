@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ngharness/ngharness/internal/legacyowner"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
@@ -73,8 +72,9 @@ type world struct {
 	log *slog.Logger
 	buf *syncbuf.Buffer
 
-	mu      sync.Mutex
-	handles []*handle
+	mu       sync.Mutex
+	handles  []*handle
+	ownerCtl *gym.Control
 }
 
 func newWorld(t *testing.T, name string) *world {
@@ -601,8 +601,7 @@ func newParticipant() *driver.Participant {
 // controls are the checkpoint participants of one driver and the owner, in
 // Gym's prepare order (agent, then resources).
 func (w *world) controls(p *driver.Participant) []*gym.Control {
-	// owner: old checkpoint side by checkpoint id until it is a Gym participant.
-	return []*gym.Control{p.Control(), legacyowner.Control(w.owner.Owner)}
+	return []*gym.Control{p.Control(), w.ownerControl()}
 }
 
 // checkpoint takes checkpoint id in process: prepare, commit into a
@@ -614,4 +613,19 @@ func (w *world) checkpoint(p *driver.Participant, id string, hold time.Duration)
 // restore restores c into the fresh participant p (and the owner).
 func (w *world) restore(p *driver.Participant, c driver.Committed) error {
 	return driver.Restore(context.Background(), w.controls(p), c)
+}
+
+// ownerControl is the owner's control plane (kind resources), made once
+// per world: the owner outlives the drivers a test crashes.
+func (w *world) ownerControl() *gym.Control {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ownerCtl == nil {
+		c, err := owner.NewControl(w.owner.Owner, gym.Config{Instance: "ngdriver_owner", LeaseGrace: time.Minute})
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		w.ownerCtl = c
+	}
+	return w.ownerCtl
 }

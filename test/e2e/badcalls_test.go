@@ -3,33 +3,21 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/serve"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
-
-// wantRefused checks a control reply is status with an error naming every
-// one of words.
-func wantRefused(t *testing.T, r ctlReply, status int, words ...string) {
-	t.Helper()
-	msg := r.errorText()
-	if r.status != status {
-		t.Errorf("%s, want %d", r, status)
-		return
-	}
-	for _, w := range words {
-		if !strings.Contains(msg, w) {
-			t.Errorf("%s: the error does not name %q", r, w)
-		}
-	}
-}
 
 // wantPhase checks /healthz reports phase.
 func (e *env) wantPhase(phase string) {
@@ -39,13 +27,36 @@ func (e *env) wantPhase(phase string) {
 	}
 }
 
-// TestBadCalls: control calls out of order answer 409 naming the call and
-// the phase, and change nothing; a wrong or missing token answers 401 and
-// changes nothing; a malformed body answers 400; a records file that is
-// truncated or of an unknown version makes restore answer 422 naming the
-// file and the line, installs nothing (the rollout's next run starts at
-// seed, attempt 1) and leaves the file as it was. The participant works
-// after each of them.
+// runRefused checks a /run reply is a refusal in Gym's envelope.
+func runRefused(t *testing.T, r runReply, status int, code string, words ...string) {
+	t.Helper()
+	if r.err != nil {
+		t.Errorf("%s", r)
+		return
+	}
+	wantRefused(t, ctlReply{call: "run " + r.rollout, status: r.status, body: r.body}, status, code, words...)
+}
+
+// TestBadCalls: Gym's control plane refuses what is out of order with its
+// codes and changes nothing: a call the phase does not allow is 409
+// invalid_phase, another checkpoint id while one is active 409
+// checkpoint_conflict naming the active one, a resumed id 409
+// stale_checkpoint (a resume with nothing open answers idempotent and
+// fences its id); a completed prepare or commit is replayed for its id. A
+// wrong or missing token is 401 unauthorized; a body that fails
+// validation (unknown fields too) is FastAPI's 422; /run without identity
+// is 400 rollout_id_required, a second run of a rollout in flight 409
+// run_in_flight, a new rollout while a checkpoint is open 409
+// checkpoint_parked. A commit that cannot write is 422
+// invalid_checkpoint_state and commits nothing. A checkpoint folder whose
+// manifest is missing, of another schema or participant, whose records
+// file is cut or does not match its digest, or whose record is of an
+// unknown bookmark version or another adapter, makes restore answer 422
+// invalid_checkpoint_state naming the file (or the episode), installs
+// nothing (the next attempt starts at seed) and leaves the folder as it
+// was; a good one restores under the restore's own id, answering the
+// source checkpoint and the capture key of attempt + 1. The participant
+// works after each of them.
 func TestBadCalls(t *testing.T) {
 	const steps = 12
 	e := newEnv(t, options{steps: steps})
@@ -53,12 +64,17 @@ func TestBadCalls(t *testing.T) {
 
 	// Out of order, in idle.
 	e.wantPhase("idle")
-	wantRefused(t, c.call(t, "commit", commitBody("x", filepath.Join(e.dir, "x"), nil, false)), http.StatusConflict, "commit", "idle")
-	wantRefused(t, c.call(t, "resume", plainBody("x")), http.StatusConflict, "resume", "idle")
-	e.wantPhase("idle")
+	wantRefused(t, c.call(t, "commit", commitBody("x", filepath.Join(e.dir, "x"), nil, false)), http.StatusConflict, gym.CodeInvalidPhase, "idle")
 	if _, err := os.Stat(filepath.Join(e.dir, "x")); err == nil {
 		t.Errorf("a refused commit wrote its checkpoint_dir")
 	}
+	var res0 gym.ResumeReply
+	c.must(t, "resume", plainBody("x"), &res0)
+	if res0.Phase != gym.PhaseIdle || !res0.Idempotent {
+		t.Errorf("resume with nothing open answered %+v, want idle, idempotent", res0)
+	}
+	wantRefused(t, c.call(t, "prepare", plainBody("x")), http.StatusConflict, gym.CodeStaleCheckpoint, `"x"`)
+	e.wantPhase("idle")
 
 	// Tokens: wrong, missing, another scheme. Nothing changes.
 	for name, auth := range map[string]string{
@@ -69,33 +85,56 @@ func TestBadCalls(t *testing.T) {
 		"suffix":  "Bearer " + e.token + "x",
 	} {
 		r := c.raw(t, "prepare", auth, plainBody("tok-"+name))
-		wantRefused(t, r, http.StatusUnauthorized, "unauthorized")
+		wantRefused(t, r, http.StatusUnauthorized, gym.CodeUnauthorized)
+		wantRefused(t, c.rawStatus(t, auth), http.StatusUnauthorized, gym.CodeUnauthorized)
 		e.wantPhase("idle")
-		r = e.own.raw(t, "commit", auth, commitBody("tok-"+name, filepath.Join(e.dir, "tok"), nil, false))
+		// owner: old control routes until it is a Gym participant
+		r = e.own.raw(t, "commit", auth, ownerBody("tok-"+name))
 		if r.status != http.StatusUnauthorized {
 			t.Errorf("owner %s with a %s token: %s, want 401", r.call, name, r)
 		}
 	}
 
-	// Malformed bodies. (A field the driver does not know is ignored, not
-	// refused: the framework may add fields to the control calls.)
+	// Bodies that fail validation: 422 before the token is looked at, as
+	// in FastAPI, and nothing changes.
 	for name, body := range map[string]string{
-		"not json":      `{"checkpoint_id": `,
-		"not an object": `["x"]`,
-		"no id":         `{"deadline_ts":1}`,
-		"wrong type":    `{"checkpoint_id":7}`,
+		"not json":        `{"checkpoint_id": `,
+		"not an object":   `["x"]`,
+		"no id":           `{"deadline_ts":1}`,
+		"no deadline":     `{"checkpoint_id":"ok"}`,
+		"wrong type":      `{"checkpoint_id":7,"deadline_ts":1}`,
+		"deadline string": `{"checkpoint_id":"ok","deadline_ts":"soon"}`,
+		"bad id":          `{"checkpoint_id":"dup:1","deadline_ts":1}`,
+		"long id":         `{"checkpoint_id":"` + strings.Repeat("k", 129) + `","deadline_ts":1}`,
+		"unknown field":   `{"checkpoint_id":"ok","deadline_ts":1,"records":true}`,
+		"two values":      `{"checkpoint_id":"ok","deadline_ts":1} {}`,
 	} {
 		r := c.call(t, "prepare", body)
-		if r.status != http.StatusBadRequest || r.errorText() == "" {
-			t.Errorf("prepare with a body %s (%s): %s, want 400 with an error", name, body, r)
+		if r.status != http.StatusUnprocessableEntity || r.errorCode() != gym.CodeInvalidRequest || r.errorText() == "" {
+			t.Errorf("prepare with a body %s (%s): %s, want 422 with an error", name, body, r)
 		}
 	}
+	wantRefused(t, c.raw(t, "prepare", "Bearer nope", `{"checkpoint_id":"ok","deadline_ts":1,"x":1}`), http.StatusUnprocessableEntity, gym.CodeInvalidRequest, `"x"`)
+	wantRefused(t, c.call(t, "retire", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "episode_ids": []any{}}),
+		http.StatusUnprocessableEntity, gym.CodeInvalidRequest, "episode_ids")
+	wantRefused(t, c.call(t, "restore", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "checkpoint_dir": e.dir}),
+		http.StatusUnprocessableEntity, gym.CodeInvalidRequest, "episode_ids")
+	wantRefused(t, c.call(t, "commit", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "checkpoint_dir": e.dir,
+		"episode_ids": []any{map[string]any{"rollout_id": "r-a1"}}}), http.StatusUnprocessableEntity, gym.CodeInvalidRequest, "r-a1")
+	if r := c.call(t, "snapshot", plainBody("ok")); r.status != http.StatusNotFound {
+		t.Errorf("an unknown control route: %s, want 404", r)
+	}
 	e.wantPhase("idle")
-	for name, body := range map[string]string{"not json": `{"rollout_id":`, "no rollout id": `{"task":"x"}`, "an array": `[1]`} {
-		r := postRun(t.Context(), c.url, "/run", name, body)
-		if r.err != nil || r.status != http.StatusBadRequest {
-			t.Errorf("POST /run with %s: %s, want 400", name, r)
-		}
+	for name, body := range map[string]string{"not json": `{"_ng_rollout_id":`, "an array": `[1]`} {
+		runRefused(t, postRun(t.Context(), c.url, "/run", name, body), http.StatusUnprocessableEntity, gym.CodeInvalidRequest)
+	}
+	for name, body := range map[string]string{
+		"no identity":        `{"task":"x"}`,
+		"the old rollout_id": `{"rollout_id":"` + e.rollout("old") + `","task":"x"}`,
+		"a task index alone": `{"_ng_task_index":3,"task":"x"}`,
+		"null":               `null`,
+	} {
+		runRefused(t, postRun(t.Context(), c.url, "/run", name, body), http.StatusBadRequest, gym.CodeRolloutIDRequired, gym.FieldRolloutID)
 	}
 
 	// A run, and a prepare whose deadline has passed while it runs: the
@@ -103,9 +142,10 @@ func TestBadCalls(t *testing.T) {
 	id := e.rollout("r0")
 	ch := e.startRun("/run", id, e.body(id, steps, e.opts.stepS))
 	e.waitStepped(id)
-	// The same rollout while it is in flight: 409, and the first goes on.
-	if r := postRun(t.Context(), c.url, "/run", id, e.body(id, steps, e.opts.stepS)); r.status != http.StatusConflict || !strings.Contains(string(r.body), id) {
-		t.Errorf("a second POST /run of %s in flight: %s, want 409 naming it", id, r)
+	// The same rollout while it is in flight, as the same attempt or
+	// another: 409, and the first goes on.
+	for _, b := range []map[string]any{e.body(id, steps, e.opts.stepS), withAttempt(e.body(id, steps, e.opts.stepS), 1)} {
+		runRefused(t, postRun(t.Context(), c.url, "/run", id, b), http.StatusConflict, serve.CodeRunInFlight, id)
 	}
 	ckID := e.prefix + "-ck1"
 	var prep prepared
@@ -116,36 +156,45 @@ func TestBadCalls(t *testing.T) {
 	if err := json.Unmarshal(r.body, &prep); err != nil {
 		t.Fatal(err)
 	}
-	if prep.Parked {
+	emptyDir := filepath.Join(e.dir, "empty-ck")
+	os.MkdirAll(emptyDir, 0o755)
+	if prep.Phase == gym.PhasePrepared {
 		// The run parked before the deadline was even looked at: the
 		// phase is prepared, not preparing.
 		t.Logf("the run parked at once; the calls in preparing are checked in prepared")
-		e.wantPhase("prepared")
 	} else {
-		if len(prep.NotParked) != 1 || prep.NotParked[0] != id {
-			t.Errorf("prepare past its deadline: not_parked %v, want [%s]", prep.NotParked, id)
+		if prep.Phase != gym.PhasePreparing || prep.Report.Ready || !slices.Equal(prep.Report.Blockers, []string{id}) || prep.Report.BlockerCount != 1 {
+			t.Errorf("prepare past its deadline: %+v, want preparing, blocked by [%s]", prep, id)
 		}
 		e.wantPhase("preparing")
-		emptyDir := filepath.Join(e.dir, "empty-ck")
-		os.MkdirAll(emptyDir, 0o755)
-		wantRefused(t, c.call(t, "restore", restoreBody(ckID, emptyDir, nil)), http.StatusConflict, "restore", "preparing")
-		wantRefused(t, c.call(t, "commit", commitBody(ckID, filepath.Join(e.dir, "y"), nil, false)), http.StatusConflict, "commit", "preparing")
-		wantRefused(t, c.call(t, "prepare", plainBody(e.prefix+"-other")), http.StatusConflict, "prepare", "preparing")
+		wantRefused(t, c.call(t, "restore", restoreBody(ckID, emptyDir, nil)), http.StatusConflict, gym.CodeInvalidPhase, "preparing")
+		wantRefused(t, c.call(t, "commit", commitBody(ckID, filepath.Join(e.dir, "y"), nil, false)), http.StatusConflict, gym.CodeInvalidPhase, "preparing")
+		wantRefused(t, c.call(t, "prepare", plainBody(e.prefix+"-other")), http.StatusConflict, gym.CodeConflict, ckID, "preparing")
+		wantRefused(t, c.call(t, "retire", map[string]any{"checkpoint_id": ckID, "deadline_ts": deadline(time.Minute), "episode_ids": episodes(id)}),
+			http.StatusConflict, gym.CodeInvalidPhase, "preparing")
 		e.wantPhase("preparing")
 		// The same prepare again waits for the run to park.
 		c.must(t, "prepare", plainBody(ckID), &prep)
-		if !prep.Parked || len(prep.Records) != 1 {
-			t.Fatalf("prepare again: %+v, want the run parked", prep)
-		}
+	}
+	if prep.Phase != gym.PhasePrepared || !prep.Report.Ready || prep.Report.Counts["sessions"] != 1 || prep.Report.Counts["at_boundary"] != 1 {
+		t.Fatalf("prepare: %+v, want the run parked", prep)
 	}
 	e.wantPhase("prepared")
-	wantRefused(t, c.call(t, "prepare", plainBody(e.prefix+"-other")), http.StatusConflict, "prepare", "prepared")
-	wantRefused(t, c.call(t, "restore", restoreBody(ckID, filepath.Join(e.dir, "empty-ck"), nil)), http.StatusConflict, "restore", "prepared")
-	wantRefused(t, c.call(t, "commit", commitBody(e.prefix+"-other", filepath.Join(e.dir, "other"), nil, false)), http.StatusConflict, "commit", e.prefix+"-other")
+	wantRefused(t, c.call(t, "prepare", plainBody(e.prefix+"-other")), http.StatusConflict, gym.CodeConflict, ckID, "prepared")
+	wantRefused(t, c.call(t, "restore", restoreBody(ckID, emptyDir, nil)), http.StatusConflict, gym.CodeInvalidPhase, "prepared")
+	wantRefused(t, c.call(t, "commit", commitBody(e.prefix+"-other", filepath.Join(e.dir, "other"), nil, false)), http.StatusConflict, gym.CodeConflict, ckID)
+	var again prepared
+	c.must(t, "prepare", plainBody(ckID), &again)
+	if again.Phase != gym.PhasePrepared {
+		t.Errorf("the same prepare again answered %+v, want its reply replayed", again)
+	}
+	// A new rollout while the checkpoint holds admission closed.
+	late := e.rollout("late")
+	runRefused(t, postRun(t.Context(), c.url, "/run", late, e.body(late, 2, 0.05)), http.StatusConflict, gym.CodeCheckpointParked, late)
 	// A wrong or missing token in prepared changes nothing either: no
 	// resume, no records written.
-	wantRefused(t, c.raw(t, "resume", "Bearer nope", plainBody(ckID)), http.StatusUnauthorized, "unauthorized")
-	wantRefused(t, c.raw(t, "commit", "", commitBody(ckID, filepath.Join(e.dir, "tok-commit"), nil, false)), http.StatusUnauthorized, "unauthorized")
+	wantRefused(t, c.raw(t, "resume", "Bearer nope", plainBody(ckID)), http.StatusUnauthorized, gym.CodeUnauthorized)
+	wantRefused(t, c.raw(t, "commit", "", commitBody(ckID, filepath.Join(e.dir, "tok-commit"), nil, false)), http.StatusUnauthorized, gym.CodeUnauthorized)
 	if _, err := os.Stat(filepath.Join(e.dir, "tok-commit")); err == nil {
 		t.Errorf("an unauthorized commit wrote its checkpoint_dir")
 	}
@@ -153,107 +202,193 @@ func TestBadCalls(t *testing.T) {
 
 	ckDir := filepath.Join(e.dir, "checkpoints", ckID)
 	// A commit that cannot write its records fails and commits nothing:
-	// the phase stays prepared and a good commit follows.
-	wantRefused(t, c.call(t, "commit", commitBody(ckID, "relative/ck", nil, false)), http.StatusBadRequest, "relative/ck")
-	r = c.call(t, "commit", commitBody(ckID, "/dev/null/ck", nil, false))
-	if r.status < 400 || !strings.Contains(r.errorText(), "/dev/null") {
-		t.Errorf("commit into /dev/null/ck: %s, want an error naming it", r)
+	// the phase stays prepared. As in Gym, the checkpoint's one export is
+	// then written again only to the same folder and scope (another is
+	// 409 checkpoint_conflict), and once the folder can be written a
+	// retried commit succeeds.
+	blocker := filepath.Dir(ckDir)
+	if err := os.WriteFile(blocker, []byte("not a folder"), 0o644); err != nil {
+		t.Fatal(err)
 	}
+	wantRefused(t, c.call(t, "commit", commitBody(ckID, ckDir, nil, false)), http.StatusUnprocessableEntity, gym.CodeCheckpointState, ckDir)
 	e.wantPhase("prepared")
-	c.must(t, "commit", commitBody(ckID, ckDir, nil, false), nil)
-	e.own.must(t, "commit", commitBody(ckID, ckDir, nil, false), nil)
+	wantRefused(t, c.call(t, "commit", commitBody(ckID, "/dev/null/ck", nil, false)), http.StatusConflict, gym.CodeConflict, ckID)
+	wantRefused(t, c.call(t, "commit", commitBody(ckID, ckDir, episodes(id), false)), http.StatusConflict, gym.CodeConflict, ckID)
+	e.wantPhase("prepared")
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
+	var com committed
+	c.must(t, "commit", commitBody(ckID, ckDir, nil, false), &com)
+	checkCommitted(t, ckDir, ckID, com)
+	// owner: old control routes until it is a Gym participant
+	e.own.must(t, "commit", ownerBody(ckID), nil)
 	e.wantPhase("committed")
-	wantRefused(t, c.call(t, "commit", commitBody(ckID, ckDir, nil, false)), http.StatusConflict, "commit", "committed")
-	wantRefused(t, c.call(t, "restore", restoreBody(ckID, ckDir, nil)), http.StatusConflict, "restore", "committed")
-	wantRefused(t, c.call(t, "prepare", plainBody(e.prefix+"-other")), http.StatusConflict, "prepare", "committed")
+	var com2 committed
+	c.must(t, "commit", commitBody(ckID, ckDir, nil, false), &com2)
+	if com2.Manifest != com.Manifest || !slices.Equal(com2.EpisodeIDs, com.EpisodeIDs) {
+		t.Errorf("the same commit again answered %+v, want its reply replayed %+v", com2, com)
+	}
+	wantRefused(t, c.call(t, "restore", restoreBody(ckID, ckDir, nil)), http.StatusConflict, gym.CodeInvalidPhase, "committed")
+	wantRefused(t, c.call(t, "prepare", plainBody(e.prefix+"-other")), http.StatusConflict, gym.CodeConflict, ckID, "committed")
 	e.wantPhase("committed")
 	e.resume(ckID)
+	var res1 gym.ResumeReply
+	c.must(t, "resume", plainBody(ckID), &res1)
+	if !res1.Idempotent {
+		t.Errorf("a second resume of %s answered %+v, want idempotent", ckID, res1)
+	}
+	wantRefused(t, c.call(t, "prepare", plainBody(ckID)), http.StatusConflict, gym.CodeStaleCheckpoint, ckID)
 	// The participant still works: the run finishes, paused once.
 	res := await(t, ch).result(t)
 	checkOneLaunch(t, e, id, res, steps, 1)
 
-	// Bad records files: copies of the committed one, each corrupted.
-	good, err := os.ReadFile(filepath.Join(ckDir, "gym", "records-"+driverName+".jsonl"))
+	// Bad checkpoint folders: copies of the committed one, each broken.
+	good := participantDir(ckDir)
+	man, err := os.ReadFile(filepath.Join(good, gym.ManifestName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.SplitAfter(string(good), "\n")
-	lines = lines[:len(lines)-1] // the empty string after the last newline
-	if len(lines) != 3 {
-		t.Fatalf("the records file has %d lines, want header, run, end:\n%s", len(lines), good)
+	recName := "records-" + com.Manifest.RecordsSHA256 + ".jsonl"
+	recs, err := os.ReadFile(filepath.Join(good, recName))
+	if err != nil {
+		t.Fatal(err)
 	}
-	bad := map[string]struct {
-		data string
-		line int
-	}{
-		// The end line is gone: the file ends after the run.
-		"no-end-line": {strings.Join(lines[:2], ""), 3},
-		// The last line is cut in the middle.
-		"cut-last-line": {strings.Join(lines[:2], "") + lines[2][:len(lines[2])/2], 3},
-		// The run's line is cut and nothing follows.
-		"cut-run-line": {lines[0] + lines[1][:len(lines[1])-20], 2},
-		// Every "v":1 made "v":9: the header is the first to say so.
-		"version-9": {strings.ReplaceAll(string(good), `"v":1`, `"v":9`), 1},
-		// Only the run's bookmark is of an unknown version.
-		"bookmark-v9": {lines[0] + strings.Replace(lines[1], `"bookmark":{"v":1`, `"bookmark":{"v":9`, 1) + lines[2], 2},
+	if n := bytes.Count(recs, []byte("\n")); n != 1 {
+		t.Fatalf("the records file has %d lines, want the run's:\n%s", n, recs)
+	}
+	var ar driver.AgentRecord
+	if err := json.Unmarshal(recs, &ar); err != nil {
+		t.Fatal(err)
+	}
+	v9 := ar
+	v9.Episode = json.RawMessage(strings.Replace(string(ar.Episode), `"v":1`, `"v":9`, 1))
+	other := ar
+	other.Session.Adapter = "opencode"
+	type broken struct {
+		files   map[string]string // file name in the participant folder: content
+		records []driver.AgentRecord
+		words   []string // what the error must name
+	}
+	manifestPath := func(name string) string {
+		return filepath.Join(participantDir(filepath.Join(e.dir, "bad", name)), gym.ManifestName)
+	}
+	recordsPath := func(name string) string {
+		return filepath.Join(participantDir(filepath.Join(e.dir, "bad", name)), recName)
+	}
+	bad := map[string]broken{
+		// The manifest is published last: without it, nothing is there.
+		"no-manifest": {files: map[string]string{recName: string(recs)}, words: []string{"missing manifest", manifestPath("no-manifest")}},
+		// A commit that died while writing its records left only the
+		// temporary file.
+		"died-mid-write": {files: map[string]string{".records.jsonl.4242": string(recs[:len(recs)/2])}, words: []string{"missing manifest", manifestPath("died-mid-write")}},
+		// The records file is cut in the middle of its line.
+		"cut-records": {files: map[string]string{gym.ManifestName: string(man), recName: string(recs[:len(recs)/2])}, words: []string{recordsPath("cut-records"), "line 1"}},
+		// One byte changed inside a string: still JSON, not the digest.
+		"digest": {files: map[string]string{gym.ManifestName: string(man), recName: strings.Replace(string(recs), `"fake"`, `"faKe"`, 1)},
+			words: []string{recordsPath("digest"), "digest"}},
+		"schema-9": {files: map[string]string{gym.ManifestName: strings.Replace(string(man), `"schema_version": 1`, `"schema_version": 9`, 1), recName: string(recs)},
+			words: []string{manifestPath("schema-9"), "schema 9"}},
+		"other-instance": {files: map[string]string{gym.ManifestName: strings.Replace(string(man), `"instance": "`+driverName+`"`, `"instance": "other"`, 1), recName: string(recs)},
+			words: []string{manifestPath("other-instance"), "agent/other"}},
+		"manifest-not-json": {files: map[string]string{gym.ManifestName: string(man[:len(man)/2]), recName: string(recs)},
+			words: []string{manifestPath("manifest-not-json"), "not JSON"}},
+		// Well stored, but the run's bookmark is of an unknown version, or
+		// another adapter wrote it.
+		"bookmark-v9":   {records: []driver.AgentRecord{v9}, words: []string{id, "version 9"}},
+		"other-adapter": {records: []driver.AgentRecord{other}, words: []string{id, `"opencode"`}},
 	}
 	for name, b := range bad {
 		dir := filepath.Join(e.dir, "bad", name)
-		path := filepath.Join(dir, "gym", "records-"+driverName+".jsonl")
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
+		pdir := participantDir(dir)
+		if b.records != nil {
+			writeRecords(t, dir, ckID, b.records...)
+		} else {
+			if err := os.MkdirAll(pdir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for f, data := range b.files {
+				if err := os.WriteFile(filepath.Join(pdir, f), []byte(data), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
-		if err := os.WriteFile(path, []byte(b.data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		r := c.call(t, "restore", restoreBody(ckID, dir, nil))
-		wantRefused(t, r, http.StatusUnprocessableEntity, path, fmt.Sprintf("line %d", b.line))
-		if name == "version-9" || name == "bookmark-v9" {
-			wantRefused(t, r, http.StatusUnprocessableEntity, "version 9")
-		}
+		before := folderState(t, pdir)
+		r := c.call(t, "restore", restoreBody(e.prefix+"-restore-"+name, dir, episodes(id)))
+		wantRefused(t, r, http.StatusUnprocessableEntity, gym.CodeCheckpointState, b.words...)
 		e.wantPhase("idle")
-		if after, err := os.ReadFile(path); err != nil || !bytes.Equal(after, []byte(b.data)) {
-			t.Errorf("%s: restore changed the records file (%v)", name, err)
-		}
-		if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {
-			t.Errorf("%s: restore left files beside the records file: %v", name, ents)
+		if after := folderState(t, pdir); after != before {
+			t.Errorf("%s: restore changed the checkpoint folder:\n%s\nthen\n%s", name, before, after)
 		}
 	}
-	// A commit that died while writing its records left only the
-	// temporary file: the restore names the missing file, never answers
-	// 200 with nothing restored.
-	died := filepath.Join(e.dir, "bad", "died-mid-write", "gym")
-	os.MkdirAll(died, 0o755)
-	os.WriteFile(filepath.Join(died, ".records-"+driverName+".jsonl.tmp-4242"), good[:len(good)/2], 0o644)
-	wantRefused(t, c.call(t, "restore", restoreBody(ckID, filepath.Dir(died), nil)), http.StatusUnprocessableEntity,
-		filepath.Join(died, "records-"+driverName+".jsonl"), "temporary")
-	e.wantPhase("idle")
-	// The good file under another checkpoint's id, and a checkpoint_dir
-	// that does not exist.
-	wantRefused(t, c.call(t, "restore", restoreBody(e.prefix+"-other", ckDir, nil)), http.StatusUnprocessableEntity, "line 1", e.prefix+"-other")
-	wantRefused(t, c.call(t, "restore", restoreBody(ckID, filepath.Join(e.dir, "nowhere"), nil)), http.StatusUnprocessableEntity, filepath.Join(e.dir, "nowhere"))
+	// A checkpoint_dir that does not exist.
+	nowhere := filepath.Join(e.dir, "nowhere")
+	wantRefused(t, c.call(t, "restore", restoreBody(e.prefix+"-restore-nowhere", nowhere, episodes(id))), http.StatusUnprocessableEntity, gym.CodeCheckpointState, nowhere)
+	// owner: old control routes until it is a Gym participant
 	// The owner: a restore of a checkpoint it never snapshotted is the
 	// caller's error, and changes nothing.
-	if r := e.own.call(t, "restore", restoreBody(e.prefix+"-never", ckDir, nil)); r.status != http.StatusBadRequest && r.status != http.StatusNotFound {
+	if r := e.own.call(t, "restore", ownerBody(e.prefix+"-never")); r.status != http.StatusBadRequest && r.status != http.StatusNotFound {
 		t.Errorf("%s, want 400 or 404", r)
 	}
 	e.wantPhase("idle")
-	// Nothing was installed: the rollout's next run starts at seed, as
-	// attempt 1, and is never relaunched.
-	res = postRun(t.Context(), c.url, "/run", id, e.body(id, 3, 0.05)).result(t)
-	checkOneLaunchFresh(t, id, res, 3)
+	if s := c.status(t); s.Report.Counts["sessions"] != 0 {
+		t.Errorf("status after the refused restores: %+v, want no session", s)
+	}
+	// Nothing was installed: the attempt a restore would have installed
+	// (attempt 1) starts at seed and is never relaunched.
+	res = postRun(t.Context(), c.url, "/run", id, withAttempt(e.body(id, 3, 0.05), 1)).result(t)
+	checkOneLaunchFresh(t, id, 1, res, 3)
 	e.wantPhase("idle")
+
+	// The good folder restores under the restore's own checkpoint id:
+	// the record of attempt 0 is installed for attempt 1, admission stays
+	// closed, and a retire in the restored phase drops it again.
+	restoreID := e.prefix + "-restore-good"
+	var rr gym.RestoreReply
+	c.must(t, "restore", restoreBody(restoreID, ckDir, episodes(id)), &rr)
+	if rr.Phase != gym.PhaseRestored || rr.SourceCheckpointID != ckID || !slices.Equal(rr.Restored, []string{id + "-a1"}) {
+		t.Errorf("restore answered %+v, want restored from %s: [%s-a1]", rr, ckID, id)
+	}
+	if s := c.status(t); s.Phase != gym.PhaseRestored || s.CheckpointID == nil || *s.CheckpointID != restoreID || s.Report.Counts["sessions"] != 1 {
+		t.Errorf("status after the restore: %+v, want restored under %s with 1 session", s, restoreID)
+	}
+	runRefused(t, postRun(t.Context(), c.url, "/run", late, e.body(late, 2, 0.05)), http.StatusConflict, gym.CodeCheckpointParked, late)
+	var ret gym.RetireReply
+	c.must(t, "retire", map[string]any{"checkpoint_id": restoreID, "deadline_ts": deadline(waitLimit),
+		"episode_ids": []gym.EpisodeID{{RolloutID: id, Attempt: 1}}}, &ret)
+	if s := c.status(t); s.Report.Counts["sessions"] != 0 || s.RetiredRollouts != 1 {
+		t.Errorf("status after retiring the restored attempt: %+v, want no session, 1 retired rollout", s)
+	}
+	e.resume(restoreID)
+	res = postRun(t.Context(), c.url, "/run", late, e.body(late, 2, 0.05)).result(t)
+	checkOneLaunchFresh(t, late, 0, res, 2)
 }
 
-// checkOneLaunchFresh checks a run that started at seed as attempt 1.
-func checkOneLaunchFresh(t *testing.T, id string, res result, steps int) {
+// folderState lists a folder's files with their sizes and digests.
+func folderState(t *testing.T, dir string) string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, ent := range ents {
+		data, _ := os.ReadFile(filepath.Join(dir, ent.Name()))
+		sum := sha256.Sum256(data)
+		fmt.Fprintf(&b, "%s %d %x\n", ent.Name(), len(data), sum[:6])
+	}
+	return b.String()
+}
+
+// checkOneLaunchFresh checks a run that started at seed as the attempt.
+func checkOneLaunchFresh(t *testing.T, id string, attempt int, res result, steps int) {
 	t.Helper()
 	if res.Reward != 1 || len(res.Launches) != 1 || res.Response.FirstStep != 1 || res.Response.Steps != steps {
 		t.Errorf("%s: %+v, want a fresh run: reward 1, one launch, steps 1..%d", id, res, steps)
 		return
 	}
-	if l := res.Launches[0]; l.ID != driver.LaunchID(id, 1, 1) || l.Resumed || l.Reason != "first launch" {
-		t.Errorf("%s: launch %+v, want %s, a first launch", id, l, driver.LaunchID(id, 1, 1))
+	if l := res.Launches[0]; l.ID != driver.LaunchID(id, attempt, 1) || l.Resumed || l.Reason != "first launch" {
+		t.Errorf("%s: launch %+v, want %s, a first launch", id, l, driver.LaunchID(id, attempt, 1))
 	}
 }
 
@@ -281,37 +416,77 @@ func TestClientGone(t *testing.T) {
 		return len(left) == 0 && h.Runs == 0, fmt.Sprintf("processes %v, runs %d", left, h.Runs)
 	})
 	res := postRun(t.Context(), e.ctl.url, "/run", id, e.body(id, 3, 0.05)).result(t)
-	checkOneLaunchFresh(t, id, res, 3)
+	checkOneLaunchFresh(t, id, 0, res, 3)
 }
 
-// TestRolloutPath: the rollout and attempt come from the path
-// /ng-rollout/<id>[-a<attempt>]/run as the framework prefixes them, and a
-// body whose rollout_id is the whole path word keeps it whole (a rollout id
-// may itself end in -a<digits>).
-func TestRolloutPath(t *testing.T) {
+// TestRunIdentity: /run takes its identity as Gym's collector and
+// resources servers give it. _ng_rollout_id wins over _ng_task_index and
+// _ng_rollout_index, which otherwise make the rollout id
+// "<task>-<rollout>"; _ng_attempt_index is the attempt (default 0). With
+// no identity in the body the path /ng-rollout/<capture key>/run names
+// it (<id> is attempt 0, <id>-a<N> attempt N); a path and a body that
+// both name one must agree (422 invalid_request otherwise). A malformed
+// _ng_rollout_id (one ending with the reserved -a<N>, or not a string) or
+// capture key is refused with 422, never rewritten into another attempt,
+// and starts nothing.
+func TestRunIdentity(t *testing.T) {
 	e := newEnv(t, options{})
+	only := func(fields map[string]any) map[string]any {
+		b := e.body("", 2, 0.05)
+		delete(b, "_ng_rollout_id")
+		for k, v := range fields {
+			b[k] = v
+		}
+		return b
+	}
 	cases := []struct {
-		path, bodyID, rollout string
-		attempt               int
+		path    string
+		body    map[string]any
+		rollout string
+		attempt int
 	}{
-		{"/ng-rollout/" + e.rollout("y-a2") + "/run", "", e.rollout("y"), 2},
-		{"/ng-rollout/" + e.rollout("x-a7") + "/run", e.rollout("x-a7"), e.rollout("x-a7"), 1},
-		{"/ng-rollout/" + e.rollout("z") + "/run", e.rollout("z"), e.rollout("z"), 1},
-		{"/ng-rollout/" + e.rollout("w-a3") + "/run", e.rollout("w"), e.rollout("w"), 3},
+		{"/ng-rollout/" + e.rollout("y") + "-a2/run", only(nil), e.rollout("y"), 2},
+		{"/ng-rollout/" + e.rollout("z") + "/run", only(map[string]any{"_ng_rollout_id": e.rollout("z")}), e.rollout("z"), 0},
+		{"/ng-rollout/" + e.rollout("w") + "-a3/run", only(map[string]any{"_ng_rollout_id": e.rollout("w"), "_ng_attempt_index": 3}), e.rollout("w"), 3},
+		{"/run", only(map[string]any{"_ng_rollout_id": e.rollout("v"), "_ng_task_index": 4, "_ng_rollout_index": 1}), e.rollout("v"), 0},
+		{"/run", only(map[string]any{"_ng_task_index": e.rollout("t"), "_ng_rollout_index": 5, "_ng_attempt_index": "2"}), e.rollout("t") + "-5", 2},
 	}
 	chans := make([]<-chan runReply, len(cases))
 	for i, c := range cases {
-		b := e.body(c.bodyID, 2, 0.05)
-		if c.bodyID == "" {
-			delete(b, "rollout_id")
-		}
-		chans[i] = e.startRun(c.path, c.rollout, b)
+		chans[i] = e.startRun(c.path, c.rollout, c.body)
 	}
 	for i, c := range cases {
 		res := await(t, chans[i]).result(t)
 		want := driver.LaunchID(c.rollout, c.attempt, 1)
 		if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].ID != want {
-			t.Errorf("POST %s (body rollout_id %q): reward %v, launches %+v; want one launch %s", c.path, c.bodyID, res.Reward, res.Launches, want)
+			t.Errorf("POST %s (body %v): reward %v, launches %+v; want one launch %s", c.path, c.body, res.Reward, res.Launches, want)
 		}
+	}
+	x := e.rollout("x")
+	refused := []struct {
+		path string
+		body map[string]any
+		name []string
+	}{
+		// Path and body disagree: on the attempt, on the rollout.
+		{"/ng-rollout/" + x + "-a2/run", only(map[string]any{"_ng_rollout_id": x}), []string{x + "-a2", x}},
+		{"/ng-rollout/" + x + "/run", only(map[string]any{"_ng_rollout_id": e.rollout("other")}), []string{x, e.rollout("other")}},
+		{"/ng-rollout/" + x + "-a1/run", only(map[string]any{"_ng_task_index": 1, "_ng_rollout_index": 2, "_ng_attempt_index": 1}), []string{x + "-a1", "1-2-a1"}},
+		// A malformed _ng_rollout_id, with or without a path.
+		{"/run", only(map[string]any{"_ng_rollout_id": x + "-a7"}), []string{x + "-a7"}},
+		{"/ng-rollout/" + x + "-a7/run", only(map[string]any{"_ng_rollout_id": x + "-a7"}), []string{x + "-a7"}},
+		{"/run", only(map[string]any{"_ng_rollout_id": 7}), []string{gym.FieldRolloutID}},
+		{"/run", only(map[string]any{"_ng_rollout_id": x, "_ng_attempt_index": -1}), []string{gym.FieldAttemptIndex}},
+		// A capture key whose rollout id ends with the reserved suffix.
+		{"/ng-rollout/" + x + "-a1-a2/run", only(nil), []string{x + "-a1-a2"}},
+	}
+	for _, c := range refused {
+		runRefused(t, postRun(t.Context(), e.ctl.url, c.path, c.path, c.body), http.StatusUnprocessableEntity, gym.CodeInvalidRequest, c.name...)
+	}
+	if h := e.health(); h.Runs != 0 {
+		t.Errorf("refused runs were registered: %d runs", h.Runs)
+	}
+	if files, _ := filepath.Glob(filepath.Join(e.base, "sandboxes", "*", ".ngharness", "state", "fake", x+"*")); len(files) != 0 {
+		t.Errorf("a refused run of %s started a session: %v", x, files)
 	}
 }

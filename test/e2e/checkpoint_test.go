@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // flow is what runCheckpointFlow did: the runs, how many checkpoints paused
@@ -40,23 +41,23 @@ func runCheckpointFlow(t *testing.T, e *env, n, steps int) flow {
 	for k := 1; k <= 2; k++ {
 		ck := e.prepareCommit(fmt.Sprintf("%s-ck%d", e.prefix, k))
 		f.checkpoints = append(f.checkpoints, ck)
-		t.Logf("checkpoint %d: %d runs exported, %d paused in place", k, len(ck.prep.Records), len(ck.paused))
+		t.Logf("checkpoint %d: %d runs exported, %d paused in place", k, len(ck.records), len(ck.paused))
 		if k == 1 && len(ck.paused) == 0 {
-			t.Fatalf("checkpoint 1 paused no run, though every run had taken a step: %+v", ck.prep)
+			t.Fatalf("checkpoint 1 paused no run, though every run had taken a step: %+v", ck.com)
 		}
 		before := map[string]int{}
-		for _, r := range ck.prep.Records {
-			if !ck.paused[r.RolloutID] {
+		for id, r := range ck.records {
+			if !ck.paused[id] {
 				continue
 			}
-			f.pauses[r.RolloutID]++
+			f.pauses[id]++
 			b := r.bookmark(t)
 			last := b.Launches[len(b.Launches)-1]
-			if !b.Resume || last.Pauses != f.pauses[r.RolloutID] || last.ID != driver.LaunchID(r.RolloutID, 1, 1) {
-				t.Errorf("checkpoint %d: the bookmark of paused %s: resume %v, last launch %+v; want resume and pauses %d",
-					k, r.RolloutID, b.Resume, last, f.pauses[r.RolloutID])
+			if r.ID.Attempt != 0 || !b.Resume || last.Pauses != f.pauses[id] || last.ID != driver.LaunchID(id, 0, 1) {
+				t.Errorf("checkpoint %d: the record of paused %s: attempt %d, resume %v, last launch %+v; want attempt 0, resume and pauses %d",
+					k, id, r.ID.Attempt, b.Resume, last, f.pauses[id])
 			}
-			before[r.RolloutID] = len(e.sessionSteps(r.RolloutID))
+			before[id] = len(e.sessionSteps(id))
 		}
 		// A paused harness holds still: no step while the checkpoint is
 		// committed (two steps' time).
@@ -85,20 +86,21 @@ func runCheckpointFlow(t *testing.T, e *env, n, steps int) flow {
 	return f
 }
 
-// checkOneLaunch checks a run that was never relaunched: verified, one
-// launch that finished after pauses pauses, every step taken once.
+// checkOneLaunch checks a run (attempt 0) that was never relaunched:
+// verified, one launch that finished after pauses pauses, every step taken
+// once.
 func checkOneLaunch(t *testing.T, e *env, id string, res result, steps, pauses int) {
 	t.Helper()
 	if res.Reward != 1 || res.FailureKind != "" || res.RolloutID != id {
-		t.Errorf("%s: reward %v failure %q %q (rollout_id %q), want reward 1", id, res.Reward, res.FailureKind, res.FailureReason, res.RolloutID)
+		t.Errorf("%s: reward %v failure %q %q (_ng_rollout_id %q), want reward 1", id, res.Reward, res.FailureKind, res.FailureReason, res.RolloutID)
 	}
 	if len(res.Launches) != 1 {
 		t.Errorf("%s: %d launches, want 1: %+v", id, len(res.Launches), res.Launches)
 		return
 	}
 	l := res.Launches[0]
-	if l.ID != driver.LaunchID(id, 1, 1) || l.Outcome != "finished" || l.ExitCode != 0 || l.Resumed || l.Reason != "first launch" || !l.Supervised || l.Pauses != pauses {
-		t.Errorf("%s: launch %+v, want %s finished, supervised, first launch, pauses %d", id, l, driver.LaunchID(id, 1, 1), pauses)
+	if l.ID != driver.LaunchID(id, 0, 1) || l.Outcome != "finished" || l.ExitCode != 0 || l.Resumed || l.Reason != "first launch" || !l.Supervised || l.Pauses != pauses {
+		t.Errorf("%s: launch %+v, want %s finished, supervised, first launch, pauses %d", id, l, driver.LaunchID(id, 0, 1), pauses)
 	}
 	if res.Response.Steps != steps || res.Response.FirstStep != 1 {
 		t.Errorf("%s: response %+v, want %d steps from step 1", id, res.Response, steps)
@@ -111,8 +113,13 @@ func checkOneLaunch(t *testing.T, e *env, id string, res result, steps, pauses i
 // TestCheckpointedRuns: eight runs at once go through two checkpoints
 // (prepare, commit, owner snapshot, resume) and each finishes verified with
 // its one launch paused in place once per checkpoint that parked it, no
-// step lost or repeated; every commit wrote <checkpoint_dir>/gym/
-// records-<name>.jsonl with a header, the exported runs and an end line.
+// step lost or repeated; every commit published its records as Gym's store
+// does (manifest.json last, naming records-<sha256>.jsonl of
+// driver.AgentRecords under gym/agent/<name>). Then Gym's retire and
+// forget: a retired attempt is refused with 409 stale_attempt (and
+// status counts the mark) until its rollout is forgotten, when it runs
+// again. The owner, on its old routes, drops the snapshots of the first
+// checkpoint it is told to retire and keeps the second's.
 func TestCheckpointedRuns(t *testing.T) {
 	e := newEnv(t, options{steps: 12})
 	f := runCheckpointFlow(t, e, 8, 12)
@@ -124,8 +131,30 @@ func TestCheckpointedRuns(t *testing.T) {
 	if h := e.health(); h.Phase != "idle" || h.Runs != 0 || !h.OK {
 		t.Errorf("/healthz after the runs: %+v, want ok, idle, no runs", h)
 	}
-	// Retiring the first checkpoint: the driver forgets it, the owner drops
-	// its snapshots and keeps the second's.
+	// Retire a finished rollout: its attempt is refused until forgotten.
+	gone := f.ids[0]
+	var ret gym.RetireReply
+	e.ctl.must(t, "retire", map[string]any{"checkpoint_id": e.prefix + "-retire", "deadline_ts": deadline(waitLimit),
+		"episode_ids": episodes(gone)}, &ret)
+	if !slices.Equal(ret.Retired, []string{gone}) {
+		t.Errorf("retire %s answered %+v", gone, ret)
+	}
+	if s := e.ctl.status(t); s.RetiredRollouts != 1 || s.Phase != gym.PhaseIdle {
+		t.Errorf("status after the retire: %+v, want 1 retired rollout, idle", s)
+	}
+	r := postRun(t.Context(), e.ctl.url, "/run", gone, e.body(gone, 2, 0.05))
+	wantRefused(t, ctlReply{call: "run " + gone, status: r.status, body: r.body}, http.StatusConflict, gym.CodeStaleAttempt, gone)
+	var fg gym.ForgetReply
+	e.ctl.must(t, "forget", map[string]any{"checkpoint_id": e.prefix + "-retire", "deadline_ts": deadline(waitLimit),
+		"rollout_ids": []string{gone}}, &fg)
+	if !slices.Equal(fg.Forgotten, []string{gone}) || e.ctl.status(t).RetiredRollouts != 0 {
+		t.Errorf("forget %s answered %+v", gone, fg)
+	}
+	if res := postRun(t.Context(), e.ctl.url, "/run", gone, e.body(gone, 2, 0.05)).result(t); res.Reward != 1 {
+		t.Errorf("%s after the forget: %+v, want reward 1", gone, res)
+	}
+	// The owner drops its snapshots of the first checkpoint and keeps the
+	// second's.
 	ck1, ck2 := f.checkpoints[0].id, f.checkpoints[1].id
 	snaps := func(id string) int {
 		m, _ := filepath.Glob(filepath.Join(e.base, "snapshots", "ck-"+id+"-*"))
@@ -134,8 +163,8 @@ func TestCheckpointedRuns(t *testing.T) {
 	if snaps(ck1) == 0 || snaps(ck2) == 0 {
 		t.Fatalf("snapshots before retire: %d of %s, %d of %s", snaps(ck1), ck1, snaps(ck2), ck2)
 	}
-	e.ctl.must(t, "retire", plainBody(ck1), nil)
-	e.own.must(t, "retire", plainBody(ck1), nil)
+	// owner: old control routes until it is a Gym participant
+	e.own.must(t, "retire", ownerBody(ck1), nil)
 	if n := snaps(ck1); n != 0 {
 		t.Errorf("%d snapshots of the retired %s are left", n, ck1)
 	}
@@ -145,10 +174,11 @@ func TestCheckpointedRuns(t *testing.T) {
 	e.wantPhase("idle")
 }
 
-// TestCommitStop: a commit with stop kills the launches the prepare left
-// paused, once the records are written; the runs stay parked, and after the
-// resume each relaunches on its saved session in the same sandbox and
-// finishes with every step taken once.
+// TestCommitStop: a commit with stop (Gym's "the controller stops after
+// this checkpoint") kills the launches the prepare left paused, once the
+// records are durable; the runs stay parked, and after the resume each
+// relaunches on its saved session in the same sandbox and finishes with
+// every step taken once.
 func TestCommitStop(t *testing.T) {
 	const steps = 12
 	e := newEnv(t, options{steps: steps})
@@ -163,30 +193,31 @@ func TestCommitStop(t *testing.T) {
 	id := e.prefix + "-ck1"
 	var prep prepared
 	e.ctl.must(t, "prepare", plainBody(id), &prep)
+	if prep.Phase != gym.PhasePrepared {
+		t.Fatalf("prepare answered %+v", prep)
+	}
 	dir := filepath.Join(e.dir, "checkpoints", id)
-	var com struct {
-		Records int  `json:"records"`
-		Stopped bool `json:"stopped"`
-	}
+	var com committed
 	e.ctl.must(t, "commit", commitBody(id, dir, nil, true), &com)
-	if !com.Stopped || com.Records != 2 {
-		t.Errorf("commit with stop answered %+v", com)
+	records := checkCommitted(t, dir, id, com)
+	if want := []string{ids[0], ids[1]}; !slices.Equal(com.EpisodeIDs, want) || com.Manifest.RecordCount != 2 {
+		t.Errorf("commit with stop answered %+v, want the records of %v", com, want)
 	}
-	checkRecordsFile(t, filepath.Join(dir, "gym", "records-"+driverName+".jsonl"), id, prep.Records)
 	// Killed at once: nothing of the launches runs, and the runs did not
 	// return.
 	if left := e.leftovers(); len(left) != 0 {
 		t.Errorf("after the commit with stop, processes of the launches are left: %v", left)
 	}
 	done := map[string]int{}
-	for _, r := range prep.Records {
+	for rollout, r := range records {
 		b := r.bookmark(t)
 		if b.Paused == nil {
-			t.Fatalf("%s was not exported paused: %s", r.RolloutID, r.Bookmark)
+			t.Fatalf("%s was not exported paused: %s", rollout, r.Bookmark)
 		}
-		done[r.RolloutID] = len(e.sessionSteps(r.RolloutID))
+		done[rollout] = len(e.sessionSteps(rollout))
 	}
-	e.own.must(t, "commit", commitBody(id, dir, nil, true), nil)
+	// owner: old control routes until it is a Gym participant
+	e.own.must(t, "commit", ownerBody(id), nil)
 	for _, id := range ids {
 		select {
 		case r := <-chans[id]:
@@ -202,12 +233,12 @@ func TestCommitStop(t *testing.T) {
 			continue
 		}
 		first, second := res.Launches[0], res.Launches[1]
-		if first.ID != driver.LaunchID(id, 1, 1) || first.Outcome != "interrupted" || first.Pauses != 1 || !strings.Contains(first.Error, "stopped at a checkpoint commit") {
+		if first.ID != driver.LaunchID(id, 0, 1) || first.Outcome != "interrupted" || first.Pauses != 1 || !strings.Contains(first.Error, "stopped at a checkpoint commit") {
 			t.Errorf("%s: first launch %+v, want interrupted after 1 pause, stopped by the commit", id, first)
 		}
 		reason := fmt.Sprintf("the saved session holds %d completed steps", done[id])
-		if second.ID != driver.LaunchID(id, 1, 2) || !second.Resumed || second.Reason != reason || second.Outcome != "finished" || second.SandboxID != first.SandboxID {
-			t.Errorf("%s: relaunch %+v, want %s resumed (%q) in the same sandbox", id, second, driver.LaunchID(id, 1, 2), reason)
+		if second.ID != driver.LaunchID(id, 0, 2) || !second.Resumed || second.Reason != reason || second.Outcome != "finished" || second.SandboxID != first.SandboxID {
+			t.Errorf("%s: relaunch %+v, want %s resumed (%q) in the same sandbox", id, second, driver.LaunchID(id, 0, 2), reason)
 		}
 		if res.Response.FirstStep != done[id]+1 || res.Response.Steps != steps {
 			t.Errorf("%s: response %+v, want steps %d..%d by the relaunch", id, res.Response, done[id]+1, steps)

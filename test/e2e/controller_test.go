@@ -1,11 +1,13 @@
 package e2e
 
-// The test controller: the checkpoint control plane spoken as the rollout
-// framework speaks it (shared/notes/gym-protocols.md), to the driver and to
-// the owner. POST /ng-control/v1/checkpoint/<call> with Authorization:
-// Bearer; bodies {checkpoint_id, deadline_ts}, commit adds checkpoint_dir,
-// episode_ids and stop, restore is {checkpoint_id, checkpoint_dir,
-// episode_ids}.
+// The test controller: the checkpoint control plane spoken as NeMo Gym's
+// coordinator speaks it (shared/notes/gym-protocols.md), to the driver, and
+// the owner's old control routes. POST /ng-control/v1/checkpoint/<call>
+// with Authorization: Bearer; every body has checkpoint_id and deadline_ts,
+// commit adds checkpoint_dir, episode_ids (the optional scope) and stop,
+// restore adds checkpoint_dir and episode_ids. The driver's records are
+// pkg/gym's store: <checkpoint_dir>/gym/agent/<name>/manifest.json and the
+// records-<sha256>.jsonl it publishes, one driver.AgentRecord a line.
 
 import (
 	"bufio"
@@ -18,9 +20,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // controller calls one participant's control plane.
@@ -41,13 +47,58 @@ func (r ctlReply) String() string {
 	return fmt.Sprintf("%s: HTTP %d %s", r.call, r.status, bytes.TrimSpace(r.body))
 }
 
-// errorText is the "error" of a failed call's JSON body.
-func (r ctlReply) errorText() string {
-	var e struct {
-		Error string `json:"error"`
+// errorCode and errorText read a refusal in any of the shapes it comes
+// in: Gym's envelope {"error": {"code", "detail"}}; FastAPI's 422
+// {"detail": [{"msg"}]} for a control body that fails validation (code
+// invalid_request, as the driver's own /run refusal of one names it); and
+// the owner's old {"error": "text"} (no code).
+func (r ctlReply) errorCode() string { code, _ := refusal(r.body); return code }
+func (r ctlReply) errorText() string { _, text := refusal(r.body); return text }
+
+func refusal(body []byte) (code, text string) {
+	var env struct {
+		Error  json.RawMessage `json:"error"`
+		Detail json.RawMessage `json:"detail"`
 	}
-	json.Unmarshal(r.body, &e)
-	return e.Error
+	if json.Unmarshal(body, &env) != nil {
+		return "", ""
+	}
+	var inner gym.ErrorDetail
+	if json.Unmarshal(env.Error, &inner) == nil && inner.Code != "" {
+		return inner.Code, inner.Detail
+	}
+	var plain string
+	if json.Unmarshal(env.Error, &plain) == nil {
+		return "", plain
+	}
+	var issues []gym.ValidationIssue
+	if json.Unmarshal(env.Detail, &issues) == nil && len(issues) > 0 {
+		var msgs []string
+		for _, is := range issues {
+			msgs = append(msgs, is.Msg)
+		}
+		return gym.CodeInvalidRequest, strings.Join(msgs, "; ")
+	}
+	return "", ""
+}
+
+// wantRefused checks a reply is status with Gym's code (unless code is
+// "", for the owner's old routes) and an error naming every one of words.
+func wantRefused(t *testing.T, r ctlReply, status int, code string, words ...string) {
+	t.Helper()
+	if r.status != status || code != "" && r.errorCode() != code {
+		t.Errorf("%s, want %d %s", r, status, code)
+		return
+	}
+	msg := r.errorText()
+	if msg == "" {
+		t.Errorf("%s: no error text", r)
+	}
+	for _, w := range words {
+		if !strings.Contains(msg, w) {
+			t.Errorf("%s: the error does not name %q", r, w)
+		}
+	}
 }
 
 // raw posts body (any JSON value, or a string sent as is) to the call with
@@ -61,7 +112,7 @@ func (c *controller) raw(t *testing.T, call, auth string, body any) ctlReply {
 	default:
 		data, _ = json.Marshal(b)
 	}
-	req, err := http.NewRequest(http.MethodPost, c.url+"/ng-control/v1/checkpoint/"+call, bytes.NewReader(data))
+	req, err := http.NewRequest(http.MethodPost, c.url+gym.RoutePrefix+"/"+call, bytes.NewReader(data))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +120,11 @@ func (c *controller) raw(t *testing.T, call, auth string, body any) ctlReply {
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
+	return c.do(t, call, req)
+}
+
+func (c *controller) do(t *testing.T, call string, req *http.Request) ctlReply {
+	t.Helper()
 	client := &http.Client{Timeout: waitLimit}
 	resp, err := client.Do(req)
 	if err != nil {
@@ -99,6 +155,31 @@ func (c *controller) must(t *testing.T, call string, body any, out any) {
 	}
 }
 
+// rawStatus is GET status with the given Authorization header ("" sends
+// none).
+func (c *controller) rawStatus(t *testing.T, auth string) ctlReply {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, c.url+gym.RoutePrefix+"/"+gym.OpStatus, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	return c.do(t, gym.OpStatus, req)
+}
+
+// status is GET status, with the token.
+func (c *controller) status(t *testing.T) gym.StatusReply {
+	t.Helper()
+	r := c.rawStatus(t, "Bearer "+c.token)
+	var s gym.StatusReply
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &s) != nil {
+		t.Fatalf("%s", r)
+	}
+	return s
+}
+
 func deadline(d time.Duration) float64 {
 	return float64(time.Now().Add(d).UnixNano()) / 1e9
 }
@@ -108,37 +189,67 @@ func plainBody(id string) map[string]any {
 	return map[string]any{"checkpoint_id": id, "deadline_ts": deadline(waitLimit)}
 }
 
-// commitBody is the commit's body.
-func commitBody(id, dir string, episodes []string, stop bool) map[string]any {
-	if episodes == nil {
-		episodes = []string{}
+// commitBody is the commit's body; a nil scope leaves episode_ids out
+// (every episode).
+func commitBody(id, dir string, scope []gym.EpisodeID, stop bool) map[string]any {
+	b := map[string]any{"checkpoint_id": id, "deadline_ts": deadline(waitLimit), "checkpoint_dir": dir, "stop": stop}
+	if scope != nil {
+		b["episode_ids"] = scope
 	}
-	return map[string]any{"checkpoint_id": id, "deadline_ts": deadline(waitLimit),
-		"checkpoint_dir": dir, "episode_ids": episodes, "stop": stop}
+	return b
 }
 
 // restoreBody is the restore's body.
-func restoreBody(id, dir string, episodes []string) map[string]any {
-	if episodes == nil {
-		episodes = []string{}
+func restoreBody(id, dir string, scope []gym.EpisodeID) map[string]any {
+	if scope == nil {
+		scope = []gym.EpisodeID{}
 	}
-	return map[string]any{"checkpoint_id": id, "checkpoint_dir": dir, "episode_ids": episodes}
+	return map[string]any{"checkpoint_id": id, "deadline_ts": deadline(waitLimit), "checkpoint_dir": dir, "episode_ids": scope}
+}
+
+// ownerBody is a body of the owner's old control routes.
+// owner: old control routes until it is a Gym participant
+func ownerBody(id string) map[string]any {
+	return map[string]any{"checkpoint_id": id}
+}
+
+// episodes are attempt 0 of each rollout.
+func episodes(rollouts ...string) []gym.EpisodeID {
+	out := make([]gym.EpisodeID, len(rollouts))
+	for i, r := range rollouts {
+		out[i] = gym.EpisodeID{RolloutID: r}
+	}
+	return out
 }
 
 // prepared is the driver's answer to prepare.
 type prepared struct {
-	CheckpointID string   `json:"checkpoint_id"`
-	Parked       bool     `json:"parked"`
-	Records      []record `json:"records"`
-	NotParked    []string `json:"not_parked"`
-	ElapsedMS    int64    `json:"elapsed_ms"`
+	Phase  gym.Phase  `json:"phase"`
+	Report gym.Report `json:"report"`
 }
 
-// record is one exported run.
+// committed is the driver's answer to commit.
+type committed struct {
+	Phase      gym.Phase `json:"phase"`
+	Manifest   manifest  `json:"manifest"`
+	EpisodeIDs []string  `json:"episode_ids"`
+}
+
+// manifest is manifest.json (and the commit reply's copy), read strictly.
+type manifest struct {
+	SchemaVersion int    `json:"schema_version"`
+	Kind          string `json:"kind"`
+	Instance      string `json:"instance"`
+	CheckpointID  string `json:"checkpoint_id"`
+	RecordsFile   string `json:"records_file"`
+	RecordsSHA256 string `json:"records_sha256"`
+	RecordCount   int    `json:"record_count"`
+}
+
+// record is one committed run, as the test reads it back.
 type record struct {
-	RolloutID string          `json:"rollout_id"`
-	Attempt   int             `json:"attempt"`
-	Bookmark  json.RawMessage `json:"bookmark"`
+	ID       gym.EpisodeID
+	Bookmark json.RawMessage // the run's bookmark, the adapter's state put back
 }
 
 // bookmark is the part of a bookmark the tests read.
@@ -162,7 +273,7 @@ func (r record) bookmark(t *testing.T) bookmark {
 	t.Helper()
 	var b bookmark
 	if err := json.Unmarshal(r.Bookmark, &b); err != nil {
-		t.Fatalf("the bookmark of %s is not JSON: %v: %s", r.RolloutID, err, r.Bookmark)
+		t.Fatalf("the bookmark of %s is not JSON: %v: %s", r.ID, err, r.Bookmark)
 	}
 	return b
 }
@@ -171,52 +282,54 @@ func (r record) bookmark(t *testing.T) bookmark {
 type checkpoint struct {
 	id, dir string
 	prep    prepared
+	com     committed
+	// records are the runs the commit wrote, by rollout id.
+	records map[string]record
 	// paused maps each rollout exported with its launch paused in place.
 	paused map[string]bool
 }
 
-// prepareCommit runs a checkpoint's first half the framework's way: driver
-// prepare (every run parks), driver commit (the records are written), owner
-// commit (the owner snapshots its sandboxes). Resume is the caller's.
-func (e *env) prepareCommit(id string) checkpoint {
+// prepareCommit runs a checkpoint's first half the coordinator's way:
+// driver prepare (every run parks), driver commit (the records are
+// written), owner commit (the owner snapshots its sandboxes). Resume is
+// the caller's. Each of between, if any, is called with the prepare's
+// reply before the commit.
+func (e *env) prepareCommit(id string, between ...func(prepared)) checkpoint {
 	t := e.t
 	t.Helper()
 	ck := checkpoint{id: id, dir: filepath.Join(e.dir, "checkpoints", id), paused: map[string]bool{}}
 	e.ctl.must(t, "prepare", plainBody(id), &ck.prep)
-	if !ck.prep.Parked || len(ck.prep.NotParked) != 0 {
+	if ck.prep.Phase != gym.PhasePrepared || !ck.prep.Report.Ready || len(ck.prep.Report.Blockers) != 0 || ck.prep.Report.BlockerCount != 0 {
 		t.Fatalf("prepare %s: not every run parked: %+v", id, ck.prep)
 	}
 	if h := e.health(); h.Phase != "prepared" {
 		t.Fatalf("after prepare the phase is %q, want prepared", h.Phase)
 	}
-	for _, r := range ck.prep.Records {
-		b := r.bookmark(t)
-		if b.V != 1 {
-			t.Errorf("prepare %s: %s exported with bookmark version %d", id, r.RolloutID, b.V)
-		}
-		if b.Next == "harness" && b.Paused != nil {
-			ck.paused[r.RolloutID] = true
-		}
+	for _, f := range between {
+		f(ck.prep)
 	}
-	var com struct {
-		CheckpointID string `json:"checkpoint_id"`
-		Records      int    `json:"records"`
-		Path         string `json:"path"`
-		Stopped      bool   `json:"stopped"`
-	}
-	e.ctl.must(t, "commit", commitBody(id, ck.dir, nil, false), &com)
-	want := filepath.Join(ck.dir, "gym", "records-"+driverName+".jsonl")
-	if com.Records != len(ck.prep.Records) || com.Path != want || com.Stopped {
-		t.Fatalf("commit %s answered %+v, want %d records at %s", id, com, len(ck.prep.Records), want)
+	e.ctl.must(t, "commit", commitBody(id, ck.dir, nil, false), &ck.com)
+	ck.records = checkCommitted(t, ck.dir, id, ck.com)
+	if n := ck.prep.Report.Counts["at_boundary"]; n != len(ck.records) {
+		t.Errorf("prepare %s counted %d sessions at a boundary, the commit wrote %d records", id, n, len(ck.records))
 	}
 	if h := e.health(); h.Phase != "committed" {
 		t.Fatalf("after commit the phase is %q, want committed", h.Phase)
 	}
-	checkRecordsFile(t, want, id, ck.prep.Records)
+	for rollout, r := range ck.records {
+		b := r.bookmark(t)
+		if b.V != 1 {
+			t.Errorf("commit %s: %s exported with bookmark version %d", id, rollout, b.V)
+		}
+		if b.Next == "harness" && b.Paused != nil {
+			ck.paused[rollout] = true
+		}
+	}
 	var snap struct {
 		Snapshots int `json:"snapshots"`
 	}
-	e.own.must(t, "commit", commitBody(id, ck.dir, nil, false), &snap)
+	// owner: old control routes until it is a Gym participant
+	e.own.must(t, "commit", ownerBody(id), &snap)
 	if snap.Snapshots < len(ck.paused) {
 		t.Fatalf("owner commit %s took %d snapshots, fewer than the %d paused runs", id, snap.Snapshots, len(ck.paused))
 	}
@@ -226,83 +339,122 @@ func (e *env) prepareCommit(id string) checkpoint {
 // resume opens the checkpoint on the driver.
 func (e *env) resume(id string) {
 	e.t.Helper()
-	var out struct {
-		Resumed bool `json:"resumed"`
-	}
+	var out gym.ResumeReply
 	e.ctl.must(e.t, "resume", plainBody(id), &out)
-	if !out.Resumed {
-		e.t.Fatalf("resume %s did not say resumed", id)
+	if out.Phase != gym.PhaseIdle || out.Idempotent {
+		e.t.Fatalf("resume %s answered %+v, want phase idle, not idempotent", id, out)
 	}
 	if h := e.health(); h.Phase != "idle" {
 		e.t.Fatalf("after resume the phase is %q, want idle", h.Phase)
 	}
 }
 
-// recordsLine is one line of a records file, read strictly: a field the
-// test does not know fails it.
-type recordsLine struct {
-	V            int             `json:"v"`
-	Kind         string          `json:"kind"`
-	CheckpointID string          `json:"checkpoint_id"`
-	Participant  string          `json:"participant"`
-	WrittenAt    string          `json:"written_at"`
-	RolloutID    string          `json:"rollout_id"`
-	Attempt      int             `json:"attempt"`
-	Bookmark     json.RawMessage `json:"bookmark"`
-	Count        *int            `json:"count"`
-	SHA256       string          `json:"sha256"`
+// participantDir is where the driver keeps its records under a checkpoint
+// folder.
+func participantDir(dir string) string {
+	return filepath.Join(dir, "gym", gym.KindAgent, driverName)
 }
 
-// checkRecordsFile checks a records file holds a header, exactly the
-// exported runs (same bookmarks), and an end line counting them whose
-// sha256 is that of every line before it.
-func checkRecordsFile(t *testing.T, path, id string, want []record) {
+// checkCommitted checks what a commit wrote under dir, read strictly (a
+// field the test does not know fails it): manifest.json names the
+// checkpoint, the driver's kind and instance, and a records file whose
+// sha256 and line count it holds; the commit's reply carries the same
+// manifest and the capture keys of exactly the records written; each
+// record is a driver.AgentRecord of the fake adapter whose session key is
+// its rollout. It returns the records by rollout id.
+func checkCommitted(t *testing.T, dir, id string, com committed) map[string]record {
 	t.Helper()
-	f, err := os.Open(path)
+	pdir := participantDir(dir)
+	data, err := os.ReadFile(filepath.Join(pdir, gym.ManifestName))
+	if err != nil {
+		t.Fatalf("the commit's manifest: %v", err)
+	}
+	var m manifest
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		t.Fatalf("%s: %v: %s", filepath.Join(pdir, gym.ManifestName), err, data)
+	}
+	if m.SchemaVersion != 1 || m.Kind != gym.KindAgent || m.Instance != driverName || m.CheckpointID != id ||
+		m.RecordsFile != "records-"+m.RecordsSHA256+".jsonl" {
+		t.Errorf("%s: bad manifest %+v", pdir, m)
+	}
+	if com.Phase != gym.PhaseCommitted || com.Manifest != m {
+		t.Errorf("commit %s answered %+v, want phase committed and the manifest written %+v", id, com, m)
+	}
+	path := filepath.Join(pdir, m.RecordsFile)
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("records file: %v", err)
 	}
-	defer f.Close()
-	var lines []recordsLine
-	sc := bufio.NewScanner(f)
+	if sum := sha256.Sum256(raw); hex.EncodeToString(sum[:]) != m.RecordsSHA256 {
+		t.Errorf("%s: its sha256 is not the manifest's %s", path, m.RecordsSHA256)
+	}
+	out := map[string]record{}
+	var keys []string
+	sc := bufio.NewScanner(bytes.NewReader(raw))
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
+	for n := 1; sc.Scan(); n++ {
 		dec := json.NewDecoder(strings.NewReader(sc.Text()))
 		dec.DisallowUnknownFields()
-		var l recordsLine
-		if err := dec.Decode(&l); err != nil {
-			t.Fatalf("%s line %d: %v: %s", path, len(lines)+1, err, sc.Text())
+		var ar driver.AgentRecord
+		if err := dec.Decode(&ar); err != nil {
+			t.Fatalf("%s line %d: %v: %s", path, n, err, sc.Text())
 		}
-		lines = append(lines, l)
-	}
-	if len(lines) != len(want)+2 {
-		t.Fatalf("%s has %d lines, want a header, %d runs and an end line", path, len(lines), len(want))
-	}
-	h, end := lines[0], lines[len(lines)-1]
-	if h.V != 1 || h.Kind != "header" || h.CheckpointID != id || h.Participant != driverName || h.WrittenAt == "" || h.Count == nil || *h.Count != len(want) {
-		t.Errorf("%s: bad header %+v", path, h)
-	}
-	if end.V != 1 || end.Kind != "end" || end.Count == nil || *end.Count != len(want) {
-		t.Errorf("%s: bad end line %+v", path, end)
-	}
-	if data, err := os.ReadFile(path); err == nil {
-		body := data[:bytes.LastIndexByte(data[:len(data)-1], '\n')+1]
-		if sum := sha256.Sum256(body); end.SHA256 != hex.EncodeToString(sum[:]) {
-			t.Errorf("%s: the end line's sha256 %q is not that of the lines before it", path, end.SHA256)
+		if ar.SessionKey != ar.EpisodeID.RolloutID || ar.Session.Adapter != "fake" || string(ar.Boundary) != "null" {
+			t.Errorf("%s line %d: %+v, want the fake adapter's session keyed by its rollout, boundary null", path, n, ar)
 		}
-	}
-	for i, w := range want {
-		l := lines[i+1]
-		if l.V != 1 || l.Kind != "run" || l.RolloutID != w.RolloutID || l.Attempt != w.Attempt || !sameJSON(l.Bookmark, w.Bookmark) {
-			t.Errorf("%s line %d: %+v, want the exported run %s attempt %d with its bookmark", path, i+2, l, w.RolloutID, w.Attempt)
+		gr, err := gym.ParseRecord(sc.Bytes())
+		if err != nil {
+			t.Fatalf("%s line %d: %v", path, n, err)
 		}
+		_, b, err := driver.ParseAgentRecord(gr)
+		if err != nil {
+			t.Fatalf("%s line %d: %v", path, n, err)
+		}
+		bm, err := b.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, dup := out[ar.EpisodeID.RolloutID]; dup {
+			t.Errorf("%s: two records of %s", path, ar.EpisodeID.RolloutID)
+		}
+		out[ar.EpisodeID.RolloutID] = record{ID: ar.EpisodeID, Bookmark: bm}
+		keys = append(keys, ar.EpisodeID.CaptureKey())
 	}
+	if len(keys) != m.RecordCount {
+		t.Errorf("%s holds %d records, its manifest says %d", path, len(keys), m.RecordCount)
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, com.EpisodeIDs) && !(len(keys) == 0 && len(com.EpisodeIDs) == 0) {
+		t.Errorf("commit %s answered episode_ids %v, the records written are %v", id, com.EpisodeIDs, keys)
+	}
+	return out
 }
 
-func sameJSON(a, b []byte) bool {
-	var x, y bytes.Buffer
-	if json.Compact(&x, a) != nil || json.Compact(&y, b) != nil {
-		return false
+// writeRecords stores records as the driver's commit of checkpoint id
+// would, through pkg/gym's store, and returns the folder.
+func writeRecords(t *testing.T, dir, id string, recs ...driver.AgentRecord) string {
+	t.Helper()
+	var out []gym.Record
+	for _, r := range recs {
+		gr, err := gym.NewRecord(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, gr)
 	}
-	return bytes.Equal(x.Bytes(), y.Bytes())
+	if _, err := gym.WriteState(dir, gym.KindAgent, driverName, id, out, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// seedRecord is the record of a run exported before its seed.
+func seedRecord(rollout string, attempt int) driver.AgentRecord {
+	return driver.AgentRecord{
+		EpisodeID: gym.EpisodeID{RolloutID: rollout, Attempt: attempt}, SessionKey: rollout,
+		Session: driver.AgentSession{Adapter: "fake"}, Boundary: json.RawMessage("null"),
+		Episode: json.RawMessage(`{"v":1,"next":"seed"}`),
+	}
 }

@@ -3,25 +3,31 @@ package e2e
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // TestCrashRestore: a checkpoint is prepared and committed (driver and
 // owner), then the driver is killed with SIGKILL. A new driver on the same
 // config, after the owner's restore (forks of the snapshots) and its own
-// restore from the same checkpoint_dir, gets every run that had not
-// returned again (attempt 2, through the path /ng-rollout/<id>-a2/run or
-// the body's attempt). Each paused run relaunches in the fork with
-// resumed=true and the adapter's reason and continues after its last step
-// (no step twice), the run that was queued continues from its seed
-// bookmark, the restart run starts over, the run that had returned before
-// the checkpoint is not run again, and every rollout returns a verified
-// result.
+// restore from the same checkpoint_dir (Gym's: a restore under its own
+// checkpoint id, scoped to the episodes the controller continues), answers
+// phase restored with the source checkpoint and the capture keys of
+// attempt 1 of every run that had a record. Admission stays closed until
+// the resume: a rollout with no record (the restart run) is refused with
+// 409 checkpoint_parked, while the restored attempts are admitted, through
+// the path /ng-rollout/<id>-a1/run or the body's _ng_attempt_index. Each
+// paused run relaunches in the fork with resumed=true and the adapter's
+// reason and continues after its last step (no step twice), the run that
+// was queued continues from its seed bookmark, the restart run starts over
+// once admission reopens, the run that had returned before the checkpoint
+// is not run again, and every rollout returns a verified result.
 func TestCrashRestore(t *testing.T) {
 	const steps = 12
 	// Five slots: the four paused runs and the restart run take them, a
@@ -58,19 +64,30 @@ func TestCrashRestore(t *testing.T) {
 		return q == 1, fmt.Sprintf("%v queued", q)
 	})
 
-	ck := e.prepareCommit(e.prefix + "-ck1")
-	exported := map[string]record{}
-	for _, r := range ck.prep.Records {
-		exported[r.RolloutID] = r
-	}
+	// A commit scope naming the restart run is refused (the driver holds
+	// none of its state) and commits nothing; Gym's coordinator leaves
+	// restarts out, and so does the commit that follows (no scope).
+	ck := e.prepareCommit(e.prefix+"-ck1", func(prep prepared) {
+		if !slices.Equal(prep.Report.Restarts, []string{restart}) {
+			t.Errorf("prepare reported restarts %v, want [%s]", prep.Report.Restarts, restart)
+		}
+		id := e.prefix + "-ck1"
+		dir := filepath.Join(e.dir, "checkpoints", id)
+		wantRefused(t, e.ctl.call(t, "commit", commitBody(id, dir, episodes(restart, queued), false)), http.StatusConflict, gym.CodeRestartInScope, restart)
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("a refused commit wrote %s", dir)
+		}
+		e.wantPhase("prepared")
+	})
+	exported := ck.records
 	if _, ok := exported[restart]; ok {
 		t.Errorf("the restart run was exported: %s", exported[restart].Bookmark)
 	}
 	if _, ok := exported[quick]; ok {
 		t.Errorf("the run that had returned was exported")
 	}
-	if b := exported[queued].bookmark(t); b.Next != "seed" || exported[queued].Attempt != 1 {
-		t.Errorf("the queued run was exported as %s, want next=seed attempt 1", exported[queued].Bookmark)
+	if b := exported[queued].bookmark(t); b.Next != "seed" || exported[queued].ID.Attempt != 0 {
+		t.Errorf("the queued run was exported as %s (attempt %d), want next=seed attempt 0", exported[queued].Bookmark, exported[queued].ID.Attempt)
 	}
 	atSnapshot := map[string]int{}
 	for _, id := range paused {
@@ -90,38 +107,61 @@ func TestCrashRestore(t *testing.T) {
 	var ownerRestore struct {
 		CheckpointID string `json:"checkpoint_id"`
 	}
-	e.own.must(t, "restore", restoreBody(ck.id, ck.dir, nil), &ownerRestore)
-	var restored struct {
-		Restored int `json:"restored"`
-	}
-	// The framework names the episodes it restores: every rollout of the
-	// test (the returned one has no record, and is not restored).
-	episodes := []string{}
+	// owner: old control routes until it is a Gym participant
+	e.own.must(t, "restore", ownerBody(ck.id), &ownerRestore)
+	// The controller names the episodes it continues: every rollout of the
+	// test (the returned one and the restart have no record, and are not
+	// restored).
+	var all []string
 	for id := range bodies {
-		episodes = append(episodes, id)
+		all = append(all, id)
 	}
-	e.ctl.must(t, "restore", restoreBody(ck.id, ck.dir, episodes), &restored)
-	if restored.Restored != len(ck.prep.Records) {
-		t.Fatalf("the driver restored %d records, want the %d committed", restored.Restored, len(ck.prep.Records))
+	slices.Sort(all)
+	restoreID := e.prefix + "-restore1"
+	var restored gym.RestoreReply
+	e.ctl.must(t, "restore", restoreBody(restoreID, ck.dir, episodes(all...)), &restored)
+	var want []string
+	for _, r := range exported {
+		want = append(want, r.ID.Next().CaptureKey())
+	}
+	slices.Sort(want)
+	if restored.Phase != gym.PhaseRestored || restored.SourceCheckpointID != ck.id || !slices.Equal(restored.Restored, want) {
+		t.Fatalf("the driver's restore answered %+v, want phase restored from %s, restored %v", restored, ck.id, want)
 	}
 	if h := e.health(); h.Phase != "restored" {
 		t.Fatalf("after restore the phase is %q, want restored", h.Phase)
 	}
 
-	// Re-issue every run that had not returned: the same body, attempt 2.
+	// Admission is closed until the resume: the restart run (no record) is
+	// refused; the restored attempts are admitted and wait for it.
+	rb := withAttempt(bodies[restart], 1)
+	r := postRun(t.Context(), e.ctl.url, "/run", restart, rb)
+	wantRefused(t, ctlReply{call: "run " + restart, status: r.status, body: r.body}, http.StatusConflict, gym.CodeCheckpointParked)
+	// Re-issue every run that had a record: the same body, attempt 1.
 	again := map[string]<-chan runReply{}
-	for i, id := range append([]string{restart, queued}, paused...) {
+	for i, id := range append([]string{queued}, paused...) {
 		if i%2 == 0 {
-			again[id] = e.startRun("/ng-rollout/"+id+"-a2/run", id, bodies[id])
+			b := withAttempt(bodies[id], 1)
+			delete(b, "_ng_rollout_id") // the path alone names it
+			delete(b, "_ng_attempt_index")
+			again[id] = e.startRun("/ng-rollout/"+id+"-a1/run", id, b)
 		} else {
-			b := map[string]any{}
-			for k, v := range bodies[id] {
-				b[k] = v
-			}
-			b["attempt"] = 2
-			again[id] = e.startRun("/run", id, b)
+			again[id] = e.startRun("/run", id, withAttempt(bodies[id], 1))
 		}
 	}
+	eventually(t, "the restored attempts are admitted while admission is closed", func() (bool, string) {
+		h := e.health()
+		return h.Runs == len(again), fmt.Sprintf("%d runs registered, want %d", h.Runs, len(again))
+	})
+	for id, ch := range again {
+		select {
+		case r := <-ch:
+			t.Fatalf("restored %s returned before the resume: %s", id, r)
+		default:
+		}
+	}
+	e.resume(restoreID)
+	again[restart] = e.startRun("/run", restart, rb)
 	for _, id := range paused {
 		res := await(t, again[id]).result(t)
 		checkContinued(t, e, id, res, steps, atSnapshot[id], exported[id].bookmark(t))
@@ -131,24 +171,35 @@ func TestCrashRestore(t *testing.T) {
 	res := await(t, again[restart]).result(t)
 	if res.Reward != 1 || len(res.Launches) != 1 || res.Response.FirstStep != 1 || res.Response.Steps != steps {
 		t.Errorf("restart run: %+v, want reward 1, one launch, steps 1..%d", res, steps)
-	} else if l := res.Launches[0]; l.ID != driver.LaunchID(restart, 2, 1) || l.Resumed || l.Reason != "first launch" || l.Outcome != "finished" || l.Pauses != 0 {
-		t.Errorf("restart run: launch %+v, want %s, a first launch that finished, never paused", l, driver.LaunchID(restart, 2, 1))
+	} else if l := res.Launches[0]; l.ID != driver.LaunchID(restart, 1, 1) || l.Resumed || l.Reason != "first launch" || l.Outcome != "finished" || l.Pauses != 0 {
+		t.Errorf("restart run: launch %+v, want %s, a first launch that finished, never paused", l, driver.LaunchID(restart, 1, 1))
 	}
 	// The queued run continues from its seed bookmark: a first launch, as
-	// attempt 2.
+	// attempt 1.
 	res = await(t, again[queued]).result(t)
-	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].ID != driver.LaunchID(queued, 2, 1) || res.Launches[0].Resumed || res.Response.FirstStep != 1 {
-		t.Errorf("queued run: %+v, want reward 1 and one first launch %s", res, driver.LaunchID(queued, 2, 1))
+	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].ID != driver.LaunchID(queued, 1, 1) || res.Launches[0].Resumed || res.Response.FirstStep != 1 {
+		t.Errorf("queued run: %+v, want reward 1 and one first launch %s", res, driver.LaunchID(queued, 1, 1))
 	}
 	if h := e.health(); h.Runs != 0 {
 		t.Errorf("/healthz after every run returned: %+v", h)
 	}
 }
 
+// withAttempt is a copy of a run body naming attempt n of its rollout.
+func withAttempt(body map[string]any, n int) map[string]any {
+	b := map[string]any{}
+	for k, v := range body {
+		b[k] = v
+	}
+	b["_ng_attempt_index"] = n
+	return b
+}
+
 // checkContinued checks a run restored from a bookmark taken while its
-// launch was paused after done steps: the first launch is recorded
-// interrupted after one pause, the second resumed the saved session in the
-// fork (a new sandbox) and took exactly the steps after done, each once.
+// launch was paused after done steps, continued as attempt 1: the first
+// launch (attempt 0's) is recorded interrupted after one pause, the second
+// (attempt 1's) resumed the saved session in the fork (a new sandbox) and
+// took exactly the steps after done, each once.
 func checkContinued(t *testing.T, e *env, id string, res result, steps, done int, bm bookmark) {
 	t.Helper()
 	if res.Reward != 1 || res.FailureKind != "" {
@@ -159,12 +210,12 @@ func checkContinued(t *testing.T, e *env, id string, res result, steps, done int
 		return
 	}
 	first, second := res.Launches[0], res.Launches[1]
-	if first.ID != driver.LaunchID(id, 1, 1) || first.Outcome != "interrupted" || first.Pauses != 1 {
-		t.Errorf("%s: first launch %+v, want %s interrupted after 1 pause", id, first, driver.LaunchID(id, 1, 1))
+	if first.ID != driver.LaunchID(id, 0, 1) || first.Outcome != "interrupted" || first.Pauses != 1 {
+		t.Errorf("%s: first launch %+v, want %s interrupted after 1 pause", id, first, driver.LaunchID(id, 0, 1))
 	}
 	wantReason := fmt.Sprintf("the saved session holds %d completed steps", done)
-	if second.ID != driver.LaunchID(id, 2, 2) || !second.Resumed || second.Reason != wantReason || second.Outcome != "finished" || second.Pauses != 0 {
-		t.Errorf("%s: relaunch %+v, want %s resumed (%q), finished", id, second, driver.LaunchID(id, 2, 2), wantReason)
+	if second.ID != driver.LaunchID(id, 1, 2) || !second.Resumed || second.Reason != wantReason || second.Outcome != "finished" || second.Pauses != 0 {
+		t.Errorf("%s: relaunch %+v, want %s resumed (%q), finished", id, second, driver.LaunchID(id, 1, 2), wantReason)
 	}
 	if second.SandboxID == first.SandboxID || second.SandboxID == "" {
 		t.Errorf("%s: relaunched in sandbox %q, want a fork under a new id (was %q)", id, second.SandboxID, first.SandboxID)

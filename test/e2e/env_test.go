@@ -246,13 +246,15 @@ func (e *env) leftovers() []procInfo {
 func (e *env) rollout(name string) string { return e.prefix + "-" + name }
 
 // body is a run body of the fake adapter with a check that passes only
-// when the workdir's progress holds every step exactly once, in order.
+// when the workdir's progress holds every step exactly once, in order. It
+// names its rollout as a caller that numbers its own dispatches does
+// (_ng_rollout_id; attempt 0 unless _ng_attempt_index says otherwise).
 func (e *env) body(rollout string, steps int, stepS float64) map[string]any {
 	return map[string]any{
-		"rollout_id": rollout,
-		"task":       "count to " + fmt.Sprint(steps),
-		"check":      fmt.Sprintf(`[ "$(cat progress)" = "$(seq -f 'step %%g' 1 %d)" ]`, steps),
-		"fake":       map[string]any{"steps": steps, "step_s": stepS},
+		"_ng_rollout_id": rollout,
+		"task":           "count to " + fmt.Sprint(steps),
+		"check":          fmt.Sprintf(`[ "$(cat progress)" = "$(seq -f 'step %%g' 1 %d)" ]`, steps),
+		"fake":           map[string]any{"steps": steps, "step_s": stepS},
 	}
 }
 
@@ -266,7 +268,7 @@ type runReply struct {
 
 // result is the part of a run's result the tests read.
 type result struct {
-	RolloutID     string  `json:"rollout_id"`
+	RolloutID     string  `json:"_ng_rollout_id"` // the run body's, echoed by the owner's verify
 	Reward        float64 `json:"reward"`
 	FailureKind   string  `json:"failure_kind"`
 	FailureReason string  `json:"failure_reason"`
@@ -312,10 +314,16 @@ func (r runReply) result(t *testing.T) result {
 	return res
 }
 
-// postRun posts a run body to path on url (a driver) and waits for the
-// reply.
+// postRun posts a run body (a JSON value, or a string sent as is) to path
+// on url (a driver) and waits for the reply.
 func postRun(ctx context.Context, url, path, rollout string, body any) runReply {
-	data, _ := json.Marshal(body)
+	var data []byte
+	switch b := body.(type) {
+	case string:
+		data = []byte(b)
+	default:
+		data, _ = json.Marshal(b)
+	}
 	rep := runReply{rollout: rollout}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+path, strings.NewReader(string(data)))
 	if err != nil {

@@ -87,9 +87,10 @@ func (e *env) liveHarnesses() []string {
 }
 
 // TestConcurrencyLimit: with max_runs 2 and 4 runs, at most 2 run at once;
-// a prepare while 2 run and 2 wait exports all 4 (the waiting ones at
-// next=seed, attempt 1, without waiting for them), and all 4 finish
-// verified after the resume.
+// a prepare while 2 run and 2 wait is ready once the 2 running have parked
+// (the queued ones never block it), the commit exports all 4 (the waiting
+// ones at next=seed, attempt 0, no launch), and all 4 finish verified
+// after the resume.
 func TestConcurrencyLimit(t *testing.T) {
 	const steps = 10
 	e := newEnv(t, options{maxRuns: 2, steps: steps})
@@ -121,18 +122,18 @@ func TestConcurrencyLimit(t *testing.T) {
 		}
 	}
 	ck := e.prepareCommit(e.prefix + "-ck1")
-	if len(ck.prep.Records) != 4 {
-		t.Fatalf("prepare exported %d runs, want all 4: %+v", len(ck.prep.Records), ck.prep.Records)
+	if len(ck.records) != 4 {
+		t.Fatalf("the commit wrote %d records, want all 4: %v", len(ck.records), ck.com.EpisodeIDs)
 	}
-	for _, r := range ck.prep.Records {
+	for id, r := range ck.records {
 		b := r.bookmark(t)
 		switch {
-		case slices.Contains(queued, r.RolloutID):
-			if b.Next != "seed" || r.Attempt != 1 || b.Paused != nil || len(b.Launches) != 0 {
-				t.Errorf("queued %s exported as %s, want next=seed attempt 1, no launch", r.RolloutID, r.Bookmark)
+		case slices.Contains(queued, id):
+			if b.Next != "seed" || r.ID.Attempt != 0 || b.Paused != nil || len(b.Launches) != 0 {
+				t.Errorf("queued %s exported as %s (attempt %d), want next=seed attempt 0, no launch", id, r.Bookmark, r.ID.Attempt)
 			}
-		case !ck.paused[r.RolloutID]:
-			t.Errorf("running %s was not exported paused: %s", r.RolloutID, r.Bookmark)
+		case !ck.paused[id]:
+			t.Errorf("running %s was not exported paused: %s", id, r.Bookmark)
 		}
 	}
 	// While the checkpoint holds, the queued runs take no slot.

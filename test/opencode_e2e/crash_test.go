@@ -76,9 +76,7 @@ func (w *world) crashAfterSnapshot(env map[string]string, ready, lasts func(sand
 	}
 	c.attempt1 = byAttempt(w.model.Requests(), 1)
 
-	if err := w.owner.Restore(context.Background(), "ck-1"); err != nil {
-		t.Fatalf("restore ck-1: %v", err)
-	}
+	w.restoreOwner("ck-1", c.committed)
 	c.fork = w.waitSandbox(2)
 	if c.fork == c.old {
 		t.Fatalf("the restore did not fork: sandboxes %v", w.sandboxes())

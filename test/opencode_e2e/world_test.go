@@ -21,6 +21,7 @@ import (
 
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
@@ -83,6 +84,7 @@ type world struct {
 	base    string
 	local   *local.Backend
 	owner   *localowner.Owner
+	ownerCk *gym.Control // the owner's control plane (kind resources)
 	ng      *driver.Ngsup
 	log     *slog.Logger
 	logs    *syncbuf.Buffer
@@ -135,6 +137,11 @@ func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return w.ng.StopSandbox(ctx, sb) },
 		Logger:      w.log,
 	})
+	ownerCk, err := owner.NewControl(w.owner, gym.Config{Instance: "ngdriver_owner", LeaseGrace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.ownerCk = ownerCk
 	t.Cleanup(w.cleanup)
 	return w
 }
@@ -532,15 +539,18 @@ func request(id string) gym.Request {
 	return gym.Request{CheckpointID: id, DeadlineTS: float64(time.Now().Add(patience).UnixNano()) / 1e9}
 }
 
-// prepare opens checkpoint id: every run must park (its launch paused).
+// prepare opens checkpoint id on the driver and the owner, in Gym's order:
+// every run must park (its launch paused).
 func (w *world) prepare(p *driver.Participant, id string) {
 	w.t.Helper()
-	rep, err := p.Control().Prepare(context.Background(), request(id))
-	if err != nil {
-		w.t.Fatalf("prepare %s: %v", id, err)
-	}
-	if rep.Phase != gym.PhasePrepared {
-		w.t.Fatalf("prepare %s: runs not parked: %v", id, rep.Report.Blockers)
+	for _, c := range []*gym.Control{p.Control(), w.ownerCk} {
+		rep, err := c.Prepare(context.Background(), request(id))
+		if err != nil {
+			w.t.Fatalf("prepare %s: %v", id, err)
+		}
+		if rep.Phase != gym.PhasePrepared {
+			w.t.Fatalf("prepare %s: %s not ready: %v", id, c.Status().Kind, rep.Report.Blockers)
+		}
 	}
 }
 
@@ -550,19 +560,18 @@ type committed struct {
 	records []gym.Record
 }
 
-// commit snapshots every open session's sandbox (the owner's side of the
-// commit) and commits into a folder of its own; it returns the snapshots
-// (session -> snapshot id) and what was written, read back from disk.
+// commit commits the owner (it snapshots every open session's sandbox) and
+// the driver into a folder of their own; it returns the snapshots (session
+// -> snapshot id, from the owner's records) and the driver's records, read
+// back from disk.
 func (w *world) commit(p *driver.Participant, id string) (map[string]string, committed) {
 	w.t.Helper()
-	// owner: old checkpoint side by checkpoint id until it is a Gym participant.
-	snaps, err := w.owner.Snapshot(context.Background(), id)
-	if err != nil {
-		w.t.Fatalf("snapshot %s: %v", id, err)
-	}
 	c := committed{dir: filepath.Join(w.t.TempDir(), id)}
-	if _, err := p.Control().Commit(context.Background(), &gym.CommitRequest{Request: request(id), CheckpointDir: c.dir}); err != nil {
-		w.t.Fatalf("commit %s: %v", id, err)
+	ctx := context.Background()
+	for _, ctl := range []*gym.Control{p.Control(), w.ownerCk} {
+		if _, err := ctl.Commit(ctx, &gym.CommitRequest{Request: request(id), CheckpointDir: c.dir}); err != nil {
+			w.t.Fatalf("commit %s (%s): %v", id, ctl.Status().Kind, err)
+		}
 	}
 	if _, err := gym.ReadState(c.dir, gym.KindAgent, driver.DefaultInstance, func(r gym.Record) error {
 		c.records = append(c.records, r)
@@ -570,7 +579,40 @@ func (w *world) commit(p *driver.Participant, id string) (map[string]string, com
 	}); err != nil {
 		w.t.Fatalf("read back %s: %v", id, err)
 	}
+	snaps := map[string]string{}
+	if _, err := gym.ReadState(c.dir, gym.KindResources, "ngdriver_owner", func(r gym.Record) error {
+		var rec struct {
+			SessionID string `json:"session_id"`
+			State     struct {
+				Snapshot string `json:"snapshot"`
+			} `json:"state"`
+		}
+		if err := r.Decode(&rec); err != nil {
+			return err
+		}
+		snaps[rec.SessionID] = rec.State.Snapshot
+		return nil
+	}); err != nil {
+		w.t.Fatalf("read back the owner's records of %s: %v", id, err)
+	}
 	return snaps, c
+}
+
+// restoreOwner restores the owner's records of what commit wrote (every
+// session forked into a new sandbox for its next attempt) and resumes it.
+func (w *world) restoreOwner(id string, c committed) {
+	w.t.Helper()
+	scope := make([]gym.EpisodeID, len(c.records))
+	for i, r := range c.records {
+		scope[i] = r.EpisodeID
+	}
+	ctx := context.Background()
+	if _, err := w.ownerCk.Restore(ctx, &gym.RestoreRequest{Request: request("restore-" + id), CheckpointDir: c.dir, EpisodeIDs: scope}); err != nil {
+		w.t.Fatalf("restore the owner from %s: %v", id, err)
+	}
+	if _, err := w.ownerCk.Resume(ctx, request("restore-"+id)); err != nil {
+		w.t.Fatalf("resume the owner after restoring %s: %v", id, err)
+	}
 }
 
 // restore installs what commit wrote into the fresh participant p, each
@@ -590,11 +632,13 @@ func (w *world) restore(p *driver.Participant, id string, c committed) {
 	}
 }
 
-// resume opens checkpoint id: parked runs go on.
+// resume opens checkpoint id on the driver and the owner: parked runs go on.
 func (w *world) resume(p *driver.Participant, id string) {
 	w.t.Helper()
-	if _, err := p.Control().Resume(context.Background(), request(id)); err != nil {
-		w.t.Fatalf("resume %s: %v", id, err)
+	for _, c := range []*gym.Control{p.Control(), w.ownerCk} {
+		if _, err := c.Resume(context.Background(), request(id)); err != nil {
+			w.t.Fatalf("resume %s: %v", id, err)
+		}
 	}
 }
 

@@ -5,10 +5,17 @@
 // on loopback, as the rollout framework would, and prints a table: prepare
 // time (median, max), pauses, failed pauses and their causes, relaunches,
 // runs lost, runs that repeated a step, the driver's peak memory and CPU.
-// Like a trainer that keeps only its latest checkpoint, it retires the
-// previous committed checkpoint at the owner once the next one is
-// committed (its snapshots are dropped), so a run's disk use stays at about
-// two checkpoints' worth (512 sandboxes: a few GB each).
+// The driver is driven on NeMo Gym's wire as Gym's coordinator and
+// collector drive an agent: runs name themselves with _ng_rollout_id and
+// are posted to /ng-rollout/<capture key>/run; each checkpoint is prepare,
+// commit (into <checkpoint_dir>/gym/agent/soak) and resume; after the crash
+// the new driver restores under its own checkpoint id, scoped to the
+// episodes the last commit wrote, and is resumed before the runs are
+// posted again as their next attempt. Like a trainer that keeps only its
+// latest checkpoint, it retires the previous committed checkpoint at the
+// owner once the next one is committed (its snapshots are dropped), so a
+// run's disk use stays at about two checkpoints' worth (512 sandboxes: a
+// few GB each).
 //
 // Run it with `make soak` (root). It kills only the processes it started,
 // by their process groups, and stops every launch it made through ngsup.
@@ -171,17 +178,90 @@ func (c *controller) post(url string, body any, auth bool) ([]byte, int, error) 
 	return out, resp.StatusCode, err
 }
 
-func (c *controller) call(base, phase string, body map[string]any) (map[string]any, error) {
-	out, code, err := c.post(base+"/ng-control/v1/checkpoint/"+phase, body, true)
+// call posts a control call and decodes its 200 reply into out (may be
+// nil); the body gets a deadline_ts a minute away unless it has one.
+func (c *controller) call(base, phase string, body map[string]any, out any) error {
+	if _, ok := body["deadline_ts"]; !ok {
+		body["deadline_ts"] = float64(time.Now().Add(time.Minute).UnixNano()) / 1e9
+	}
+	data, code, err := c.post(base+"/ng-control/v1/checkpoint/"+phase, body, true)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", phase, err)
+		return fmt.Errorf("%s: %w", phase, err)
 	}
 	if code != 200 {
-		return nil, fmt.Errorf("%s answered %d: %s", phase, code, out)
+		return fmt.Errorf("%s answered %d: %s", phase, code, data)
 	}
-	var m map[string]any
-	json.Unmarshal(out, &m)
-	return m, nil
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s: %w: %s", phase, err, data)
+		}
+	}
+	return nil
+}
+
+// ownerCall is a call of the owner's control routes, by checkpoint id.
+// owner: old control routes until it is a Gym participant
+func (c *controller) ownerCall(base, phase, id string) error {
+	data, code, err := c.post(base+"/ng-control/v1/checkpoint/"+phase, map[string]any{"checkpoint_id": id}, true)
+	if err != nil {
+		return fmt.Errorf("owner %s: %w", phase, err)
+	}
+	if code != 200 {
+		return fmt.Errorf("owner %s answered %d: %s", phase, code, data)
+	}
+	return nil
+}
+
+// The replies of the driver's control plane the soak reads (Gym's).
+type prepareReply struct {
+	Phase  string `json:"phase"`
+	Report struct {
+		Ready        bool     `json:"ready"`
+		Blockers     []string `json:"blockers"`
+		BlockerCount int      `json:"blocker_count"`
+		Restarts     []string `json:"restarts"`
+	} `json:"report"`
+}
+
+type commitReply struct {
+	Phase    string `json:"phase"`
+	Manifest struct {
+		RecordCount int `json:"record_count"`
+	} `json:"manifest"`
+	EpisodeIDs []string `json:"episode_ids"`
+}
+
+type restoreReply struct {
+	Phase              string   `json:"phase"`
+	SourceCheckpointID string   `json:"source_checkpoint_id"`
+	Restored           []string `json:"restored"`
+}
+
+// episodeID is Gym's {rollout_id, attempt}.
+type episodeID struct {
+	RolloutID string `json:"rollout_id"`
+	Attempt   int    `json:"attempt"`
+}
+
+// attemptSuffix is the -a<N> a capture key ends with after attempt 0.
+var attemptSuffix = regexp.MustCompile(`-a([1-9][0-9]*)$`)
+
+// parseKey inverts a capture key: <rollout> is attempt 0, <rollout>-a<N>
+// attempt N.
+func parseKey(key string) episodeID {
+	if m := attemptSuffix.FindStringSubmatchIndex(key); m != nil {
+		n, _ := strconv.Atoi(key[m[2]:m[3]])
+		return episodeID{RolloutID: key[:m[0]], Attempt: n}
+	}
+	return episodeID{RolloutID: key}
+}
+
+// captureKey is the path segment of attempt n of rollout id.
+func captureKey(id string, n int) string {
+	if n == 0 {
+		return id
+	}
+	return fmt.Sprintf("%s-a%d", id, n)
 }
 
 // result is what one rollout came to.
@@ -270,8 +350,8 @@ backends:
 	fmt.Fprintf(os.Stderr, "soak: %d rollouts of %d steps of %.1fs, a checkpoint every %s for %s, crash at %s; work in %s\n",
 		c.rollouts, steps, c.stepS, c.every, c.duration, c.crashAt, c.work)
 
-	// Runs: each re-issued with attempt+1 after the crash (its request
-	// fails when the driver dies), as the framework re-issues a rollout.
+	// Runs: each re-issued as its next attempt after the crash (its request
+	// fails when the driver dies), as Gym re-issues a rollout.
 	restored := make(chan struct{})
 	results := make([]result, c.rollouts)
 	var wg sync.WaitGroup
@@ -282,13 +362,15 @@ backends:
 		go func(i int) {
 			defer wg.Done()
 			id := fmt.Sprintf("soak-%04d", i)
-			body := map[string]any{"rollout_id": id, "task": "soak " + id,
+			body := map[string]any{"_ng_rollout_id": id, "task": "soak " + id,
 				"check": fmt.Sprintf(`test "$(grep -c '^step' progress)" -ge %d`, steps),
 				"fake":  map[string]any{"steps": steps, "step_s": c.stepS},
 			}
-			for attempt := 1; attempt <= 3; attempt++ {
-				results[i].attempts = attempt
-				out, code, err := ctl.post(fmt.Sprintf("%s/ng-rollout/%s-a%d/run", currentDriver().url, id, attempt), body, false)
+			parked := 0
+			for attempt := 0; attempt < 3; attempt++ {
+				results[i].attempts = attempt + 1
+				body["_ng_attempt_index"] = attempt
+				out, code, err := ctl.post(fmt.Sprintf("%s/ng-rollout/%s/run", currentDriver().url, captureKey(id, attempt)), body, false)
 				if err == nil && code >= 500 && code != 503 {
 					results[i].failed = append(results[i].failed, fmt.Sprintf("attempt %d answered %d: %.400s", attempt, code, out))
 				}
@@ -296,6 +378,14 @@ backends:
 					// The driver died under us (or failed the run): wait
 					// for the restore, then post the next attempt.
 					<-restored
+					continue
+				}
+				if code == http.StatusConflict && bytes.Contains(out, []byte(`"checkpoint_parked"`)) && parked < 100 {
+					// Posted while a checkpoint holds admission closed:
+					// Gym's collector posts it again once it reopens.
+					parked++
+					attempt--
+					time.Sleep(200 * time.Millisecond)
 					continue
 				}
 				if code != 200 {
@@ -328,6 +418,7 @@ backends:
 	ckptDir := filepath.Join(c.work, "checkpoints")
 	var driverCPU, driverPeak float64
 	lastCommitted := ""
+	var lastScope []string // the capture keys the last commit wrote
 	for n := 1; time.Since(begin) < c.duration; n++ {
 		time.Sleep(time.Until(begin.Add(time.Duration(n) * c.every)))
 		if time.Since(begin) >= c.duration {
@@ -337,38 +428,39 @@ backends:
 		dir := filepath.Join(ckptDir, id)
 		d := currentDriver()
 		t0 := time.Now()
-		prep, err := ctl.call(d.url, "prepare", map[string]any{"checkpoint_id": id, "deadline_ts": float64(time.Now().Add(60*time.Second).UnixNano()) / 1e9})
+		var prep prepareReply
+		err := ctl.call(d.url, "prepare", map[string]any{"checkpoint_id": id, "deadline_ts": float64(time.Now().Add(60*time.Second).UnixNano()) / 1e9}, &prep)
 		took := time.Since(t0)
 		if err != nil {
 			return err
 		}
 		prepares = append(prepares, took.Seconds())
-		if np, _ := prep["not_parked"].([]any); len(np) > 0 {
-			for _, x := range np {
-				notParked = append(notParked, fmt.Sprint(x))
+		if prep.Phase != "prepared" {
+			notParked = append(notParked, prep.Report.Blockers...)
+			if err := ctl.call(d.url, "resume", map[string]any{"checkpoint_id": id}, nil); err != nil {
+				return err
 			}
-			ctl.call(d.url, "resume", map[string]any{"checkpoint_id": id})
-			fmt.Fprintf(os.Stderr, "soak: %s: %d runs not parked; resumed without commit\n", id, len(np))
+			fmt.Fprintf(os.Stderr, "soak: %s: %d runs not parked by the deadline; resumed without commit\n", id, prep.Report.BlockerCount)
 			continue
 		}
-		recs, _ := prep["records"].([]any)
-		if _, err := ctl.call(d.url, "commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": dir}); err != nil {
+		var com commitReply
+		if err := ctl.call(d.url, "commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": dir}, &com); err != nil {
 			return err
 		}
-		if _, err := ctl.call(owner.url, "commit", map[string]any{"checkpoint_id": id}); err != nil {
+		if err := ctl.ownerCall(owner.url, "commit", id); err != nil {
 			return err
 		}
-		if _, err := ctl.call(d.url, "resume", map[string]any{"checkpoint_id": id}); err != nil {
+		if err := ctl.call(d.url, "resume", map[string]any{"checkpoint_id": id}, nil); err != nil {
 			return err
 		}
 		if lastCommitted != "" {
-			if _, err := ctl.call(owner.url, "retire", map[string]any{"checkpoint_id": lastCommitted}); err != nil {
+			if err := ctl.ownerCall(owner.url, "retire", lastCommitted); err != nil {
 				fmt.Fprintf(os.Stderr, "soak: retire %s: %v\n", lastCommitted, err)
 			}
 		}
-		lastCommitted = id
-		fmt.Fprintf(os.Stderr, "soak: %s at %5.1fs: prepare %.3fs, %d runs exported, %d finished\n",
-			id, time.Since(begin).Seconds(), took.Seconds(), len(recs), finished.Load())
+		lastCommitted, lastScope = id, com.EpisodeIDs
+		fmt.Fprintf(os.Stderr, "soak: %s at %5.1fs: prepare %.3fs, %d runs exported, %d restarts, %d finished\n",
+			id, time.Since(begin).Seconds(), took.Seconds(), com.Manifest.RecordCount, len(prep.Report.Restarts), finished.Load())
 		if !crashed && time.Since(begin) >= c.crashAt {
 			crashed = true
 			time.Sleep(2 * time.Second)
@@ -383,14 +475,24 @@ backends:
 			driverMu.Lock()
 			driver = nd
 			driverMu.Unlock()
-			if _, err := ctl.call(owner.url, "restore", map[string]any{"checkpoint_id": lastCommitted}); err != nil {
+			if err := ctl.ownerCall(owner.url, "restore", lastCommitted); err != nil {
 				return err
 			}
-			r, err := ctl.call(nd.url, "restore", map[string]any{"checkpoint_id": lastCommitted, "checkpoint_dir": filepath.Join(ckptDir, lastCommitted)})
-			if err != nil {
+			// The controller continues the episodes the last commit wrote.
+			scope := make([]episodeID, 0, len(lastScope))
+			for _, k := range lastScope {
+				scope = append(scope, parseKey(k))
+			}
+			restoreID := "restore-" + lastCommitted
+			var r restoreReply
+			if err := ctl.call(nd.url, "restore", map[string]any{"checkpoint_id": restoreID,
+				"checkpoint_dir": filepath.Join(ckptDir, lastCommitted), "episode_ids": scope}, &r); err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "soak: restored %v runs from %s\n", r["restored"], lastCommitted)
+			if err := ctl.call(nd.url, "resume", map[string]any{"checkpoint_id": restoreID}, nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "soak: restored %d runs from %s\n", len(r.Restored), r.SourceCheckpointID)
 			close(restored)
 		}
 	}

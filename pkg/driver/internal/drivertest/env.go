@@ -30,6 +30,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -92,6 +93,9 @@ type Env struct {
 	// LocalOwner is the real owner; Owner wraps it for the Runner.
 	LocalOwner *localowner.Owner
 	Owner      *Owner
+	// OwnerControl is the owner's checkpoint control plane (kind
+	// resources, instance OwnerInstance).
+	OwnerControl *gym.Control
 	// Ngsup is the driver's ngsup (the owner's StopSandbox uses it too).
 	Ngsup *driver.Ngsup
 	Log   *slog.Logger
@@ -144,9 +148,15 @@ func New(t *testing.T) *Env {
 		Logger:      e.Log,
 	})
 	e.Owner = NewOwner(e.LocalOwner)
+	if e.OwnerControl, err = owner.NewControl(e.LocalOwner, gym.Config{Instance: OwnerInstance, LeaseGrace: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(e.cleanup)
 	return e
 }
+
+// OwnerInstance is the owner's Gym instance name in the tests.
+const OwnerInstance = "ngdriver_owner"
 
 // CheckpointDir is the folder checkpoint id is committed into.
 func (e *Env) CheckpointDir(id string) string { return filepath.Join(e.ckRoot, id) }

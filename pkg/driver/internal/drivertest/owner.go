@@ -3,6 +3,7 @@ package drivertest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 
 	"github.com/ngharness/ngharness/pkg/driver/owner"
@@ -35,6 +36,17 @@ type Owner struct {
 	rollout map[string]string          // session id -> rollout
 	// beforeSeed, when set, runs before a seed is passed on.
 	beforeSeed func(ctx context.Context, rollout string) error
+	// noAccess makes /sandbox_access answer 404, as an owner without it.
+	noAccess bool
+}
+
+// WithoutSandboxAccess makes SandboxAccess answer owner.ErrNoSandbox from
+// now on, as Gym's main-branch SWE-bench server (it has no
+// /sandbox_access; its seed reply names the sandbox).
+func (o *Owner) WithoutSandboxAccess() {
+	o.mu.Lock()
+	o.noAccess = true
+	o.mu.Unlock()
 }
 
 var _ owner.Owner = (*Owner)(nil)
@@ -88,6 +100,14 @@ func (o *Owner) SeedSession(ctx context.Context, key string, body json.RawMessag
 
 // SandboxAccess implements owner.Owner.
 func (o *Owner) SandboxAccess(ctx context.Context, key string, c owner.Cookies) (owner.Access, error) {
+	o.mu.Lock()
+	none := o.noAccess
+	o.mu.Unlock()
+	if none {
+		err := fmt.Errorf("drivertest: %w: this owner has no /sandbox_access", owner.ErrNoSandbox)
+		o.record(CallSandboxAccess, c, "", err)
+		return owner.Access{}, err
+	}
 	a, err := o.Owner.SandboxAccess(ctx, key, c)
 	o.record(CallSandboxAccess, c, "", err)
 	return a, err

@@ -789,3 +789,35 @@ func TestASessionWhoseRetireWasCutShortStaysUntilARetryFreesItAndBlocksMeanwhile
 		t.Fatalf("after the retry: sandbox there %v, counts %v", s.exists(sb), s.counts())
 	}
 }
+
+// TestASessionKeepsOnlyItsLatestSnapshots proves that a long run's
+// checkpoints do not fill the disk: after five commits of one session,
+// only the snapshots of the last localowner.KeptSnapshots remain, and the
+// last commit's snapshot (the one its record names) is among them.
+func TestASessionKeepsOnlyItsLatestSnapshots(t *testing.T) {
+	base := t.TempDir()
+	s := newServer(t, base)
+	s.mustSeed("keep", map[string]any{"files": map[string]string{"a.txt": "one"}})
+	var last string
+	for i := 1; i <= 5; i++ {
+		id, dir := fmt.Sprintf("c%d", i), t.TempDir()
+		s.commit(id, dir, nil)
+		ok(t, "resume", s.control("resume", id, 5*time.Second, nil))
+		var rec localowner.Record
+		if _, err := gym.ReadState(dir, gym.KindResources, instance, func(r gym.Record) error { return r.Decode(&rec) }); err != nil {
+			t.Fatal(err)
+		}
+		last = rec.State.Snapshot
+	}
+	snaps, err := filepath.Glob(filepath.Join(base, "snapshots", "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, len(snaps))
+	for i, p := range snaps {
+		names[i] = filepath.Base(p)
+	}
+	if len(names) != localowner.KeptSnapshots || !slices.Contains(names, last) {
+		t.Fatalf("snapshots left after 5 commits: %v; want %d of them, %s among them", names, localowner.KeptSnapshots, last)
+	}
+}

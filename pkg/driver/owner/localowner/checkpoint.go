@@ -195,7 +195,11 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 		if err != nil {
 			return fmt.Errorf("session %s of %s: %w", s.id, id.CaptureKey(), err)
 		}
+		if _, again := s.snapshots[checkpointID]; !again {
+			s.exported = append(s.exported, checkpointID)
+		}
 		s.snapshots[checkpointID] = snap
+		o.dropOldSnapshots(ctx, s)
 		rec, err := gym.NewRecord(Record{EpisodeID: id, SessionID: s.id, State: SessionState{
 			Provider: o.opt.Sandboxes.Name(), Snapshot: snap,
 			SandboxID: s.sandboxID, Generation: s.generation, Workdir: s.workdir,
@@ -219,6 +223,29 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 		}
 	}
 	return out, nil
+}
+
+// KeptSnapshots is how many of its latest exports' snapshots a session
+// keeps: the one being committed, and the two before it in case that commit
+// never becomes durable (a restore then reads an earlier checkpoint). Older
+// ones are removed, so a long run's checkpoints do not fill the disk.
+const KeptSnapshots = 3
+
+// dropOldSnapshots removes the session's snapshots beyond KeptSnapshots,
+// oldest first (s.mu held). One that cannot be removed is kept and tried
+// again at the next export.
+func (o *Owner) dropOldSnapshots(ctx context.Context, s *session) {
+	for len(s.exported) > KeptSnapshots {
+		id := s.exported[0]
+		if snap, ok := s.snapshots[id]; ok {
+			if err := o.opt.Sandboxes.RemoveSnapshot(ctx, snap); err != nil {
+				o.log.Warn("remove an old snapshot", "session", s.id, "snapshot", snap, "err", err)
+				return
+			}
+			delete(s.snapshots, id)
+		}
+		s.exported = s.exported[1:]
+	}
 }
 
 // install is one record, checked, with the fork made for it.

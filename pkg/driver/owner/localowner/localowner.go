@@ -149,6 +149,7 @@ type session struct {
 	parked     bool              // its sandbox was removed after a commit with stop
 	failed     bool              // the seed that made it failed; it is not registered
 	snapshots  map[string]string // checkpoint id -> snapshot id
+	exported   []string          // checkpoint ids of the exports, oldest first (KeptSnapshots kept)
 
 	// Guarded by Owner.mu.
 	bound    bool          // seeded under a capture key
