@@ -1,6 +1,7 @@
 package gyme2e
 
 import (
+	"fmt"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -199,5 +200,63 @@ func TestCrashMidReplayVerify(t *testing.T) {
 	}
 	if got := w.sessionSteps(rolloutID(r)); !slices.Equal(got, wantSteps(1, 2)) {
 		t.Errorf("the session holds %q, want steps 1..2 once each", got)
+	}
+}
+
+// TestRestorePreviousCheckpoint: one row is checkpointed four times, each
+// time paused in place and resumed. Then a fifth checkpoint is committed
+// but never published (Gym's collection points LATEST at a checkpoint only
+// after every commit succeeded) and both servers are killed. The rerun
+// restores the fourth, the latest published: the row continues from that
+// bookmark in a fork of that snapshot, with every step once; its first
+// launch counts the four pauses that bookmark knew of.
+func TestRestorePreviousCheckpoint(t *testing.T) {
+	const steps = 24
+	w := newWorld(t, options{steps: steps})
+	r := w.coll.row(1, 0, job{steps: steps, stepS: 0.3})
+	ch := w.coll.start(r)
+	var published ckpt
+	var done int
+	for i := 1; i <= 5; i++ {
+		before := len(w.sessionSteps(rolloutID(r)))
+		w.waitSteps(before+1, rolloutID(r))
+		ck := w.checkpoint(ckID(fmt.Sprintf("n%d", i)), episodes(r), false)
+		if i == 5 {
+			break
+		}
+		published, done = ck, len(w.sessionSteps(rolloutID(r)))
+		w.coord.resume(ck.id, deadlineIn(waitLimit))
+	}
+	if done >= steps-1 {
+		t.Fatalf("the row took %d of %d steps by the fourth checkpoint: nothing left to continue", done, steps)
+	}
+	w.crash()
+	if res := await(t, ch); res.err == nil && res.status == http.StatusOK {
+		t.Fatalf("%s returned although its servers were killed", res)
+	}
+	w.startServers()
+	rid := restoreID()
+	for name, rr := range w.coord.restore(rid, published.dir, published.scope, deadlineIn(waitLimit)) {
+		if rr.SourceCheckpointID != published.id {
+			t.Errorf("%s restored from %s, want %s", name, rr.SourceCheckpointID, published.id)
+		}
+	}
+	w.coord.resume(rid, deadlineIn(waitLimit))
+	res := w.coll.post(t.Context(), nextAttempt(r)).reply(t)
+	if len(res.Launches) == 2 && res.Launches[0].Pauses != 4 {
+		t.Errorf("the first launch counts %d pauses, want the 4 its bookmark in the fourth checkpoint knew", res.Launches[0].Pauses)
+	}
+	if res.Reward != 1 || len(res.Launches) != 2 || !res.Launches[1].Resumed {
+		t.Errorf("after the restore: reward %v launches %+v, want 1 and a resumed second launch", res.Reward, res.Launches)
+	}
+	if out, ok := harnessOutput(res.Response); ok && out.FirstStep != done+1 {
+		t.Errorf("the relaunch started at step %d, want %d (after the fourth checkpoint's %d)", out.FirstStep, done+1, done)
+	}
+	files, _ := filepath.Glob(filepath.Join(w.base, "sandboxes", res.Launches[len(res.Launches)-1].SandboxID, ".ngharness", "state", "fake", rolloutID(r)+"-a*", "steps"))
+	if len(files) != 1 {
+		t.Fatalf("the relaunch's sandbox holds sessions %q, want 1", files)
+	}
+	if got, _ := stepsOf(files[0]); !slices.Equal(got, wantSteps(1, steps)) {
+		t.Errorf("the fork's session holds %q, want steps 1..%d once each", got, steps)
 	}
 }
