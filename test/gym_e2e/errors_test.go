@@ -57,7 +57,8 @@ func TestErrorCodes(t *testing.T) {
 		checkRefusal(t, w.coord.to(m, gym.OpRestore, restoreBody(ckID("restore-empty"), empty, nil, deadline)), gym.CodeCheckpointState)
 	}
 
-	// The data plane: a row without identity, a malformed explicit id.
+	// The data plane: a row without identity, a malformed explicit id, a
+	// malformed attempt index.
 	noID := w.coll.row(1, 0, job{steps: 1, stepS: 0.05})
 	delete(noID, gym.FieldTaskIndex)
 	w.coll.post(t.Context(), noID).refusal(t, gym.CodeRolloutIDRequired)
@@ -71,6 +72,20 @@ func TestErrorCodes(t *testing.T) {
 	r := w.coll.row(2, 0, job{steps: 6, stepS: 0.3})
 	ch := w.coll.start(r)
 	w.waitStepped(rolloutID(r))
+	// The same attempt posted again while it runs is refused (409 in the
+	// envelope; Gym's agent fails it with a 500) and leaves the run alone.
+	if dup := w.coll.post(t.Context(), r); dup.status != http.StatusConflict {
+		t.Errorf("%s: want 409 for a second /run of an attempt in flight", dup)
+	} else if _, err := checkShape("duplicate refusal", dup.body, envelopeShape); err != nil {
+		t.Error(err)
+	}
+	for _, attempt := range []any{-1, "abc", 1.5, true} {
+		b := w.coll.row(4, 0, job{steps: 1, stepS: 0.05})
+		b[gym.FieldAttemptIndex] = attempt
+		if res := w.coll.post(t.Context(), b); res.status != http.StatusUnprocessableEntity {
+			t.Errorf("%s: want 422 for _ng_attempt_index %v", res, attempt)
+		}
+	}
 	ck := w.checkpoint(id, episodes(r), false)
 	// While prepared/committed, new work is parked out.
 	w.coll.post(t.Context(), w.coll.row(3, 0, job{steps: 1, stepS: 0.05})).refusal(t, gym.CodeCheckpointParked)
