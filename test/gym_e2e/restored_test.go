@@ -152,11 +152,11 @@ func restoreAllOrNothing(t *testing.T, failing string) {
 
 // TestCrashMidReplayVerify: a row whose seed reply allowed its verify to
 // be replayed (verify_mode replay) is in its verify when the checkpoint
-// comes. It does not hold up the prepare or the commit, and it is exported at the
-// bookmark taken before the verify; when the verify ends during the
-// checkpoint the run parks, its reply held. After a crash and a restore its
-// replacement replays the verify in the fork: the harness is not run
-// again, and the verdict is reward 1.
+// comes. It holds up neither the prepare nor the commit, and it is
+// exported at the bookmark taken before the verify; when the verify ends
+// during the checkpoint the run parks, its reply held. After a crash and a
+// restore its replacement replays the verify in the fork: the harness is
+// not run again, and the verdict is reward 1.
 func TestCrashMidReplayVerify(t *testing.T) {
 	w := newWorld(t, options{})
 	r := w.coll.row(1, 0, job{steps: 2, stepS: 0.05})
