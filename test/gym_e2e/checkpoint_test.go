@@ -15,8 +15,8 @@ import (
 // before; Gym's collection checkpoints them (prepare in order, commit the
 // rows in flight, resume in reverse). Prepare answers once every run is
 // paused at a boundary (report ready, counts sessions = at_boundary = 4,
-// accepting false); the agent's records are exactly the four runs in
-// flight; a row posted while the checkpoint is open is refused
+// accepting false); the agent's and the owner's records are exactly the
+// four runs in flight (the returned row's session ended with its verify); a row posted while the checkpoint is open is refused
 // checkpoint_parked; nothing steps while it is open. After resume, and a
 // second checkpoint once every run has moved on, every run finishes in its
 // one launch (paused twice) with reward 1 and every step once, and /aggregate_metrics over the five replies gives mean/reward 1.
@@ -42,8 +42,10 @@ func TestCheckpointPausedInPlace(t *testing.T) {
 	id := ckID("paused")
 	ck := w.checkpoint(id, episodes(rows...), false)
 	agent := w.coord.member(gym.KindAgent)
-	if keys := ck.keys(agentEntry); !slices.Equal(keys, keysOf(episodes(rows...))) {
-		t.Errorf("the agent's records hold %q, want the four runs in flight %q", keys, keysOf(episodes(rows...)))
+	for _, name := range []string{agentEntry, ownerEntry} {
+		if keys := ck.keys(name); !slices.Equal(keys, keysOf(episodes(rows...))) {
+			t.Errorf("%s's records hold %q, want the four runs in flight %q", name, keys, keysOf(episodes(rows...)))
+		}
 	}
 	rep := ck.prep.replies[agentEntry].Report
 	if rep.Counts["sessions"] != 4 || rep.Counts["at_boundary"] != 4 || len(rep.Restarts) != 0 {

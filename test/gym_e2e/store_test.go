@@ -128,12 +128,13 @@ func checkStore(t *testing.T, checkpointDir string, m member, cr commitReply) []
 		if err := id.UnmarshalJSON(f["episode_id"]); err != nil {
 			t.Fatalf("%s: %s line %d: episode_id %s: %v", m.Name, recordsFile, i+1, f["episode_id"], err)
 		}
-		if m.Kind == gym.KindAgent {
-			// Gym's AgentSessionRecord.
-			if _, err := checkShape(m.Name+" record "+id.CaptureKey(), line,
-				shape{"episode_id": wObject, "session_key": wString, "session": wObject}, anyExtra); err != nil {
-				t.Error(err)
-			}
+		// Gym's AgentSessionRecord and ResourcesSessionRecord.
+		recordShape := map[string]shape{
+			gym.KindAgent:     {"episode_id": wObject, "session_key": wString, "session": wObject},
+			gym.KindResources: {"episode_id": wObject, "session_id": wString, "state": wObject},
+		}[m.Kind]
+		if _, err := checkShape(m.Name+" record "+id.CaptureKey(), line, recordShape, anyExtra); err != nil {
+			t.Error(err)
 		}
 		records = append(records, storedRecord{Episode: id, Fields: f})
 		keys = append(keys, id.CaptureKey())
