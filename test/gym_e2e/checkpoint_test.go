@@ -16,10 +16,12 @@ import (
 // rows in flight, resume in reverse). Prepare answers once every run is
 // paused at a boundary (report ready, counts sessions = at_boundary = 4,
 // accepting false); the agent's and the owner's records are exactly the
-// four runs in flight (the returned row's session ended with its verify); a row posted while the checkpoint is open is refused
-// checkpoint_parked; nothing steps while it is open. After resume, and a
-// second checkpoint once every run has moved on, every run finishes in its
-// one launch (paused twice) with reward 1 and every step once, and /aggregate_metrics over the five replies gives mean/reward 1.
+// four runs in flight (the returned row's session ended with its verify);
+// a row posted while the checkpoint is open is refused checkpoint_parked;
+// nothing steps while it is open. After resume, and a second checkpoint
+// once every run has moved on, every run finishes in its one launch
+// (paused twice) with reward 1 and every step once, and
+// /aggregate_metrics over the five replies gives mean/reward 1.
 func TestCheckpointPausedInPlace(t *testing.T) {
 	const steps = 10
 	w := newWorld(t, options{steps: steps})
