@@ -185,3 +185,35 @@ func (w *world) postOwnerAsync(path string, body any) reply {
 	r.body = []byte(fmt.Sprintf("POST %s: %v", path, err))
 	return r
 }
+
+// TestLeaseExpiresAfterRestore: a controller that restored and then died
+// before resuming leaves the participants restored with admission closed;
+// with lease_grace_seconds 2 they resume on their own once the restore's
+// deadline_ts + 2 s has passed, keeping what they restored: the row posted
+// again as its next attempt still continues from its bookmark.
+func TestLeaseExpiresAfterRestore(t *testing.T) {
+	const steps = 10
+	w := newWorld(t, options{steps: steps, leaseGrace: 2})
+	r := w.coll.row(1, 0, job{steps: steps, stepS: 0.3})
+	ch := w.coll.start(r)
+	w.waitSteps(2, rolloutID(r))
+	ck := w.checkpoint(ckID("lapse"), episodes(r), false)
+	done := len(w.sessionSteps(rolloutID(r)))
+	w.crash()
+	if res := await(t, ch); res.err == nil && res.status == http.StatusOK {
+		t.Fatalf("%s returned although its servers were killed", res)
+	}
+	w.startServers()
+	rid := restoreID()
+	w.coord.restore(rid, ck.dir, ck.scope, deadlineIn(8*time.Second))
+	eventually(t, "every participant resumes on its own once the restore's lease passed", func() (bool, string) {
+		var open []string
+		for _, m := range w.coord.members {
+			if st := w.coord.status(m); st.Phase != gym.PhaseIdle || (st.Accepting != nil && !*st.Accepting) {
+				open = append(open, m.Name+":"+string(st.Phase))
+			}
+		}
+		return len(open) == 0, strings.Join(open, ", ")
+	})
+	checkContinued(t, w, rolloutID(r), w.coll.post(t.Context(), nextAttempt(r)).reply(t), steps, done, true)
+}
