@@ -12,7 +12,8 @@ import (
 // numeric string, as Gym's tests coerce it) is the attempt. Each reply carries a
 // numeric reward, the response object and ng_harness_launches, the launch
 // named after the rollout and attempt; a failed check is reward 0, filed
-// as a success. /aggregate_metrics over the three gives mean/reward 2/3.
+// as a success. /aggregate_metrics over the three gives mean/reward 2/3,
+// and over none Gym's empty metrics.
 func TestCollectorRows(t *testing.T) {
 	w := newWorld(t, options{})
 	explicit := w.coll.row(5, 0, job{steps: 2, stepS: 0.05})
@@ -44,5 +45,10 @@ func TestCollectorRows(t *testing.T) {
 	agg := w.coll.aggregate(t, rows, replies)
 	if m := meanReward(t, agg); !near(m, 2.0/3) {
 		t.Errorf("/aggregate_metrics: mean/reward %v, want 2/3", m)
+	}
+	// No rollout at all: Gym's empty AggregateMetrics().
+	empty := w.coll.aggregate(t, nil, nil)
+	if string(empty["agent_metrics"]) != "{}" || string(empty["key_metrics"]) != "{}" || string(empty["group_level_metrics"]) != "[]" {
+		t.Errorf("/aggregate_metrics of nothing: %v, want empty metrics", empty)
 	}
 }

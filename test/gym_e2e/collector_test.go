@@ -246,7 +246,7 @@ func harnessOutput(resp map[string]json.RawMessage) (fakeOutput, bool) {
 // responses_create_params (response's usage kept when not empty).
 func (c *collector) aggregate(t *testing.T, rows []row, replies []rolloutReply) map[string]json.RawMessage {
 	t.Helper()
-	var verify []map[string]json.RawMessage
+	verify := []map[string]json.RawMessage{}
 	for i, rep := range replies {
 		v := map[string]json.RawMessage{}
 		for k, raw := range rep.Fields {
