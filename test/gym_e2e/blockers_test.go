@@ -25,7 +25,7 @@ import (
 func TestPrepareMissesDeadline(t *testing.T) {
 	w := newWorld(t, options{})
 	r := w.coll.row(1, 0, job{steps: 1, stepS: 0.05})
-	r["check"] = `touch verify-started && sleep 8 && [ "$(cat progress)" = "step 1" ]`
+	r["check"] = `touch verify-started && sleep 12 && [ "$(cat progress)" = "step 1" ]`
 	ch := w.coll.start(r)
 	eventually(t, "the run's verify has started", func() (bool, string) {
 		return w.findInSandboxes("verify-started"), "no verify-started marker in any sandbox"
