@@ -204,10 +204,13 @@ func (c *coordinator) checkStatus(r reply, kind string) statusReply {
 		c.t.Errorf("%s: phase %s with lease_expires_at %v (null exactly when idle)", r.who, st.Phase, deref(st.LeaseExpiresAt))
 	}
 	c.checkReport(r.who+" report", f["report"], st.Kind)
-	if st.Kind == gym.KindAgent {
-		if _, err := checkShape(r.who+" (agent extras)", r.body, shape{"accepting": wBool}, anyExtra); err != nil {
-			c.t.Error(err)
-		}
+	// The participants' own fields (agent.py and resources.py status_extra).
+	extras := map[string]shape{
+		gym.KindAgent:     {"accepting": wBool},
+		gym.KindResources: {"mode": wString, "verify": wString, "retired_sessions": wInt},
+	}[st.Kind]
+	if _, err := checkShape(r.who+" ("+st.Kind+" extras)", r.body, extras, anyExtra); err != nil {
+		c.t.Error(err)
 	}
 	return st
 }
