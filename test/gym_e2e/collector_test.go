@@ -75,7 +75,8 @@ func rolloutID(r row) string {
 	return fmt.Sprintf("%v-%v", r[gym.FieldTaskIndex], r[gym.FieldRolloutIndex])
 }
 
-// episode is the attempt a row posts: its rollout and _ng_attempt_index.
+// episode is the attempt a row posts: its rollout and _ng_attempt_index
+// (an integer; the rows that send it as a string never ask for it here).
 func episode(r row) gym.EpisodeID {
 	id := gym.EpisodeID{RolloutID: rolloutID(r)}
 	if a, ok := r[gym.FieldAttemptIndex].(int); ok {

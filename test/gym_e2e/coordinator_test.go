@@ -88,9 +88,6 @@ func (c *coordinator) call(name, url, op string, body any, auth string) reply {
 		}
 		rd = bytes.NewReader(data)
 	}
-	if op == gym.OpStatus && body == nil {
-		method = http.MethodGet
-	}
 	req, err := http.NewRequest(method, url+gym.RoutePrefix+"/"+op, rd)
 	if err != nil {
 		c.t.Fatal(err)
