@@ -310,7 +310,7 @@ func (p *Participant) Install(ctx context.Context, records []gym.Record, scope [
 			live = append(live, r.id.CaptureKey())
 		}
 		slices.Sort(live)
-		return gym.Refuse(gym.ErrRefused, "%v: agent restore requires a driver with no run in flight; %d are: %s", ErrRunsInFlight, len(live), nameSome(live, maxNamed))
+		return fmt.Errorf("%w: %w: agent restore requires a driver with no run in flight; %d are: %s", gym.ErrRefused, ErrRunsInFlight, len(live), nameSome(live, maxNamed))
 	}
 	for _, id := range scope {
 		delete(g.restored, id.RolloutID)

@@ -175,6 +175,15 @@ func (rn *Runner) stages(ctx context.Context, st *attemptState) (json.RawMessage
 			}
 		case StageReturn:
 			rn.Participant.record(st.r, st.bm, runReplay)
+			if rn.Participant.parking(st.r) {
+				// A step that ended while a checkpoint is open parks at
+				// its bookmark until the checkpoint opens (Gym's steps):
+				// the checkpoint holds the result, not a reply under way.
+				st.log.Info("parked before returning")
+				if _, err := rn.Participant.park(ctx, st.r, st.bm, nil, nil); err != nil {
+					return nil, err
+				}
+			}
 			st.log.Info("stage", "stage", StageReturn)
 			return st.bm.Result, nil
 		}
@@ -188,6 +197,11 @@ func (rn *Runner) seed(ctx context.Context, st *attemptState) error {
 	}
 	next := Bookmark{V: BookmarkVersion, Next: StageHarness, Cookies: reply.Cookies, VerifyMode: reply.VerifyMode, Restart: reply.Restart}
 	if reply.Restart {
+		// Not while a checkpoint is open: it exports this run at its seed
+		// bookmark, and it must stay so until the checkpoint ends.
+		if err := rn.Participant.awaitOpen(ctx); err != nil {
+			return err
+		}
 		st.log.Info("the owner cannot capture this session: the run is a restart")
 	}
 	if acc, ok := reply.HandleAccess(); ok {
@@ -198,6 +212,9 @@ func (rn *Runner) seed(ctx context.Context, st *attemptState) error {
 	lent, err := rn.connect(ctx, st, next.Cookies, next.SeedAccess)
 	if errors.Is(err, owner.ErrNoSandbox) {
 		next.Restart = true
+		if err := rn.Participant.awaitOpen(ctx); err != nil {
+			return err
+		}
 		st.log.Info("no sandbox is lent: the run is a restart in a sandbox of the driver's own")
 		if rn.OwnSandbox == nil {
 			return fmt.Errorf("start rollout %s: %w, and this driver has no sandboxes of its own", st.req.RolloutID, err)

@@ -326,3 +326,23 @@ func (p *Participant) setCancel(r *run, cancel context.CancelCauseFunc) {
 		cancel(fmt.Errorf("%w: %s was retired by the controller", ErrCancelled, r.id.CaptureKey()))
 	}
 }
+
+// awaitOpen waits until no checkpoint holds admission closed. A run the
+// owner cannot capture becomes a restart only then (Gym's mark_restart):
+// the episodes a checkpoint exports and the restarts it reports never
+// change while it is open.
+func (p *Participant) awaitOpen(ctx context.Context) error {
+	for {
+		p.reg.mu.Lock()
+		gt := p.reg.gate
+		p.reg.mu.Unlock()
+		if gt == nil {
+			return nil
+		}
+		select {
+		case <-gt.open:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}

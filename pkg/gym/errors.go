@@ -102,6 +102,37 @@ func Classify(err error) (status int, code string) {
 	}
 }
 
+// Sentinel returns the refusal a code names on the wire (the inverse of
+// Classify), so a client can hand on a peer's refusal as its own: nil for
+// a code Gym does not define.
+func Sentinel(code string) error {
+	switch code {
+	case CodeRefused:
+		return ErrRefused
+	case CodeStaleCheckpoint:
+		return ErrStaleCheckpoint
+	case CodeConflict:
+		return ErrCheckpointConflict
+	case CodeInvalidPhase:
+		return ErrInvalidPhase
+	case CodeDeadlineExceeded:
+		return ErrDeadlineExceeded
+	case CodeStaleAttempt:
+		return ErrStaleAttempt
+	case CodeCheckpointParked:
+		return ErrCheckpointParked
+	case CodeRestartInScope:
+		return ErrRestartInScope
+	case CodeRolloutIDRequired:
+		return ErrRolloutIDRequired
+	case CodeUnauthorized:
+		return ErrUnauthorized
+	case CodeCheckpointState:
+		return ErrCheckpointState
+	}
+	return nil
+}
+
 // ErrorBody is the error envelope {"error": {"code", "detail"}} every
 // refusal of Gym's checkpoint wire is answered with.
 type ErrorBody struct {

@@ -88,10 +88,11 @@ func TestBadCalls(t *testing.T) {
 		wantRefused(t, r, http.StatusUnauthorized, gym.CodeUnauthorized)
 		wantRefused(t, c.rawStatus(t, auth), http.StatusUnauthorized, gym.CodeUnauthorized)
 		e.wantPhase("idle")
-		// owner: old control routes until it is a Gym participant
-		r = e.own.raw(t, "commit", auth, ownerBody("tok-"+name))
-		if r.status != http.StatusUnauthorized {
-			t.Errorf("owner %s with a %s token: %s, want 401", r.call, name, r)
+		// The owner's control plane is Gym's too.
+		wantRefused(t, e.own.raw(t, "prepare", auth, plainBody("tok-"+name)), http.StatusUnauthorized, gym.CodeUnauthorized)
+		wantRefused(t, e.own.rawStatus(t, auth), http.StatusUnauthorized, gym.CodeUnauthorized)
+		if s := e.own.status(t); s.Phase != gym.PhaseIdle || s.CheckpointID != nil {
+			t.Errorf("owner status after a prepare with a %s token: %+v, want idle", name, s)
 		}
 	}
 
@@ -218,11 +219,15 @@ func TestBadCalls(t *testing.T) {
 	if err := os.Remove(blocker); err != nil {
 		t.Fatal(err)
 	}
+	// The owner is prepared after the driver (Gym's order), and both
+	// commit into the same folder.
+	e.prepareOwner(ckID)
 	var com committed
 	c.must(t, "commit", commitBody(ckID, ckDir, nil, false), &com)
 	checkCommitted(t, ckDir, ckID, com)
-	// owner: old control routes until it is a Gym participant
-	e.own.must(t, "commit", ownerBody(ckID), nil)
+	if ownCom, _ := e.commitOwner(ckID, ckDir, nil, false); !slices.Equal(ownCom.EpisodeIDs, []string{id}) {
+		t.Errorf("the owner's commit answered %+v, want the session of %s", ownCom, id)
+	}
 	e.wantPhase("committed")
 	var com2 committed
 	c.must(t, "commit", commitBody(ckID, ckDir, nil, false), &com2)
@@ -232,7 +237,7 @@ func TestBadCalls(t *testing.T) {
 	wantRefused(t, c.call(t, "restore", restoreBody(ckID, ckDir, nil)), http.StatusConflict, gym.CodeInvalidPhase, "committed")
 	wantRefused(t, c.call(t, "prepare", plainBody(e.prefix+"-other")), http.StatusConflict, gym.CodeConflict, ckID, "committed")
 	e.wantPhase("committed")
-	e.resume(ckID)
+	e.resumeAll(ckID)
 	var res1 gym.ResumeReply
 	c.must(t, "resume", plainBody(ckID), &res1)
 	if !res1.Idempotent {
@@ -324,11 +329,19 @@ func TestBadCalls(t *testing.T) {
 	// A checkpoint_dir that does not exist.
 	nowhere := filepath.Join(e.dir, "nowhere")
 	wantRefused(t, c.call(t, "restore", restoreBody(e.prefix+"-restore-nowhere", nowhere, episodes(id))), http.StatusUnprocessableEntity, gym.CodeCheckpointState, nowhere)
-	// owner: old control routes until it is a Gym participant
-	// The owner: a restore of a checkpoint it never snapshotted is the
-	// caller's error, and changes nothing.
-	if r := e.own.call(t, "restore", ownerBody(e.prefix+"-never")); r.status != http.StatusBadRequest && r.status != http.StatusNotFound {
-		t.Errorf("%s, want 400 or 404", r)
+	// The owner: a restore from a folder without its records (the
+	// driver's alone, or none) is 422 invalid_checkpoint_state naming its
+	// missing manifest, and changes nothing.
+	for _, dir := range []string{filepath.Join(e.dir, "bad", "bookmark-v9"), nowhere} {
+		pdir, err := gym.ParticipantDir(dir, gym.KindResources, ownerInstance)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := e.own.call(t, "restore", restoreBody(e.prefix+"-restore-owner", dir, episodes(id)))
+		wantRefused(t, r, http.StatusUnprocessableEntity, gym.CodeCheckpointState, filepath.Join(pdir, gym.ManifestName))
+		if s := e.own.status(t); s.Phase != gym.PhaseIdle || s.Report.Counts["sessions"] != 0 {
+			t.Errorf("owner status after a refused restore from %s: %+v, want idle, no session", dir, s)
+		}
 	}
 	e.wantPhase("idle")
 	if s := c.status(t); s.Report.Counts["sessions"] != 0 {
@@ -394,8 +407,10 @@ func checkOneLaunchFresh(t *testing.T, id string, attempt int, res result, steps
 
 // TestClientGone: a client that goes away mid-run cancels it: the driver
 // kills the launch (every process of it, the detached ones too), closes the
-// owner's session, and forgets the run; the next run of the rollout starts
-// over.
+// owner's session, and forgets the run; the next attempt of the rollout
+// (as Gym's collector re-issues one) starts over. The owner binds a
+// session to its attempt's capture key, so the same attempt again is
+// refused: its session ended.
 func TestClientGone(t *testing.T) {
 	e := newEnv(t, options{})
 	id := e.rollout("gone")
@@ -415,8 +430,11 @@ func TestClientGone(t *testing.T) {
 		h := e.health()
 		return len(left) == 0 && h.Runs == 0, fmt.Sprintf("processes %v, runs %d", left, h.Runs)
 	})
-	res := postRun(t.Context(), e.ctl.url, "/run", id, e.body(id, 3, 0.05)).result(t)
-	checkOneLaunchFresh(t, id, 0, res, 3)
+	if r := postRun(t.Context(), e.ctl.url, "/run", id, e.body(id, 3, 0.05)); r.err != nil || r.status == http.StatusOK {
+		t.Errorf("the cancelled attempt again: %s, want a refusal (the owner ended its session)", r)
+	}
+	res := postRun(t.Context(), e.ctl.url, "/run", id, withAttempt(e.body(id, 3, 0.05), 1)).result(t)
+	checkOneLaunchFresh(t, id, 1, res, 3)
 }
 
 // TestRunIdentity: /run takes its identity as Gym's collector and

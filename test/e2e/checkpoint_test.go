@@ -25,8 +25,8 @@ type flow struct {
 }
 
 // runCheckpointFlow starts n runs of the fake adapter at once, waits until
-// each has taken a step, then runs two checkpoints (driver prepare, driver
-// commit, owner commit, driver resume) and collects every result, checking
+// each has taken a step, then runs two checkpoints (prepareCommit, then
+// resumeAll) and collects every result, checking
 // each run finished verified with one launch paused once per checkpoint it
 // was parked in.
 func runCheckpointFlow(t *testing.T, e *env, n, steps int) flow {
@@ -67,7 +67,7 @@ func runCheckpointFlow(t *testing.T, e *env, n, steps int) flow {
 				t.Errorf("checkpoint %d: %s took steps while paused (%d, then %d)", k, id, nb, na)
 			}
 		}
-		e.resume(ck.id)
+		e.resumeAll(ck.id)
 		// The same processes go on: each paused run takes another step.
 		eventually(t, "every paused run goes on after the resume", func() (bool, string) {
 			for id, nb := range before {
@@ -111,15 +111,16 @@ func checkOneLaunch(t *testing.T, e *env, id string, res result, steps, pauses i
 }
 
 // TestCheckpointedRuns: eight runs at once go through two checkpoints
-// (prepare, commit, owner snapshot, resume) and each finishes verified with
-// its one launch paused in place once per checkpoint that parked it, no
-// step lost or repeated; every commit published its records as Gym's store
-// does (manifest.json last, naming records-<sha256>.jsonl of
-// driver.AgentRecords under gym/agent/<name>). Then Gym's retire and
-// forget: a retired attempt is refused with 409 stale_attempt (and
-// status counts the mark) until its rollout is forgotten, when it runs
-// again. The owner, on its old routes, drops the snapshots of the first
-// checkpoint it is told to retire and keeps the second's.
+// (prepare, commit, resume on the driver and the owner) and each finishes
+// verified with its one launch paused in place once per checkpoint that
+// parked it, no step lost or repeated; every commit published its records
+// as Gym's store does (manifest.json last, naming records-<sha256>.jsonl
+// of driver.AgentRecords under gym/agent/<name>, of localowner.Records
+// with a snapshot of each paused run's sandbox under
+// gym/resources/ngdriver_owner). Then Gym's retire and forget, on both
+// participants: a retired attempt is refused with 409 stale_attempt by
+// the driver's /run and the owner's seed (and both statuses count the
+// mark) until its rollout is forgotten on both, when it runs again.
 func TestCheckpointedRuns(t *testing.T) {
 	e := newEnv(t, options{steps: 12})
 	f := runCheckpointFlow(t, e, 8, 12)
@@ -131,45 +132,42 @@ func TestCheckpointedRuns(t *testing.T) {
 	if h := e.health(); h.Phase != "idle" || h.Runs != 0 || !h.OK {
 		t.Errorf("/healthz after the runs: %+v, want ok, idle, no runs", h)
 	}
-	// Retire a finished rollout: its attempt is refused until forgotten.
+	// Retire a finished rollout on both participants: its attempt is
+	// refused until forgotten on both.
 	gone := f.ids[0]
-	var ret gym.RetireReply
-	e.ctl.must(t, "retire", map[string]any{"checkpoint_id": e.prefix + "-retire", "deadline_ts": deadline(waitLimit),
-		"episode_ids": episodes(gone)}, &ret)
-	if !slices.Equal(ret.Retired, []string{gone}) {
-		t.Errorf("retire %s answered %+v", gone, ret)
-	}
-	if s := e.ctl.status(t); s.RetiredRollouts != 1 || s.Phase != gym.PhaseIdle {
-		t.Errorf("status after the retire: %+v, want 1 retired rollout, idle", s)
+	retire := map[string]any{"checkpoint_id": e.prefix + "-retire", "deadline_ts": deadline(waitLimit), "episode_ids": episodes(gone)}
+	for _, c := range []*controller{e.ctl, e.own} {
+		var ret gym.RetireReply
+		c.must(t, "retire", retire, &ret)
+		if !slices.Equal(ret.Retired, []string{gone}) {
+			t.Errorf("%s retire %s answered %+v", c.name, gone, ret)
+		}
+		if s := c.status(t); s.RetiredRollouts != 1 || s.Phase != gym.PhaseIdle {
+			t.Errorf("%s status after the retire: %+v, want 1 retired rollout, idle", c.name, s)
+		}
 	}
 	r := postRun(t.Context(), e.ctl.url, "/run", gone, e.body(gone, 2, 0.05))
 	wantRefused(t, ctlReply{call: "run " + gone, status: r.status, body: r.body}, http.StatusConflict, gym.CodeStaleAttempt, gone)
+	// Forgotten on the driver alone, the run is admitted, and the owner
+	// still refuses its seed as stale.
+	forget := map[string]any{"checkpoint_id": e.prefix + "-retire", "deadline_ts": deadline(waitLimit), "rollout_ids": []string{gone}}
 	var fg gym.ForgetReply
-	e.ctl.must(t, "forget", map[string]any{"checkpoint_id": e.prefix + "-retire", "deadline_ts": deadline(waitLimit),
-		"rollout_ids": []string{gone}}, &fg)
+	e.ctl.must(t, "forget", forget, &fg)
 	if !slices.Equal(fg.Forgotten, []string{gone}) || e.ctl.status(t).RetiredRollouts != 0 {
-		t.Errorf("forget %s answered %+v", gone, fg)
+		t.Errorf("driver forget %s answered %+v", gone, fg)
+	}
+	if r := postRun(t.Context(), e.ctl.url, "/run", gone, e.body(gone, 2, 0.05)); r.err != nil || !strings.Contains(string(r.body), gym.CodeStaleAttempt) {
+		t.Errorf("%s forgotten on the driver only: %s, want the owner's %s", gone, r, gym.CodeStaleAttempt)
+	} else {
+		t.Logf("%s forgotten on the driver only: %s", gone, r)
+	}
+	var ofg gym.ForgetReply
+	e.own.must(t, "forget", forget, &ofg)
+	if !slices.Equal(ofg.Forgotten, []string{gone}) || e.own.status(t).RetiredRollouts != 0 {
+		t.Errorf("owner forget %s answered %+v", gone, ofg)
 	}
 	if res := postRun(t.Context(), e.ctl.url, "/run", gone, e.body(gone, 2, 0.05)).result(t); res.Reward != 1 {
-		t.Errorf("%s after the forget: %+v, want reward 1", gone, res)
-	}
-	// The owner drops its snapshots of the first checkpoint and keeps the
-	// second's.
-	ck1, ck2 := f.checkpoints[0].id, f.checkpoints[1].id
-	snaps := func(id string) int {
-		m, _ := filepath.Glob(filepath.Join(e.base, "snapshots", "ck-"+id+"-*"))
-		return len(m)
-	}
-	if snaps(ck1) == 0 || snaps(ck2) == 0 {
-		t.Fatalf("snapshots before retire: %d of %s, %d of %s", snaps(ck1), ck1, snaps(ck2), ck2)
-	}
-	// owner: old control routes until it is a Gym participant
-	e.own.must(t, "retire", ownerBody(ck1), nil)
-	if n := snaps(ck1); n != 0 {
-		t.Errorf("%d snapshots of the retired %s are left", n, ck1)
-	}
-	if snaps(ck2) == 0 {
-		t.Errorf("retiring %s removed the snapshots of %s", ck1, ck2)
+		t.Errorf("%s after the forgets: %+v, want reward 1", gone, res)
 	}
 	e.wantPhase("idle")
 }
@@ -178,7 +176,9 @@ func TestCheckpointedRuns(t *testing.T) {
 // this checkpoint") kills the launches the prepare left paused, once the
 // records are durable; the runs stay parked, and after the resume each
 // relaunches on its saved session in the same sandbox and finishes with
-// every step taken once.
+// every step taken once. The owner is prepared and committed into the
+// same folder as the driver, without stop: its stop removes the exported
+// sandboxes (a restore forks them again), and this test resumes in place.
 func TestCommitStop(t *testing.T) {
 	const steps = 12
 	e := newEnv(t, options{steps: steps})
@@ -196,6 +196,7 @@ func TestCommitStop(t *testing.T) {
 	if prep.Phase != gym.PhasePrepared {
 		t.Fatalf("prepare answered %+v", prep)
 	}
+	e.prepareOwner(id)
 	dir := filepath.Join(e.dir, "checkpoints", id)
 	var com committed
 	e.ctl.must(t, "commit", commitBody(id, dir, nil, true), &com)
@@ -216,8 +217,10 @@ func TestCommitStop(t *testing.T) {
 		}
 		done[rollout] = len(e.sessionSteps(rollout))
 	}
-	// owner: old control routes until it is a Gym participant
-	e.own.must(t, "commit", ownerBody(id), nil)
+	ownCom, owned := e.commitOwner(id, dir, nil, false)
+	if !slices.Equal(ownCom.EpisodeIDs, com.EpisodeIDs) || len(owned) != 2 {
+		t.Errorf("the owner's commit answered %+v, want the sessions of %v", ownCom, com.EpisodeIDs)
+	}
 	for _, id := range ids {
 		select {
 		case r := <-chans[id]:
@@ -225,7 +228,7 @@ func TestCommitStop(t *testing.T) {
 		default:
 		}
 	}
-	e.resume(id)
+	e.resumeAll(id)
 	for _, id := range ids {
 		res := await(t, chans[id]).result(t)
 		if res.Reward != 1 || len(res.Launches) != 2 {

@@ -1,13 +1,18 @@
 package e2e
 
 // The test controller: the checkpoint control plane spoken as NeMo Gym's
-// coordinator speaks it (shared/notes/gym-protocols.md), to the driver, and
-// the owner's old control routes. POST /ng-control/v1/checkpoint/<call>
-// with Authorization: Bearer; every body has checkpoint_id and deadline_ts,
-// commit adds checkpoint_dir, episode_ids (the optional scope) and stop,
-// restore adds checkpoint_dir and episode_ids. The driver's records are
-// pkg/gym's store: <checkpoint_dir>/gym/agent/<name>/manifest.json and the
-// records-<sha256>.jsonl it publishes, one driver.AgentRecord a line.
+// coordinator speaks it (shared/notes/gym-protocols.md), to its two
+// participants: the driver (kind agent) and the owner (kind resources).
+// POST /ng-control/v1/checkpoint/<call> with Authorization: Bearer; every
+// body has checkpoint_id and deadline_ts, commit adds checkpoint_dir,
+// episode_ids (the optional scope) and stop, restore adds checkpoint_dir
+// and episode_ids. As Gym's coordinator, it prepares the agent before the
+// resources, commits both into one checkpoint_dir with one scope, and
+// restores both from it. The records are pkg/gym's store:
+// <checkpoint_dir>/gym/<kind>/<instance>/manifest.json and the
+// records-<sha256>.jsonl it publishes: one driver.AgentRecord a line under
+// gym/agent/<name>, one localowner.Record a line under
+// gym/resources/ngdriver_owner.
 
 import (
 	"bufio"
@@ -26,6 +31,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -51,7 +57,7 @@ func (r ctlReply) String() string {
 // in: Gym's envelope {"error": {"code", "detail"}}; FastAPI's 422
 // {"detail": [{"msg"}]} for a control body that fails validation (code
 // invalid_request, as the driver's own /run refusal of one names it); and
-// the owner's old {"error": "text"} (no code).
+// the owner's session routes' {"error": "text"} (no code).
 func (r ctlReply) errorCode() string { code, _ := refusal(r.body); return code }
 func (r ctlReply) errorText() string { _, text := refusal(r.body); return text }
 
@@ -83,7 +89,7 @@ func refusal(body []byte) (code, text string) {
 }
 
 // wantRefused checks a reply is status with Gym's code (unless code is
-// "", for the owner's old routes) and an error naming every one of words.
+// "", for a refusal without one) and an error naming every one of words.
 func wantRefused(t *testing.T, r ctlReply, status int, code string, words ...string) {
 	t.Helper()
 	if r.status != status || code != "" && r.errorCode() != code {
@@ -207,12 +213,6 @@ func restoreBody(id, dir string, scope []gym.EpisodeID) map[string]any {
 	return map[string]any{"checkpoint_id": id, "deadline_ts": deadline(waitLimit), "checkpoint_dir": dir, "episode_ids": scope}
 }
 
-// ownerBody is a body of the owner's old control routes.
-// owner: old control routes until it is a Gym participant
-func ownerBody(id string) map[string]any {
-	return map[string]any{"checkpoint_id": id}
-}
-
 // episodes are attempt 0 of each rollout.
 func episodes(rollouts ...string) []gym.EpisodeID {
 	out := make([]gym.EpisodeID, len(rollouts))
@@ -287,13 +287,22 @@ type checkpoint struct {
 	records map[string]record
 	// paused maps each rollout exported with its launch paused in place.
 	paused map[string]bool
+	// ownPrep and ownCom are the owner's replies, owned the sessions its
+	// commit wrote, by rollout id.
+	ownPrep prepared
+	ownCom  committed
+	owned   map[string]localowner.Record
 }
 
 // prepareCommit runs a checkpoint's first half the coordinator's way:
-// driver prepare (every run parks), driver commit (the records are
-// written), owner commit (the owner snapshots its sandboxes). Resume is
-// the caller's. Each of between, if any, is called with the prepare's
-// reply before the commit.
+// prepare the driver (every run parks), then the owner (its calls in
+// flight end); commit the driver (the records of the runs), then the owner
+// (a snapshot of each open session's sandbox), both into one
+// checkpoint_dir with the same scope (every episode). Every run exported
+// paused in place has an owner record of the same attempt, of the sandbox
+// its launch was paused in, and the owner exports no episode the driver
+// did not. Resume is the caller's (resumeAll). Each of between, if any, is
+// called with the driver's prepare reply before the commits.
 func (e *env) prepareCommit(id string, between ...func(prepared)) checkpoint {
 	t := e.t
 	t.Helper()
@@ -305,6 +314,7 @@ func (e *env) prepareCommit(id string, between ...func(prepared)) checkpoint {
 	if h := e.health(); h.Phase != "prepared" {
 		t.Fatalf("after prepare the phase is %q, want prepared", h.Phase)
 	}
+	ck.ownPrep = e.prepareOwner(id)
 	for _, f := range between {
 		f(ck.prep)
 	}
@@ -325,15 +335,47 @@ func (e *env) prepareCommit(id string, between ...func(prepared)) checkpoint {
 			ck.paused[rollout] = true
 		}
 	}
-	var snap struct {
-		Snapshots int `json:"snapshots"`
+	ck.ownCom, ck.owned = e.commitOwner(id, ck.dir, nil, false)
+	for rollout := range ck.paused {
+		b := ck.records[rollout].bookmark(t)
+		o, ok := ck.owned[rollout]
+		last := b.Launches[len(b.Launches)-1]
+		if !ok || o.EpisodeID != ck.records[rollout].ID || o.State.SandboxID != last.SandboxID {
+			t.Errorf("owner commit %s: the record of paused %s is %+v, want one of %s, sandbox %s", id, rollout, o, ck.records[rollout].ID.CaptureKey(), last.SandboxID)
+		}
 	}
-	// owner: old control routes until it is a Gym participant
-	e.own.must(t, "commit", ownerBody(id), &snap)
-	if snap.Snapshots < len(ck.paused) {
-		t.Fatalf("owner commit %s took %d snapshots, fewer than the %d paused runs", id, snap.Snapshots, len(ck.paused))
+	for rollout, o := range ck.owned {
+		if r, ok := ck.records[rollout]; !ok || r.ID != o.EpisodeID {
+			t.Errorf("owner commit %s exported %s, of which the driver wrote no record", id, o.EpisodeID.CaptureKey())
+		}
 	}
 	return ck
+}
+
+// prepareOwner prepares the owner, which is then ready: no call in flight,
+// no blocker.
+func (e *env) prepareOwner(id string) prepared {
+	t := e.t
+	t.Helper()
+	var prep prepared
+	e.own.must(t, "prepare", plainBody(id), &prep)
+	if prep.Phase != gym.PhasePrepared || !prep.Report.Ready || len(prep.Report.Blockers) != 0 || prep.Report.BlockerCount != 0 || prep.Report.Counts["inflight"] != 0 {
+		t.Fatalf("owner prepare %s: %+v, want prepared, ready, nothing in flight", id, prep)
+	}
+	if s := e.own.status(t); s.Phase != gym.PhasePrepared || s.Kind != gym.KindResources || s.Instance != ownerInstance {
+		t.Fatalf("owner status after prepare %s: %+v, want resources/%s prepared", id, s, ownerInstance)
+	}
+	return prep
+}
+
+// commitOwner commits the owner into dir and checks what it wrote
+// (checkOwnerCommitted).
+func (e *env) commitOwner(id, dir string, scope []gym.EpisodeID, stop bool) (committed, map[string]localowner.Record) {
+	t := e.t
+	t.Helper()
+	var com committed
+	e.own.must(t, "commit", commitBody(id, dir, scope, stop), &com)
+	return com, e.checkOwnerCommitted(dir, id, com)
 }
 
 // resume opens the checkpoint on the driver.
@@ -346,6 +388,123 @@ func (e *env) resume(id string) {
 	}
 	if h := e.health(); h.Phase != "idle" {
 		e.t.Fatalf("after resume the phase is %q, want idle", h.Phase)
+	}
+}
+
+// resumeAll opens the checkpoint on both participants: the owner first,
+// so the calls of the runs the driver lets go find its admission open.
+func (e *env) resumeAll(id string) {
+	e.t.Helper()
+	var out gym.ResumeReply
+	e.own.must(e.t, "resume", plainBody(id), &out)
+	if out.Phase != gym.PhaseIdle || out.Idempotent {
+		e.t.Fatalf("owner resume %s answered %+v, want phase idle, not idempotent", id, out)
+	}
+	if s := e.own.status(e.t); s.Phase != gym.PhaseIdle {
+		e.t.Fatalf("after the owner's resume %s its status is %+v, want idle", id, s)
+	}
+	e.resume(id)
+}
+
+// ownerInstance is the owner's participant instance (owner serve's
+// default --instance).
+const ownerInstance = "ngdriver_owner"
+
+// readManifest reads a participant's manifest.json strictly (a field the
+// test does not know fails it).
+func readManifest(t *testing.T, pdir string) manifest {
+	t.Helper()
+	path := filepath.Join(pdir, gym.ManifestName)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the commit's manifest: %v", err)
+	}
+	var m manifest
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		t.Fatalf("%s: %v: %s", path, err, data)
+	}
+	return m
+}
+
+// checkOwnerCommitted checks what the owner's commit wrote under dir:
+// manifest.json (read strictly) names the checkpoint, kind resources and
+// the owner's instance, and the commit's reply carries it with the
+// capture keys of exactly the records written; gym.ReadState verifies the
+// records file against it; each record is a localowner.Record (read
+// strictly) of the local provider, not a restart, whose snapshot is on
+// disk. It returns the records by rollout id.
+func (e *env) checkOwnerCommitted(dir, id string, com committed) map[string]localowner.Record {
+	t := e.t
+	t.Helper()
+	pdir, err := gym.ParticipantDir(dir, gym.KindResources, ownerInstance)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := readManifest(t, pdir)
+	if m.SchemaVersion != 1 || m.Kind != gym.KindResources || m.Instance != ownerInstance || m.CheckpointID != id ||
+		m.RecordsFile != "records-"+m.RecordsSHA256+".jsonl" {
+		t.Errorf("%s: bad manifest %+v", pdir, m)
+	}
+	if com.Phase != gym.PhaseCommitted || com.Manifest != m {
+		t.Errorf("owner commit %s answered %+v, want phase committed and the manifest written %+v", id, com, m)
+	}
+	out := map[string]localowner.Record{}
+	var keys []string
+	read, err := gym.ReadState(dir, gym.KindResources, ownerInstance, func(r gym.Record) error {
+		dec := json.NewDecoder(bytes.NewReader(r.JSON))
+		dec.DisallowUnknownFields()
+		var rec localowner.Record
+		if err := dec.Decode(&rec); err != nil {
+			return fmt.Errorf("the record of %s: %v: %s", r.EpisodeID.CaptureKey(), err, r.JSON)
+		}
+		st := rec.State
+		if rec.EpisodeID != r.EpisodeID || rec.SessionID == "" || st.Provider != "local" || st.Snapshot == "" || st.SandboxID == "" ||
+			st.Restart || !json.Valid(st.RunBody) {
+			return fmt.Errorf("the record of %s: %s, want a session of the local provider with a snapshot and its run body", r.EpisodeID.CaptureKey(), r.JSON)
+		}
+		if _, err := os.Stat(filepath.Join(e.base, "snapshots", st.Snapshot)); err != nil {
+			return fmt.Errorf("the snapshot of %s: %v", r.EpisodeID.CaptureKey(), err)
+		}
+		if _, dup := out[rec.EpisodeID.RolloutID]; dup {
+			return fmt.Errorf("two records of %s", rec.EpisodeID.RolloutID)
+		}
+		out[rec.EpisodeID.RolloutID] = rec
+		keys = append(keys, rec.EpisodeID.CaptureKey())
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the owner's records of %s: %v", id, err)
+	}
+	if read.RecordCount != m.RecordCount || read.RecordsSHA256 != m.RecordsSHA256 || len(keys) != m.RecordCount {
+		t.Errorf("%s: %d records read, manifest read back %+v, want %+v", pdir, len(keys), read, m)
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, com.EpisodeIDs) && !(len(keys) == 0 && len(com.EpisodeIDs) == 0) {
+		t.Errorf("owner commit %s answered episode_ids %v, the records written are %v", id, com.EpisodeIDs, keys)
+	}
+	return out
+}
+
+// restoreOwner restores the owner from dir under checkpoint id, scoped to
+// the episodes in scope, and checks its reply: phase restored, from
+// source, the capture keys of the next attempt of each of want's records.
+func (e *env) restoreOwner(id, dir string, scope []gym.EpisodeID, source string, want map[string]localowner.Record) {
+	t := e.t
+	t.Helper()
+	var r gym.RestoreReply
+	e.own.must(t, "restore", restoreBody(id, dir, scope), &r)
+	var keys []string
+	for _, rec := range want {
+		keys = append(keys, rec.EpisodeID.Next().CaptureKey())
+	}
+	slices.Sort(keys)
+	if r.Phase != gym.PhaseRestored || r.SourceCheckpointID != source || !slices.Equal(r.Restored, keys) {
+		t.Fatalf("the owner's restore %s answered %+v, want phase restored from %s, restored %v", id, r, source, keys)
+	}
+	if s := e.own.status(t); s.Phase != gym.PhaseRestored || s.CheckpointID == nil || *s.CheckpointID != id {
+		t.Fatalf("owner status after the restore %s: %+v, want restored under it", id, s)
 	}
 }
 
@@ -365,16 +524,7 @@ func participantDir(dir string) string {
 func checkCommitted(t *testing.T, dir, id string, com committed) map[string]record {
 	t.Helper()
 	pdir := participantDir(dir)
-	data, err := os.ReadFile(filepath.Join(pdir, gym.ManifestName))
-	if err != nil {
-		t.Fatalf("the commit's manifest: %v", err)
-	}
-	var m manifest
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&m); err != nil {
-		t.Fatalf("%s: %v: %s", filepath.Join(pdir, gym.ManifestName), err, data)
-	}
+	m := readManifest(t, pdir)
 	if m.SchemaVersion != 1 || m.Kind != gym.KindAgent || m.Instance != driverName || m.CheckpointID != id ||
 		m.RecordsFile != "records-"+m.RecordsSHA256+".jsonl" {
 		t.Errorf("%s: bad manifest %+v", pdir, m)

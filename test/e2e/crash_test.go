@@ -14,12 +14,15 @@ import (
 )
 
 // TestCrashRestore: a checkpoint is prepared and committed (driver and
-// owner), then the driver is killed with SIGKILL. A new driver on the same
-// config, after the owner's restore (forks of the snapshots) and its own
-// restore from the same checkpoint_dir (Gym's: a restore under its own
-// checkpoint id, scoped to the episodes the controller continues), answers
-// phase restored with the source checkpoint and the capture keys of
-// attempt 1 of every run that had a record. Admission stays closed until
+// owner, into one checkpoint_dir), then the driver is killed with SIGKILL.
+// A new driver on the same config, restored from that checkpoint_dir
+// (Gym's: a restore under its own checkpoint id, scoped to the episodes
+// the controller continues), answers phase restored with the source
+// checkpoint and the capture keys of attempt 1 of every run that had a
+// record; the owner, restored from the same folder with the same scope,
+// answers the keys of attempt 1 of every session it exported (the paused
+// runs': it forks their snapshots) and not the restart run's, which it
+// reported it cannot capture. Admission stays closed until
 // the resume: a rollout with no record (the restart run) is refused with
 // 409 checkpoint_parked, while the restored attempts are admitted, through
 // the path /ng-rollout/<id>-a1/run or the body's _ng_attempt_index. Each
@@ -79,7 +82,18 @@ func TestCrashRestore(t *testing.T) {
 		}
 		e.wantPhase("prepared")
 	})
+	if !slices.Equal(ck.ownPrep.Report.Restarts, []string{restart}) {
+		t.Errorf("the owner's prepare reported restarts %v, want [%s]", ck.ownPrep.Report.Restarts, restart)
+	}
 	exported := ck.records
+	var ownedKeys []string
+	for id := range ck.owned {
+		ownedKeys = append(ownedKeys, id)
+	}
+	slices.Sort(ownedKeys)
+	if want := slices.Sorted(slices.Values(paused)); !slices.Equal(ownedKeys, want) {
+		t.Errorf("the owner exported the sessions of %v, want the paused runs' %v", ownedKeys, want)
+	}
 	if _, ok := exported[restart]; ok {
 		t.Errorf("the restart run was exported: %s", exported[restart].Bookmark)
 	}
@@ -104,11 +118,13 @@ func TestCrashRestore(t *testing.T) {
 		}
 	}
 	e.startDriver()
-	var ownerRestore struct {
-		CheckpointID string `json:"checkpoint_id"`
+	// The owner outlived the driver, still committed: the controller ends
+	// that checkpoint on it before it restores.
+	var ores gym.ResumeReply
+	e.own.must(t, "resume", plainBody(ck.id), &ores)
+	if ores.Phase != gym.PhaseIdle || ores.Idempotent {
+		t.Fatalf("owner resume %s after the crash answered %+v, want idle, not idempotent", ck.id, ores)
 	}
-	// owner: old control routes until it is a Gym participant
-	e.own.must(t, "restore", ownerBody(ck.id), &ownerRestore)
 	// The controller names the episodes it continues: every rollout of the
 	// test (the returned one and the restart have no record, and are not
 	// restored).
@@ -131,6 +147,7 @@ func TestCrashRestore(t *testing.T) {
 	if h := e.health(); h.Phase != "restored" {
 		t.Fatalf("after restore the phase is %q, want restored", h.Phase)
 	}
+	e.restoreOwner(restoreID, ck.dir, episodes(all...), ck.id, ck.owned)
 
 	// Admission is closed until the resume: the restart run (no record) is
 	// refused; the restored attempts are admitted and wait for it.
@@ -160,7 +177,7 @@ func TestCrashRestore(t *testing.T) {
 		default:
 		}
 	}
-	e.resume(restoreID)
+	e.resumeAll(restoreID)
 	again[restart] = e.startRun("/run", restart, rb)
 	for _, id := range paused {
 		res := await(t, again[id]).result(t)

@@ -144,7 +144,7 @@ func TestConcurrencyLimit(t *testing.T) {
 		}
 	}
 	watch.observeMetrics(e.scrape())
-	e.resume(ck.id)
+	e.resumeAll(ck.id)
 	// Watch /metrics until all have returned.
 	doneCh := make(chan struct{})
 	go func() {

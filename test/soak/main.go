@@ -5,16 +5,18 @@
 // on loopback, as the rollout framework would, and prints a table: prepare
 // time (median, max), pauses, failed pauses and their causes, relaunches,
 // runs lost, runs that repeated a step, the driver's peak memory and CPU.
-// The driver is driven on NeMo Gym's wire as Gym's coordinator and
-// collector drive an agent: runs name themselves with _ng_rollout_id and
-// are posted to /ng-rollout/<capture key>/run; each checkpoint is prepare,
-// commit (into <checkpoint_dir>/gym/agent/soak) and resume; after the crash
-// the new driver restores under its own checkpoint id, scoped to the
-// episodes the last commit wrote, and is resumed before the runs are
-// posted again as their next attempt. Like a trainer that keeps only its
-// latest checkpoint, it retires the previous committed checkpoint at the
-// owner once the next one is committed (its snapshots are dropped), so a
-// run's disk use stays at about two checkpoints' worth (512 sandboxes: a
+// Both are driven on NeMo Gym's wire as Gym's coordinator and collector
+// drive an agent and a resources server: runs name themselves with
+// _ng_rollout_id and are posted to /ng-rollout/<capture key>/run; each
+// checkpoint is prepare (the driver, then the owner), commit of both into
+// one checkpoint_dir (gym/agent/soak and gym/resources/ngdriver_owner:
+// the owner snapshots each open session's sandbox) and resume of both;
+// after the crash the new driver and the owner restore under one
+// checkpoint id from the last commit's folder, scoped to the episodes it
+// wrote (the owner forks each snapshot for the next attempt), and are
+// resumed before the runs are posted again as their next attempt. The
+// owner keeps the snapshots of each session's last three exports, so a
+// run's disk use stays at about four checkpoints' worth (512 sandboxes: a
 // few GB each).
 //
 // Run it with `make soak` (root). It kills only the processes it started,
@@ -199,20 +201,25 @@ func (c *controller) call(base, phase string, body map[string]any, out any) erro
 	return nil
 }
 
-// ownerCall is a call of the owner's control routes, by checkpoint id.
-// owner: old control routes until it is a Gym participant
-func (c *controller) ownerCall(base, phase, id string) error {
-	data, code, err := c.post(base+"/ng-control/v1/checkpoint/"+phase, map[string]any{"checkpoint_id": id}, true)
-	if err != nil {
-		return fmt.Errorf("owner %s: %w", phase, err)
-	}
-	if code != 200 {
-		return fmt.Errorf("owner %s answered %d: %s", phase, code, data)
+// resumeAll resumes checkpoint id on the owner, then on the driver (so
+// the calls of the runs the driver lets go find the owner's admission
+// open); each must answer phase idle.
+func (c *controller) resumeAll(ownerURL, driverURL, id string) error {
+	for _, p := range []struct{ name, url string }{{"owner", ownerURL}, {"driver", driverURL}} {
+		var r struct {
+			Phase string `json:"phase"`
+		}
+		if err := c.call(p.url, "resume", map[string]any{"checkpoint_id": id}, &r); err != nil {
+			return fmt.Errorf("%s %w", p.name, err)
+		}
+		if r.Phase != "idle" {
+			return fmt.Errorf("%s resume %s answered phase %q", p.name, id, r.Phase)
+		}
 	}
 	return nil
 }
 
-// The replies of the driver's control plane the soak reads (Gym's).
+// The replies of the control planes the soak reads (Gym's).
 type prepareReply struct {
 	Phase  string `json:"phase"`
 	Report struct {
@@ -418,6 +425,7 @@ backends:
 	ckptDir := filepath.Join(c.work, "checkpoints")
 	var driverCPU, driverPeak float64
 	lastCommitted := ""
+	ownerRecords := 0      // the owner's records over every commit
 	var lastScope []string // the capture keys the last commit wrote
 	for n := 1; time.Since(begin) < c.duration; n++ {
 		time.Sleep(time.Until(begin.Add(time.Duration(n) * c.every)))
@@ -443,24 +451,42 @@ backends:
 			fmt.Fprintf(os.Stderr, "soak: %s: %d runs not parked by the deadline; resumed without commit\n", id, prep.Report.BlockerCount)
 			continue
 		}
-		var com commitReply
+		// Gym's order: the agent, then the resources.
+		var oprep prepareReply
+		if err := ctl.call(owner.url, "prepare", map[string]any{"checkpoint_id": id}, &oprep); err != nil {
+			return fmt.Errorf("owner %w", err)
+		}
+		if oprep.Phase != "prepared" {
+			notParked = append(notParked, oprep.Report.Blockers...)
+			if err := ctl.resumeAll(owner.url, d.url, id); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "soak: %s: the owner was not ready by the deadline (%d blockers); resumed without commit\n", id, oprep.Report.BlockerCount)
+			continue
+		}
+		// Both commit into one folder, with the same scope (every episode).
+		var com, ocom commitReply
 		if err := ctl.call(d.url, "commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": dir}, &com); err != nil {
 			return err
 		}
-		if err := ctl.ownerCall(owner.url, "commit", id); err != nil {
-			return err
+		if err := ctl.call(owner.url, "commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": dir}, &ocom); err != nil {
+			return fmt.Errorf("owner %w", err)
 		}
-		if err := ctl.call(d.url, "resume", map[string]any{"checkpoint_id": id}, nil); err != nil {
-			return err
+		if com.Phase != "committed" || ocom.Phase != "committed" || ocom.Manifest.RecordCount != len(ocom.EpisodeIDs) {
+			return fmt.Errorf("commit %s: the driver answered %+v, the owner %+v", id, com, ocom)
 		}
-		if lastCommitted != "" {
-			if err := ctl.ownerCall(owner.url, "retire", lastCommitted); err != nil {
-				fmt.Fprintf(os.Stderr, "soak: retire %s: %v\n", lastCommitted, err)
+		for _, k := range ocom.EpisodeIDs {
+			if !slices.Contains(com.EpisodeIDs, k) {
+				return fmt.Errorf("commit %s: the owner exported %s, of which the driver wrote no record", id, k)
 			}
 		}
+		if err := ctl.resumeAll(owner.url, d.url, id); err != nil {
+			return err
+		}
+		ownerRecords += ocom.Manifest.RecordCount
 		lastCommitted, lastScope = id, com.EpisodeIDs
-		fmt.Fprintf(os.Stderr, "soak: %s at %5.1fs: prepare %.3fs, %d runs exported, %d restarts, %d finished\n",
-			id, time.Since(begin).Seconds(), took.Seconds(), com.Manifest.RecordCount, len(prep.Report.Restarts), finished.Load())
+		fmt.Fprintf(os.Stderr, "soak: %s at %5.1fs: prepare %.3fs, %d runs and %d owner sessions exported, %d restarts, %d finished\n",
+			id, time.Since(begin).Seconds(), took.Seconds(), com.Manifest.RecordCount, ocom.Manifest.RecordCount, len(prep.Report.Restarts), finished.Load())
 		if !crashed && time.Since(begin) >= c.crashAt {
 			crashed = true
 			time.Sleep(2 * time.Second)
@@ -475,30 +501,36 @@ backends:
 			driverMu.Lock()
 			driver = nd
 			driverMu.Unlock()
-			if err := ctl.ownerCall(owner.url, "restore", lastCommitted); err != nil {
-				return err
-			}
-			// The controller continues the episodes the last commit wrote.
+			// The controller continues the episodes the last commit wrote,
+			// on both participants, from the same folder.
 			scope := make([]episodeID, 0, len(lastScope))
 			for _, k := range lastScope {
 				scope = append(scope, parseKey(k))
 			}
 			restoreID := "restore-" + lastCommitted
-			var r restoreReply
-			if err := ctl.call(nd.url, "restore", map[string]any{"checkpoint_id": restoreID,
-				"checkpoint_dir": filepath.Join(ckptDir, lastCommitted), "episode_ids": scope}, &r); err != nil {
+			restoreBody := map[string]any{"checkpoint_id": restoreID, "checkpoint_dir": filepath.Join(ckptDir, lastCommitted), "episode_ids": scope}
+			var r, or restoreReply
+			if err := ctl.call(nd.url, "restore", restoreBody, &r); err != nil {
 				return err
 			}
-			if err := ctl.call(nd.url, "resume", map[string]any{"checkpoint_id": restoreID}, nil); err != nil {
+			delete(restoreBody, "deadline_ts")
+			if err := ctl.call(owner.url, "restore", restoreBody, &or); err != nil {
+				return fmt.Errorf("owner %w", err)
+			}
+			if r.Phase != "restored" || or.Phase != "restored" || r.SourceCheckpointID != lastCommitted || or.SourceCheckpointID != lastCommitted {
+				return fmt.Errorf("restore %s: the driver answered %+v, the owner %+v", restoreID, r, or)
+			}
+			if err := ctl.resumeAll(owner.url, nd.url, restoreID); err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "soak: restored %d runs from %s\n", len(r.Restored), r.SourceCheckpointID)
+			fmt.Fprintf(os.Stderr, "soak: restored %d runs and %d owner sessions from %s\n", len(r.Restored), len(or.Restored), r.SourceCheckpointID)
 			close(restored)
 		}
 	}
 	if !crashed {
 		close(restored)
 	}
+	fmt.Fprintf(os.Stderr, "soak: the owner exported %d sessions over the commits\n", ownerRecords)
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	d := currentDriver()

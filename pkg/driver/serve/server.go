@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -164,7 +165,7 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 	defer stop()
 	result, err := s.Runner.Run(ctx, driver.RunRequest{RolloutID: id.RolloutID, Attempt: id.Attempt, Body: body})
 	if err != nil {
-		s.fail(w, "run", fmt.Errorf("run %s: %w", id.CaptureKey(), err))
+		s.fail(w, "run", fmt.Errorf("run %s: %w", driver.Clip(id.CaptureKey(), 64), err))
 		return
 	}
 	s.count("run", http.StatusOK)
@@ -211,10 +212,13 @@ func readBody(r *http.Request) ([]byte, error) {
 // Codes of the refusals that are the driver's own, not Gym's checkpoint
 // wire: they travel in the same envelope.
 const (
-	CodeBadRequest   = "bad_request"
-	CodeRunInFlight  = "run_in_flight"
-	CodeShuttingDown = "shutting_down"
-	CodeCancelled    = "cancelled"
+	CodeBadRequest  = "bad_request"
+	CodeRunInFlight = "run_in_flight"
+	// CodeSessionClosed: the owner ended this attempt's session already
+	// (its verdict was given, or it was closed): post the next attempt.
+	CodeSessionClosed = "session_closed"
+	CodeShuttingDown  = "shutting_down"
+	CodeCancelled     = "cancelled"
 )
 
 // classify maps an error class to its HTTP status and code: the one place
@@ -228,6 +232,8 @@ func classify(err error) (int, string) {
 		return http.StatusBadRequest, CodeBadRequest
 	case errors.Is(err, driver.ErrDuplicateRun):
 		return http.StatusConflict, CodeRunInFlight
+	case errors.Is(err, owner.ErrClosed):
+		return http.StatusConflict, CodeSessionClosed
 	case errors.Is(err, driver.ErrShuttingDown):
 		return http.StatusServiceUnavailable, CodeShuttingDown
 	case errors.Is(err, context.Canceled), errors.Is(err, driver.ErrCancelled):

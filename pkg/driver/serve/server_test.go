@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -67,6 +68,7 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("run r: %w", driver.ErrBadBookmark), 400, CodeBadRequest},
 		{fmt.Errorf("run r: %w", driver.ErrDuplicateRun), 409, CodeRunInFlight},
 		{driver.ErrShuttingDown, 503, CodeShuttingDown},
+		{fmt.Errorf("seed: %w", owner.ErrClosed), 409, CodeSessionClosed},
 		{fmt.Errorf("run r: %w", context.Canceled), 499, CodeCancelled},
 		{errors.New("disk on fire"), 500, gym.CodeInternal},
 	}

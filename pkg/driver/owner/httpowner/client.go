@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/owner"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // Headers of the checkpoint protocol on the seed reply.
@@ -150,6 +151,14 @@ func statusError(name string, resp *http.Response, data []byte) error {
 	e := &Error{Call: name, Status: resp.StatusCode, Body: snippet(data)}
 	if resp.StatusCode == http.StatusGone {
 		return fmt.Errorf("%w: %v", owner.ErrClosed, e)
+	}
+	// A refusal in Gym's envelope (stale_attempt, checkpoint_parked, ...)
+	// is handed on as the same refusal, so the run's caller gets Gym's code.
+	var env gym.ErrorBody
+	if resp.StatusCode < 500 && json.Unmarshal(data, &env) == nil {
+		if kind := gym.Sentinel(env.Error.Code); kind != nil {
+			return fmt.Errorf("%w: %w", kind, e)
+		}
 	}
 	return e
 }
