@@ -265,3 +265,29 @@ func TestRestorePreviousCheckpoint(t *testing.T) {
 		t.Errorf("the fork's session holds %q, want steps 1..%d once each", got, steps)
 	}
 }
+
+// TestReplayVerifyHeldUntilResume: a row's replay-mode verify ends while
+// the checkpoint that exported it at its verify bookmark is open; its
+// /run reply is held (the run parks at its return bookmark) and delivered
+// once the checkpoint resumes, with its verdict.
+func TestReplayVerifyHeldUntilResume(t *testing.T) {
+	w := newWorld(t, options{})
+	r := w.coll.row(1, 0, job{steps: 2, stepS: 0.05})
+	r["verify_mode"] = "replay"
+	r["check"] = `touch verify-started && sleep 3 && [ "$(cat progress)" = "$(seq -f 'step %g' 1 2)" ] && touch verify-done`
+	ch := w.coll.start(r)
+	eventually(t, "the row's verify has started", func() (bool, string) {
+		return w.findInSandboxes("verify-started"), "no verify-started marker"
+	})
+	ck := w.checkpoint(ckID("held"), episodes(r), false)
+	eventually(t, "the verify has ended", func() (bool, string) {
+		return w.findInSandboxes("verify-done"), "no verify-done marker"
+	})
+	select {
+	case res := <-ch:
+		t.Fatalf("%s was delivered while the checkpoint was open", res)
+	case <-time.After(2 * time.Second):
+	}
+	w.coord.resume(ck.id, deadlineIn(waitLimit))
+	checkOneLaunch(t, w, rolloutID(r), await(t, ch).reply(t), 2, 0)
+}
