@@ -15,13 +15,16 @@ import (
 //
 //	state    where                           blocks prepare  exported at
 //	queued   waiting for a concurrency slot  no              its bookmark (seed, or the restored one)
-//	replay   seed, a replay verify, return   no              the bookmark recorded before the step
+//	replay   seed, a replay verify           no              the bookmark recorded before the step
 //	waiting  the harness, a wait verify      yes             -
 //	parked   held at a bookmark              no              that bookmark (a paused launch in it)
 //
-// A restart run (the owner cannot capture its session) never blocks, never
-// parks and is never exported: it is reported in Report.Restarts. A retired
-// run blocks until it has ended.
+// A step that ends while a checkpoint is open parks the run at its next
+// bookmark (return included: the reply waits for the resume). A restart
+// run (the owner cannot capture its session) never blocks, never parks and
+// is never exported: it is reported in Report.Restarts, and becomes one
+// only while no checkpoint is open. A retired run blocks until it has
+// ended.
 type runState int
 
 const (
