@@ -1,0 +1,350 @@
+package gyme2e
+
+// One test's Gym deployment: a Gym config file naming an agent entry
+// (`ngdriver serve --gym-config FILE --gym-instance NAME`) and a resources
+// entry (`ngdriver owner serve`) on fixed loopback ports, so fresh
+// processes after a crash come back at the addresses the config names; the
+// coordinator and the collector; and the cleanup that leaves nothing
+// running.
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/gym"
+)
+
+// waitLimit bounds every wait on a state: generous, never a statement
+// about speed.
+const waitLimit = 2 * time.Minute
+
+// The entry names of the deployment's servers in the Gym config: the
+// agent's is its participant instance.
+const (
+	agentEntry = "ngdriver_agent"
+	ownerEntry = "ngdriver_resources"
+)
+
+// options shape a deployment.
+type options struct {
+	maxRuns    int     // the agent's max_runs (default 16)
+	steps      int     // the fake harness's default steps (default 10)
+	stepS      float64 // and seconds per step (default 0.3)
+	leaseGrace int     // lease_grace_seconds (default 120)
+}
+
+// world is one test's deployment.
+type world struct {
+	t     *testing.T
+	dir   string // the test's folder
+	base  string // the owner's sandboxes (and the agent's local backend)
+	logs  string
+	token string
+	opts  options
+
+	agentPort, ownerPort int
+	cfgPath              string
+
+	mu      sync.Mutex
+	procs   []*proc
+	agent   *proc
+	owner   *proc
+	orphans orphans
+	since   uint64 // start time of the test's first process
+
+	coord *coordinator
+	coll  *collector
+}
+
+// newWorld starts the owner and the agent, and discovers them.
+func newWorld(t *testing.T, o options) *world {
+	t.Helper()
+	if o.maxRuns == 0 {
+		o.maxRuns = 16
+	}
+	if o.steps == 0 {
+		o.steps = 10
+	}
+	if o.stepS == 0 {
+		o.stepS = 0.3
+	}
+	if o.leaseGrace == 0 {
+		o.leaseGrace = 120
+	}
+	dir := t.TempDir()
+	var tok [16]byte
+	rand.Read(tok[:])
+	w := &world{
+		t: t, dir: dir, base: filepath.Join(dir, "base"), logs: filepath.Join(dir, "logs"),
+		token: hex.EncodeToString(tok[:]), opts: o,
+		agentPort: freePort(t), ownerPort: freePort(t),
+	}
+	for _, d := range []string{w.base, w.logs} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(w.cleanup)
+	w.cfgPath = filepath.Join(dir, "gym.yaml")
+	w.writeConfig(w.cfgPath, agentEntry, w.agentPort, true)
+	w.coord = newCoordinator(t, w.token)
+	w.coll = &collector{url: w.agentURL(), agentName: agentEntry}
+	w.startServers()
+	return w
+}
+
+// freePort is a loopback port nothing listens on right now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func (w *world) agentURL() string { return fmt.Sprintf("http://127.0.0.1:%d", w.agentPort) }
+func (w *world) ownerURL() string { return fmt.Sprintf("http://127.0.0.1:%d", w.ownerPort) }
+
+// servers is every server entry of the deployment with its URL, as Gym's
+// discover walks the global config.
+func (w *world) servers() map[string]string {
+	return map[string]string{agentEntry: w.agentURL(), ownerEntry: w.ownerURL()}
+}
+
+// writeConfig writes a Gym config as Gym's launcher resolves it: the
+// resources entry, an agent entry named agent on port (its ngdriver block
+// runs the fake harness on the local backend), and the global checkpoint
+// block (enabled or not).
+func (w *world) writeConfig(path, agent string, port int, enabled bool) {
+	w.t.Helper()
+	cfg := fmt.Sprintf(`# written by the gym_e2e test %s
+%s:
+  resources_servers:
+    ngdriver_owner:
+      entrypoint: app.py
+      domain: coding
+      host: 127.0.0.1
+      port: %d
+%s:
+  responses_api_agents:
+    ngdriver_agent:
+      entrypoint: app.py
+      num_workers: 1
+      host: 127.0.0.1
+      port: %d
+      resources_server: {type: resources_servers, name: %s}
+      datasets: []
+      ngdriver:
+        adapter: fake
+        max_runs: %d
+        pause_at_checkpoints: true
+        stop_grace: 1s
+        shutdown_timeout: 30s
+        ngsup_dir: %s
+        log_format: json
+        owner:
+          timeout: 60s
+          verify_timeout: 2m
+          retries: 3
+        backends:
+          local:
+            base: %s
+        fake:
+          steps: %d
+          step_s: %g
+checkpoint:
+  enabled: %v
+  control_auth_token: %s
+  lease_grace_seconds: %d
+`, w.t.Name(), ownerEntry, w.ownerPort, agent, port, ownerEntry, w.opts.maxRuns, binDir, w.base,
+		w.opts.steps, w.opts.stepS, enabled, w.token, w.opts.leaseGrace)
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// startServers starts a fresh owner and agent and discovers them: exactly
+// one agent participant (this agent entry) and one resources participant
+// (the owner entry), in that order.
+func (w *world) startServers() {
+	w.t.Helper()
+	w.owner = w.start("owner", w.ownerURL(), w.ownerArgs()...)
+	w.agent = w.start("agent", w.agentURL(), "serve", "--gym-config", w.cfgPath, "--gym-instance", agentEntry)
+	members := w.coord.discover(w.servers())
+	if len(members) != 2 || members[0].Kind != gym.KindAgent || members[0].Name != agentEntry ||
+		members[1].Kind != gym.KindResources || members[1].Name != ownerEntry {
+		w.t.Fatalf("discovered %+v, want the agent %s then the resources server %s", members, agentEntry, ownerEntry)
+	}
+	for _, m := range members {
+		if m.Instance != m.Name {
+			w.t.Errorf("%s's status names instance %q, want its entry name", m.Name, m.Instance)
+		}
+	}
+}
+
+// ownerArgs starts `ngdriver owner serve` as the deployment's resources
+// server: on its entry's port, lending local sandboxes under base, a
+// participant named after its entry with the deployment's token and lease
+// grace (the owner takes them as flags; it reads no Gym config).
+func (w *world) ownerArgs() []string {
+	return []string{"owner", "serve", "--listen", fmt.Sprintf("127.0.0.1:%d", w.ownerPort),
+		"--base", w.base, "--ngsup-dir", binDir, "--log-format", "json",
+		"--instance", ownerEntry, "--lease-grace", fmt.Sprintf("%ds", w.opts.leaseGrace),
+		"--checkpoint-token-env", "NG_CONTROL_TOKEN"}
+}
+
+// start starts one server and waits until it listens at url.
+func (w *world) start(role, url string, args ...string) *proc {
+	w.t.Helper()
+	w.mu.Lock()
+	name := fmt.Sprintf("%s%d", role, len(w.procs))
+	w.mu.Unlock()
+	p := startProc(w.t, name, w.logs, []string{"NG_CONTROL_TOKEN=" + w.token}, args...)
+	w.mu.Lock()
+	w.procs = append(w.procs, p)
+	if w.since == 0 {
+		w.since = p.start
+	}
+	w.mu.Unlock()
+	if got := p.url(w.t); got != url {
+		w.t.Fatalf("%s listens on %s, want %s (its entry's host and port)", name, got, url)
+	}
+	return p
+}
+
+// crash kills both servers with SIGKILL, each alone, as a host losing the
+// processes would; what they had started is remembered and ended at
+// cleanup.
+func (w *world) crash() {
+	w.t.Helper()
+	for _, p := range []*proc{w.agent, w.owner} {
+		w.orphans.add(p.pid())
+		if err := syscall.Kill(p.pid(), syscall.SIGKILL); err != nil {
+			w.t.Fatalf("kill %s: %v", p.name, err)
+		}
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			w.t.Fatalf("%s did not die from SIGKILL", p.name)
+		}
+	}
+}
+
+// cleanup ends everything the test started and checks nothing is left.
+func (w *world) cleanup() {
+	t := w.t
+	w.mu.Lock()
+	procs := append([]*proc{}, w.procs...)
+	w.mu.Unlock()
+	for _, p := range procs {
+		p.killTree()
+	}
+	w.orphans.kill()
+	stopLaunches(t, w.base)
+	var left []procInfo
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		left = recordedLeftovers(w.base, w.since)
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, p := range left {
+		t.Errorf("cleanup: a process of the test's sandboxes is left after ngsup stop: %s", p)
+	}
+	killLeftovers(left)
+	for _, p := range procs {
+		if lines := errorsIn(p.errs.String()); len(lines) > 0 {
+			t.Errorf("%s reported: %s", p.name, strings.Join(lines, "; "))
+		}
+	}
+	if t.Failed() {
+		for _, p := range procs {
+			t.Logf("--- %s stderr (tail) ---\n%s", p.name, tail(p.errs.String(), 5000))
+		}
+	}
+}
+
+// checkpointDir is the folder the coordinator commits checkpoint id to.
+func (w *world) checkpointDir(id string) string { return filepath.Join(w.dir, "checkpoints", id) }
+
+// sessionSteps lists the steps of a rollout's fake session, from whichever
+// sandbox has it; with several (a fork and its origin), the longest.
+func (w *world) sessionSteps(rollout string) []string {
+	files, _ := filepath.Glob(filepath.Join(w.base, "sandboxes", "*", ".ngharness", "state", "fake", rollout+"-a*", "steps"))
+	var best []string
+	for _, f := range files {
+		if lines, err := stepsOf(f); err == nil && len(lines) > len(best) {
+			best = lines
+		}
+	}
+	return best
+}
+
+// stepsOf reads a steps file as its lines.
+func stepsOf(path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	text := strings.TrimRight(string(data), "\n")
+	if text == "" {
+		return nil, nil
+	}
+	return strings.Split(text, "\n"), nil
+}
+
+// wantSteps is "step from" ... "step to".
+func wantSteps(from, to int) []string {
+	var out []string
+	for i := from; i <= to; i++ {
+		out = append(out, fmt.Sprintf("step %d", i))
+	}
+	return out
+}
+
+// eventually polls cond until it holds or waitLimit passes.
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached within %s (%s)", what, waitLimit, msg)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitStepped waits until every rollout's session holds at least one step.
+func (w *world) waitStepped(rollouts ...string) {
+	w.t.Helper()
+	w.waitSteps(1, rollouts...)
+}
+
+// waitSteps waits until every rollout's session holds at least n steps.
+func (w *world) waitSteps(n int, rollouts ...string) {
+	w.t.Helper()
+	eventually(w.t, fmt.Sprintf("every run has taken %d steps", n), func() (bool, string) {
+		var missing []string
+		for _, r := range rollouts {
+			if len(w.sessionSteps(r)) < n {
+				missing = append(missing, r)
+			}
+		}
+		return len(missing) == 0, fmt.Sprintf("fewer steps: %v", missing)
+	})
+}
