@@ -33,9 +33,13 @@ ngdriver:
 
 # The whole suite: real processes, real signals, real /proc. Run as root for
 # the cgroup and mount-namespace tests (they skip with a message otherwise).
+# test/gym_e2e runs on its own after the rest: in one CI run beside the other
+# e2e packages, processes of one of its paused launches vanished (not seen
+# alone; under investigation, see docs/gym.md "Left out, and why").
 test: build
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v /test/gym_e2e$$)
+	$(GO) test -race -count=1 -timeout 20m ./test/gym_e2e/
 
 test-short:
 	$(GO) test -short -count=1 ./...
