@@ -671,7 +671,13 @@ func (e *Env) WaitSeeded(rollout string, n int) localowner.SessionInfo {
 	e.T.Helper()
 	Eventually(e.T, fmt.Sprintf("seed %d of %s", n, rollout), func() (bool, string) {
 		got := len(e.Owner.Cookies(rollout))
-		return got >= n, fmt.Sprintf("%d seeds", got)
+		var failed []string
+		for _, c := range e.Owner.Calls(rollout) {
+			if c.Method == CallSeed && c.Err != nil {
+				failed = append(failed, c.Err.Error())
+			}
+		}
+		return got >= n, fmt.Sprintf("%d seeds; failed seeds: %q", got, failed)
 	})
 	return e.Session(rollout)
 }
