@@ -158,7 +158,8 @@ func buildBody(f runFlags) (json.RawMessage, error) {
 func newRolloutID() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("run-%s-%s", time.Now().UTC().Format("20060102T150405"), hex.EncodeToString(b[:]))
+	// "r" first: an id ending in "-a<digits>" is refused (Gym reserves it).
+	return fmt.Sprintf("run-%s-r%s", time.Now().UTC().Format("20060102T150405"), hex.EncodeToString(b[:]))
 }
 
 func newLogger(level slog.Leveler) *slog.Logger {

@@ -1,6 +1,7 @@
 package driver_test
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -61,5 +62,22 @@ func TestLaunchIDsAreInjective(t *testing.T) {
 	}
 	if id := driver.LaunchID("rollout-7", 2, 3); !strings.HasPrefix(id, "rollout-7-a2-l3-") {
 		t.Errorf("LaunchID keeps no readable prefix: %s", id)
+	}
+}
+
+// TestRolloutIDsEndingLikeAnAttemptAreRefused proves that a rollout id
+// ending in "-a<N>" (the ending Gym reserves for attempt keys: a resources
+// server would refuse its session) is refused before anything runs, with
+// an error naming the rule, while other endings pass.
+func TestRolloutIDsEndingLikeAnAttemptAreRefused(t *testing.T) {
+	for _, id := range []string{"r-a1", "ignores-sigint-a3565007", "x-a84695"} {
+		if err := driver.ValidateRolloutID(id); !errors.Is(err, driver.ErrBadRequest) || !strings.Contains(err.Error(), "-a<N>") {
+			t.Errorf("ValidateRolloutID(%q) = %v, want a bad request naming the reserved -a<N> ending", id, err)
+		}
+	}
+	for _, id := range []string{"r-a0", "r-a", "r-ab1", "run-20261201T150405-r1a2b3c4d", "ignores-sigint-t3565007"} {
+		if err := driver.ValidateRolloutID(id); err != nil {
+			t.Errorf("ValidateRolloutID(%q) = %v, want it accepted", id, err)
+		}
 	}
 }

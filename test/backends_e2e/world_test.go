@@ -216,7 +216,8 @@ func (w *world) runner(p *driver.Participant, ng *driver.Ngsup) *driver.Runner {
 func (w *world) rollout(name string) string {
 	var b [3]byte
 	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s-%s-%s-%s", name, w.name, runTag, hex.EncodeToString(b[:]))
+	// "r" first: an id ending in "-a<digits>" is refused (Gym reserves it).
+	return fmt.Sprintf("%s-%s-%s-r%s", name, w.name, runTag, hex.EncodeToString(b[:]))
 }
 
 // task is a run body for the fake adapter and the owner: steps of stepS

@@ -130,7 +130,9 @@ func New(t *testing.T) *Env {
 	var tb [4]byte
 	_, _ = rand.Read(tb[:])
 	inner, lender := withBackend(t, lb) // local unless DRIVERTEST_BACKEND names another
-	e := &Env{T: t, Local: lb, Backend: NewBackend(inner), Tag: hex.EncodeToString(tb[:]), logs: &syncbuf.Buffer{}, ckRoot: t.TempDir()}
+	// The tag starts with "t": a rollout id ending in "-a<digits>" is
+	// refused (Gym reserves that ending for attempt keys).
+	e := &Env{T: t, Local: lb, Backend: NewBackend(inner), Tag: "t" + hex.EncodeToString(tb[:]), logs: &syncbuf.Buffer{}, ckRoot: t.TempDir()}
 	var w io.Writer = e.logs
 	if os.Getenv("DRIVERTEST_VERBOSE") != "" {
 		w = io.MultiWriter(e.logs, os.Stderr)
