@@ -63,6 +63,11 @@ type LentSandbox struct {
 	Descriptor sandbox.Descriptor
 }
 
+// Unwrap returns the connected sandbox (sandbox.Unwrapper), so the
+// capabilities of the backend's sandbox (sandbox.AsHostBatcher) are found
+// through a LentSandbox.
+func (l LentSandbox) Unwrap() sandbox.Sandbox { return l.Sandbox }
+
 // Decision is an adapter's answer on continuing a saved session.
 type Decision struct {
 	// Resume: continue the saved session; otherwise start over in a fresh

@@ -729,18 +729,6 @@ func (n *Ngsup) batcher() *batcher {
 	return n.batches
 }
 
-// hostBatcher is the sandbox's HostBatcher, through the driver's LentSandbox
-// and any wrapper.
-func hostBatcher(sb sandbox.Sandbox) (sandbox.HostBatcher, bool) {
-	switch l := sb.(type) {
-	case *LentSandbox:
-		sb = l.Sandbox
-	case LentSandbox:
-		sb = l.Sandbox
-	}
-	return sandbox.AsHostBatcher(sb)
-}
-
 // batched runs verb (pause or continue) for a supervised launch of a
 // sandbox.HostBatcher in one command with the requests of the same host
 // that arrive within BatchWindow (or until BatchMax are queued), through
@@ -752,7 +740,7 @@ func (n *Ngsup) batched(ctx context.Context, verb string, sb sandbox.Sandbox, bi
 	if !ref.Supervised || n.BatchWindow < 0 {
 		return batchAnswer{}, false
 	}
-	hb, ok := hostBatcher(sb)
+	hb, ok := sandbox.AsHostBatcher(sb)
 	if !ok {
 		return batchAnswer{}, false
 	}
