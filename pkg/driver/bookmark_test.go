@@ -189,7 +189,7 @@ func TestVerifyBookmarkGradesAgainWithoutLaunching(t *testing.T) {
 	}
 	e.Owner.Adopt(ro, seeded.Cookies)
 	sbID := e.Session(ro).SandboxID
-	launch := driver.LaunchRecord{ID: driver.LaunchID(ro, 1, 1), SandboxID: sbID, Reason: "first launch", Outcome: driver.OutcomeFinished, Pauses: 1, Supervised: true}
+	launch := driver.LaunchRecord{ID: driver.LaunchID(ro, 1, 1, sbID), SandboxID: sbID, Reason: "first launch", Outcome: driver.OutcomeFinished, Pauses: 1, Supervised: true}
 	bm, err := driver.Bookmark{Next: driver.StageVerify, Cookies: seeded.Cookies, State: json.RawMessage(`{"session_dir":"/sandbox/.ngharness/state/fake/x"}`),
 		Response: json.RawMessage(`{"text":"done after 3 steps","steps":3,"first_step":1}`), Launches: []driver.LaunchRecord{launch}}.Marshal()
 	if err != nil {
@@ -235,7 +235,7 @@ func TestRestoredRestartRecordStartsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := e.Start(rn, ro, 2, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t)
-	if len(r.Launches) != 1 || r.Launches[0].Resumed || r.Launches[0].Reason != "first launch" || r.Launches[0].ID != driver.LaunchID(ro, 2, 1) {
+	if len(r.Launches) != 1 || r.Launches[0].Resumed || r.Launches[0].Reason != "first launch" || r.Launches[0].ID != driver.LaunchID(ro, 2, 1, r.Launches[0].SandboxID) {
 		t.Errorf("want one fresh launch of attempt 2, got %+v", r.Launches)
 	}
 	if n := e.Owner.Count(drivertest.CallSeed, ro); n != 1 {
@@ -257,7 +257,7 @@ func TestRestoredSeedRecordStartsAtSeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := e.Start(rn, ro, 2, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t)
-	if len(r.Launches) != 1 || r.Launches[0].Resumed || r.Launches[0].ID != driver.LaunchID(ro, 2, 1) {
+	if len(r.Launches) != 1 || r.Launches[0].Resumed || r.Launches[0].ID != driver.LaunchID(ro, 2, 1, r.Launches[0].SandboxID) {
 		t.Errorf("want one fresh launch of attempt 2, got %+v", r.Launches)
 	}
 	if n := e.Owner.Count(drivertest.CallSeed, ro); n != 1 {

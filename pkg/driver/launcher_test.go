@@ -64,14 +64,20 @@ func (f *fakeLaunches) called() []string {
 	return append([]string(nil), f.calls...)
 }
 
-// end makes the launch's Wait return that it ended (exit code 0).
+// end makes the launch's Wait return that it ended (exit code 0); a
+// launch never started is recorded as a call, for the test to report.
 func (f *fakeLaunches) end(id string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	c, ok := f.ends[id]
+	if !ok {
+		f.calls = append(f.calls, "test end-unknown "+id)
+		return
+	}
 	select {
-	case <-f.ends[id]:
+	case <-c:
 	default:
-		close(f.ends[id])
+		close(c)
 	}
 }
 
@@ -271,7 +277,7 @@ func TestRunnerKeepsTheResultOfALaunchThatEndedAsItWasPaused(t *testing.T) {
 	obs := &pauseCauses{}
 	ro := "fake-ended"
 	r := fakeRun(t, f, obs, ro, true)
-	id := driver.LaunchID(ro, 1, 1)
+	id := driver.LaunchID(ro, 1, 1, "plain")
 	if got, want := strings.Join(f.called(), "; "), "supervised start "+id+"; supervised pause "+id; got != want {
 		t.Errorf("launch calls: %s\nwant: %s", got, want)
 	}
@@ -302,7 +308,7 @@ func TestRunnerStopsAndRelaunchesWhenAPauseIsNotConfirmed(t *testing.T) {
 	obs := &pauseCauses{}
 	ro := "fake-unconfirmed"
 	r := fakeRun(t, f, obs, ro, true)
-	first, second := driver.LaunchID(ro, 1, 1), driver.LaunchID(ro, 1, 2)
+	first, second := driver.LaunchID(ro, 1, 1, "plain"), driver.LaunchID(ro, 1, 2, "plain")
 	want := []string{"supervised start " + first, "supervised pause " + first, "supervised stop " + first, "supervised start " + second}
 	if got := f.called(); strings.Join(got, "; ") != strings.Join(want, "; ") {
 		t.Errorf("launch calls: %v\nwant: %v", got, want)
@@ -331,11 +337,8 @@ func TestRunnerFallsBackToTagOnlyOnce(t *testing.T) {
 	f := newFakeLaunches()
 	f.startSupervised = fmt.Errorf("%w: %w: ngsup run in sb-1 exited 1: cannot become a subreaper", launch.ErrNoSupervisor, launch.ErrLaunch)
 	ro := "fake-fallback"
-	id := driver.LaunchID(ro, 1, 1)
-	go func() {
-		<-f.waiting
-		f.end(id)
-	}()
+	id := driver.LaunchID(ro, 1, 1, "plain")
+	go func() { f.end(<-f.waiting) }()
 	r := fakeRun(t, f, &pauseCauses{}, ro, false)
 	if got, want := strings.Join(f.called(), "; "), "supervised start "+id+"; tag-only start "+id; got != want {
 		t.Errorf("launch calls: %s\nwant: %s", got, want)

@@ -290,7 +290,7 @@ func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, n, 0.1, nil))
 	await(t, held, "the driver waits on the launch", h)
 	sbID := e.Session(ro).SandboxID
-	launchID := driver.LaunchID(ro, 1, 1)
+	launchID := driver.LaunchID(ro, 1, 1, sbID)
 	drivertest.Eventually(t, "the harness has ended", func() (bool, string) {
 		r := e.Receipt(sbID, launchID)
 		return r != nil && r.Ended, "no ended receipt"
@@ -432,7 +432,7 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 	checkStates(t, "while parked", procs, "Tt")
 	// Every process the pause holds (its paused set, "pid start" lines),
 	// each killed only if it is still the one recorded.
-	held := heldByPause(t, e.LaunchDir(sbID, driver.LaunchID(ro, 1, 1)))
+	held := heldByPause(t, e.LaunchDir(sbID, driver.LaunchID(ro, 1, 1, sbID)))
 	for _, pr := range held {
 		pr.Kill()
 	}

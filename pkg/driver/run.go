@@ -350,7 +350,7 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 		}
 	}
 	n := len(st.bm.Launches) + 1
-	rec.ID = LaunchID(st.req.RolloutID, st.req.Attempt, n)
+	rec.ID = LaunchID(st.req.RolloutID, st.req.Attempt, n, lent.ID())
 	ref := launch.Ref{ID: rec.ID, Dir: path.Join(lent.Root(), "launches", rec.ID), SandboxID: lent.ID()}
 	l := rn.Launchers.Launcher(!rn.Unsupervised)
 	if err := l.Prepare(ctx, lent); err != nil {
@@ -392,14 +392,18 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 // launchPrefixLen bounds the readable part of a launch id.
 const launchPrefixLen = 64
 
-// LaunchID names launch n of an attempt of a rollout, in ngsup's id
-// alphabet and length: a readable prefix (the rollout id with every
-// character outside [A-Za-z0-9._-] made '_', cut to 64 bytes, then
-// -a<attempt>-l<n>) and 12 hex digits of the SHA-256 of the exact rollout
-// id, attempt and launch number. Two launches that differ in any of the
-// three get different ids even when their prefixes are the same
-// ("dup:1" and "dup/1", or ids sharing their first 64 bytes).
-func LaunchID(rollout string, attempt, n int) string {
+// LaunchID names launch n of an attempt of a rollout in the sandbox
+// sandboxID, in ngsup's id alphabet and length: a readable prefix (the
+// rollout id with every character outside [A-Za-z0-9._-] made '_', cut to
+// 64 bytes, then -a<attempt>-l<n>) and 12 hex digits of the SHA-256 of the
+// exact rollout id, attempt, launch number and sandbox id. Two launches
+// that differ in any of the four get different ids even when their
+// prefixes are the same ("dup:1" and "dup/1", or ids sharing their first
+// 64 bytes). The sandbox id is in the hash because a launch id is also the
+// tag a stop scans processes for: two deployments on one host (the local
+// backend, no PID namespaces) running rollouts of the same id, as Gym's
+// "<task>-<rollout>" ids are from job to job, must never share one.
+func LaunchID(rollout string, attempt, n int, sandboxID string) string {
 	clean := strings.Map(func(r rune) rune {
 		switch {
 		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
@@ -414,7 +418,7 @@ func LaunchID(rollout string, attempt, n int) string {
 	if clean == "" {
 		clean = "launch"
 	}
-	sum := sha256.Sum256([]byte(fmt.Sprintf("%d\x00%d\x00%s", attempt, n, rollout)))
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%d\x00%d\x00%d\x00%s%s", attempt, n, len(sandboxID), sandboxID, rollout)))
 	return fmt.Sprintf("%s-a%d-l%d-%s", clean, attempt, n, hex.EncodeToString(sum[:6]))
 }
 

@@ -401,9 +401,9 @@ func (w *world) sandboxes() []string {
 	return out
 }
 
-// launchID is the id the driver gives launch n of an attempt.
-func (w *world) launchID(attempt, n int) string {
-	return driver.LaunchID(w.rollout, attempt, n)
+// launchID is the id the driver gives launch n of an attempt in a sandbox.
+func (w *world) launchID(attempt, n int, sandboxID string) string {
+	return driver.LaunchID(w.rollout, attempt, n, sandboxID)
 }
 
 // launchDir is the host path of a launch's folder.
