@@ -293,7 +293,6 @@ func (n *Ngsup) StopSandboxGrace(ctx context.Context, sb sandbox.Sandbox, grace 
 		// receipt, ngsup checks that the id matches it.
 		ref := Ref{ID: name, Dir: path.Join(dir, name)}
 		if _, err := n.Launcher(false).Stop(ctx, sb, ref, grace); err != nil {
-			ref.Supervised = true
 			if _, err2 := n.Launcher(true).Stop(ctx, sb, ref, grace); err2 != nil {
 				errs = append(errs, err)
 			}
