@@ -12,6 +12,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -123,8 +124,8 @@ func TestBatchedPauseAndContinue(t *testing.T) {
 	for _, x := range pauses {
 		if len(dirsOf(x)) > 1 {
 			batched++
-			if x.ExitCode != 0 || x.Timeout != driver.ControlTimeout {
-				t.Errorf("batched pause %v: exit %d, budget %s; want 0 and %s", x.Argv, x.ExitCode, x.Timeout, driver.ControlTimeout)
+			if x.ExitCode != 0 || x.Timeout != launch.ControlTimeout {
+				t.Errorf("batched pause %v: exit %d, budget %s; want 0 and %s", x.Argv, x.ExitCode, x.Timeout, launch.ControlTimeout)
 			}
 			for _, d := range dirsOf(x) {
 				if !strings.HasPrefix(d, e.Local.Base()+"/") {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -60,7 +61,7 @@ func TestParseBookmarkRejectsEveryMalformedBookmark(t *testing.T) {
 		}
 	}
 	good := driver.Bookmark{Next: driver.StageHarness, Cookies: map[string]string{"session_id": "s"}, State: json.RawMessage(`{"session_dir":"/x"}`),
-		Resume: true, Paused: &driver.LaunchRef{ID: "l1", Dir: "/d/l1", SandboxID: "sb"},
+		Resume: true, Paused: &launch.Ref{ID: "l1", Dir: "/d/l1", SandboxID: "sb"},
 		Launches: []driver.LaunchRecord{{ID: "l1", Outcome: driver.OutcomeInterrupted, Pauses: 1}}}
 	data, err := good.Marshal()
 	if err != nil {

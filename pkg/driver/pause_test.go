@@ -13,6 +13,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/proto"
@@ -131,8 +132,8 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 		t.Errorf("ngsup pause ran %d times, want 2", n)
 	}
 	for _, x := range append(e.Backend.Verbs("pause"), e.Backend.Verbs("continue")...) {
-		if x.Timeout != driver.ControlTimeout {
-			t.Errorf("%v got a budget of %s, want %s", x.Argv, x.Timeout, driver.ControlTimeout)
+		if x.Timeout != launch.ControlTimeout {
+			t.Errorf("%v got a budget of %s, want %s", x.Argv, x.Timeout, launch.ControlTimeout)
 		}
 	}
 	drivertest.CheckGone(t, "after verify", procs)
