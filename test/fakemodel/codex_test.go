@@ -1,0 +1,143 @@
+package fakemodel
+
+// End-to-end test with the real Codex CLI (installed by
+// scripts/install-harnesses.sh into .tools/, ignored by git) against the
+// fake server on the Responses API, fully offline: configuration and
+// environment as in /work/shared/notes/harnesses-offline.md.
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// codexVersion is the Codex CLI this test runs (pinned in
+// scripts/install-harnesses.sh).
+const codexVersion = "0.171.0"
+
+// codexKeyVar is the environment variable the fake provider's key is read
+// from.
+const codexKeyVar = "NG_FAKE_MODEL_KEY"
+
+// codexBin is the installed Codex CLI's native binary; missing, the test
+// skips naming the install script.
+func codexBin(t *testing.T) string {
+	t.Helper()
+	triple := "x86_64-unknown-linux-musl"
+	if npmArch() == "arm64" {
+		triple = "aarch64-unknown-linux-musl"
+	}
+	return installedBin(t, "Codex CLI "+codexVersion,
+		filepath.Join("codex-"+codexVersion, "node_modules", "@openai", "codex-linux-"+npmArch(), "vendor", triple, "bin", "codex"),
+		"scripts/install-harnesses.sh codex", false)
+}
+
+// codexConfig is $CODEX_HOME/config.toml pointing Codex at srv with every
+// call home turned off.
+func codexConfig(srv *Server) string {
+	return `model = "fake-model"
+model_provider = "fake"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+
+[model_providers.fake]
+name = "fake"
+base_url = "` + srv.URL() + `/v1"
+env_key = "` + codexKeyVar + `"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[otel]
+exporter = "none"
+
+[features]
+plugins = false
+`
+}
+
+// TestCodexRun: the real Codex CLI, offline, completes a single-tool run
+// against DefaultScript on /v1/responses: it exits 0 after exactly two
+// model requests (the exec_command call, the final answer), the second
+// carrying the first's history, the call and the command's output; its
+// JSON events show the command completed with the marker and the final
+// message "done".
+func TestCodexRun(t *testing.T) {
+	bin := codexBin(t)
+	srv := start(t, Options{Script: DefaultScript("echo " + toolMarker)})
+	sub := scratch(t, "work", "home", "codex", "tmp")
+	if err := os.WriteFile(filepath.Join(sub("codex"), "config.toml"), []byte(codexConfig(srv)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(cliLimit)
+	t0 := time.Now()
+	run := startCLI(t, "codex", bin,
+		[]string{"exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt},
+		sub("work"), []string{
+			"PATH=" + os.Getenv("PATH"),
+			"HOME=" + sub("home"),
+			"TMPDIR=" + sub("tmp"),
+			"CODEX_HOME=" + sub("codex"),
+			codexKeyVar + "=dummy",
+		})
+	run.wait(t, deadline, srv)
+	t.Logf("codex ran %v", time.Since(t0).Round(time.Millisecond))
+
+	checkToolRoundTrip(t, srv, APIResponses, "/v1/responses", "exec_command")
+	if auth := srv.Requests()[0].Header.Get("Authorization"); auth != "Bearer dummy" {
+		t.Errorf("Authorization %q", auth)
+	}
+
+	var thread string
+	var outputs, messages []string
+	completed := false
+	for _, ev := range run.jsonLines(t) {
+		var typ string
+		json.Unmarshal(ev["type"], &typ)
+		switch typ {
+		case "thread.started":
+			json.Unmarshal(ev["thread_id"], &thread)
+		case "item.completed":
+			var item struct {
+				Type             string `json:"type"`
+				Text             string `json:"text"`
+				AggregatedOutput string `json:"aggregated_output"`
+				ExitCode         *int   `json:"exit_code"`
+			}
+			json.Unmarshal(ev["item"], &item)
+			switch item.Type {
+			case "command_execution":
+				if item.ExitCode != nil && *item.ExitCode == 0 {
+					outputs = append(outputs, item.AggregatedOutput)
+				}
+			case "agent_message":
+				messages = append(messages, item.Text)
+			}
+		case "turn.completed":
+			completed = true
+		}
+	}
+	if thread == "" || !completed {
+		t.Errorf("thread %q, turn completed %t", thread, completed)
+	}
+	if len(outputs) != 1 || !strings.Contains(outputs[0], toolMarker) {
+		t.Errorf("completed commands' outputs %q, want one holding %q", outputs, toolMarker)
+	}
+	if len(messages) != 1 || messages[0] != DefaultFinal {
+		t.Errorf("agent messages %q, want [%q]", messages, DefaultFinal)
+	}
+	sessions, _ := filepath.Glob(filepath.Join(sub("codex"), "sessions", "*", "*", "*", "rollout-*-"+thread+".jsonl"))
+	if len(sessions) != 1 {
+		t.Errorf("session files of thread %s: %q", thread, sessions)
+	}
+}
