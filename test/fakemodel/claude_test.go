@@ -27,18 +27,18 @@ func claudeBin(t *testing.T) string {
 		"scripts/install-harnesses.sh claude", false)
 }
 
-// TestClaudeRun: real Claude Code, offline, completes a single-tool run
-// against DefaultScript on /v1/messages: it exits 0 after exactly two
-// model requests (the Bash tool_use, the final answer), the second carrying
-// the first's history, the call and the command's output as a tool result
-// that is no error; its stream-json events name one session and end with a
-// successful result "done".
-func TestClaudeRun(t *testing.T) {
-	bin := claudeBin(t)
-	srv := start(t, Options{Script: DefaultScript("echo " + toolMarker)})
+// claudeRun is one `claude -p` run and its CLAUDE_CONFIG_DIR.
+type claudeRun struct {
+	*cliRun
+	config string
+}
+
+// startClaude starts `claude -p <prompt> --output-format stream-json`
+// against the fake at base, with a scratch HOME and CLAUDE_CONFIG_DIR and
+// the local-only environment.
+func startClaude(t *testing.T, bin, base string) claudeRun {
+	t.Helper()
 	sub := scratch(t, "work", "home", "claude", "tmp")
-	deadline := time.Now().Add(cliLimit)
-	t0 := time.Now()
 	run := startCLI(t, "claude", bin,
 		[]string{"-p", prompt, "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions"},
 		sub("work"), []string{
@@ -46,7 +46,7 @@ func TestClaudeRun(t *testing.T) {
 			"HOME=" + sub("home"),
 			"TMPDIR=" + sub("tmp"),
 			"CLAUDE_CONFIG_DIR=" + sub("claude"),
-			"ANTHROPIC_BASE_URL=" + srv.URL(),
+			"ANTHROPIC_BASE_URL=" + base,
 			"ANTHROPIC_API_KEY=dummy",
 			"IS_SANDBOX=1", // root may bypass permissions only in a sandbox
 			"DISABLE_TELEMETRY=1",
@@ -55,6 +55,21 @@ func TestClaudeRun(t *testing.T) {
 			"DISABLE_BUG_COMMAND=1",
 			"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
 		})
+	return claudeRun{run, sub("claude")}
+}
+
+// TestClaudeRun: real Claude Code, offline, completes a single-tool run
+// against DefaultScript on /v1/messages: it exits 0 after exactly two
+// model requests (the Bash tool_use, the final answer), the second carrying
+// the first's history, the call and the command's output as a tool result
+// that is no error; its stream-json events name one session and end with a
+// successful result "done", and the session file is in CLAUDE_CONFIG_DIR.
+func TestClaudeRun(t *testing.T) {
+	bin := claudeBin(t)
+	srv := start(t, Options{Script: DefaultScript("echo " + toolMarker)})
+	deadline := time.Now().Add(cliLimit)
+	t0 := time.Now()
+	run := startClaude(t, bin, srv.URL())
 	run.wait(t, deadline, srv)
 	t.Logf("claude ran %v", time.Since(t0).Round(time.Millisecond))
 
@@ -62,6 +77,14 @@ func TestClaudeRun(t *testing.T) {
 	if r := srv.Requests()[0]; r.Header.Get("X-Api-Key") != "dummy" || !strings.Contains(string(r.Body), `"stream":true`) {
 		t.Errorf("x-api-key %q, body streamed: %t", r.Header.Get("X-Api-Key"), strings.Contains(string(r.Body), `"stream":true`))
 	}
+	run.checkEvents(t)
+}
+
+// checkEvents checks Claude Code's stream-json events of one completed
+// run: one session id, one successful result "done"; and the session's
+// file in CLAUDE_CONFIG_DIR.
+func (run claudeRun) checkEvents(t *testing.T) {
+	t.Helper()
 
 	var sessions []string
 	var result struct {
@@ -90,9 +113,25 @@ func TestClaudeRun(t *testing.T) {
 		t.Errorf("%d results, the last %+v; want one success %q", results, result, DefaultFinal)
 	}
 	if len(sessions) == 1 {
-		files, _ := filepath.Glob(filepath.Join(sub("claude"), "projects", "*", sessions[0]+".jsonl"))
+		files, _ := filepath.Glob(filepath.Join(run.config, "projects", "*", sessions[0]+".jsonl"))
 		if len(files) != 1 {
 			t.Errorf("session files of %s: %q", sessions[0], files)
 		}
 	}
+}
+
+// TestClaudeHeldAndSlow: under a rollout prefix, with its first model
+// request held, real Claude Code waits (no exit, no other request) for as
+// long as the hold lasts; released, it reads both replies streamed slowly
+// (Pace) and finishes the run normally.
+func TestClaudeHeldAndSlow(t *testing.T) {
+	bin := claudeBin(t)
+	srv := start(t, Options{Script: slowly(DefaultScript("echo "+toolMarker), 50*time.Millisecond)})
+	srv.Hold(1)
+	deadline := time.Now().Add(cliLimit)
+	run := startClaude(t, bin, srv.URL()+"/ng-rollout/r1-a2")
+	holdThenRelease(t, srv, run.cliRun, deadline)
+	run.wait(t, deadline, srv)
+	checkToolRoundTrip(t, srv, APIMessages, "/ng-rollout/r1-a2/v1/messages", "Bash")
+	run.checkEvents(t)
 }

@@ -301,3 +301,47 @@ func checkToolRoundTrip(t *testing.T, srv *Server, api, path, shell string) {
 		t.Errorf("the final request ends with %+v, want a tool result holding %q", tool, toolMarker)
 	}
 }
+
+// slowly is script with every reply streamed at pace.
+func slowly(script func(Request) Reply, pace time.Duration) func(Request) Reply {
+	return func(r Request) Reply {
+		reply := script(r)
+		reply.Pace = pace
+		return reply
+	}
+}
+
+// holdFor is how long the held-reply tests keep a harness waiting.
+const holdFor = 3 * time.Second
+
+// holdThenRelease waits for the harness's first model request to be held
+// (srv.Hold(1) before it started), checks that for holdFor the harness
+// neither exits nor sends another request, then releases it.
+func holdThenRelease(t *testing.T, srv *Server, run *cliRun, deadline time.Time) {
+	t.Helper()
+	for srv.Held() == 0 {
+		if run.exited() {
+			run.dump(t, srv)
+			t.Fatalf("%s exited (%v) before its request was held", run.name, run.err)
+		}
+		if time.Now().After(deadline) {
+			run.kill(t)
+			<-run.done
+			run.dump(t, srv)
+			t.Fatalf("%s sent no model request", run.name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case <-run.done:
+		run.dump(t, srv)
+		t.Fatalf("%s exited (%v) while its request was held", run.name, run.err)
+	case <-time.After(holdFor):
+	}
+	if n, got := srv.Held(), len(srv.Requests()); n != 1 || got != 1 {
+		run.dump(t, srv)
+		t.Fatalf("after %v: %d held, %d requests; want 1 and 1", holdFor, n, got)
+	}
+	t.Logf("%s waited %v on its held request; releasing", run.name, holdFor)
+	srv.Release()
+}

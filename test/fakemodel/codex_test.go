@@ -35,9 +35,10 @@ func codexBin(t *testing.T) string {
 		"scripts/install-harnesses.sh codex", false)
 }
 
-// codexConfig is $CODEX_HOME/config.toml pointing Codex at srv with every
+// codexConfig is $CODEX_HOME/config.toml pointing Codex at the Responses
+// API below base (the fake's URL, maybe with a rollout prefix) with every
 // call home turned off.
-func codexConfig(srv *Server) string {
+func codexConfig(base string) string {
 	return `model = "fake-model"
 model_provider = "fake"
 approval_policy = "never"
@@ -46,7 +47,7 @@ check_for_update_on_startup = false
 
 [model_providers.fake]
 name = "fake"
-base_url = "` + srv.URL() + `/v1"
+base_url = "` + base + `/v1"
 env_key = "` + codexKeyVar + `"
 wire_api = "responses"
 request_max_retries = 0
@@ -66,21 +67,20 @@ plugins = false
 `
 }
 
-// TestCodexRun: the real Codex CLI, offline, completes a single-tool run
-// against DefaultScript on /v1/responses: it exits 0 after exactly two
-// model requests (the exec_command call, the final answer), the second
-// carrying the first's history, the call and the command's output; its
-// JSON events show the command completed with the marker and the final
-// message "done".
-func TestCodexRun(t *testing.T) {
-	bin := codexBin(t)
-	srv := start(t, Options{Script: DefaultScript("echo " + toolMarker)})
+// codexRun is one `codex exec` run and its CODEX_HOME.
+type codexRun struct {
+	*cliRun
+	home string
+}
+
+// startCodex starts `codex exec --json <prompt>` against the fake at base,
+// with a scratch HOME and CODEX_HOME.
+func startCodex(t *testing.T, bin, base string) codexRun {
+	t.Helper()
 	sub := scratch(t, "work", "home", "codex", "tmp")
-	if err := os.WriteFile(filepath.Join(sub("codex"), "config.toml"), []byte(codexConfig(srv)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(sub("codex"), "config.toml"), []byte(codexConfig(base)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(cliLimit)
-	t0 := time.Now()
 	run := startCLI(t, "codex", bin,
 		[]string{"exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt},
 		sub("work"), []string{
@@ -90,6 +90,21 @@ func TestCodexRun(t *testing.T) {
 			"CODEX_HOME=" + sub("codex"),
 			codexKeyVar + "=dummy",
 		})
+	return codexRun{run, sub("codex")}
+}
+
+// TestCodexRun: the real Codex CLI, offline, completes a single-tool run
+// against DefaultScript on /v1/responses: it exits 0 after exactly two
+// model requests (the exec_command call, the final answer), the second
+// carrying the first's history, the call and the command's output; its
+// JSON events show the command completed with the marker and the final
+// message "done", and its session file is in CODEX_HOME.
+func TestCodexRun(t *testing.T) {
+	bin := codexBin(t)
+	srv := start(t, Options{Script: DefaultScript("echo " + toolMarker)})
+	deadline := time.Now().Add(cliLimit)
+	t0 := time.Now()
+	run := startCodex(t, bin, srv.URL())
 	run.wait(t, deadline, srv)
 	t.Logf("codex ran %v", time.Since(t0).Round(time.Millisecond))
 
@@ -97,6 +112,15 @@ func TestCodexRun(t *testing.T) {
 	if auth := srv.Requests()[0].Header.Get("Authorization"); auth != "Bearer dummy" {
 		t.Errorf("Authorization %q", auth)
 	}
+	run.checkEvents(t)
+}
+
+// checkEvents checks Codex's JSON events of one completed single-tool
+// run: a thread, one command completed with exit code 0 and the marker in
+// its output, the one agent message "done", the turn completed; and the
+// thread's session file in CODEX_HOME.
+func (run codexRun) checkEvents(t *testing.T) {
+	t.Helper()
 
 	var thread string
 	var outputs, messages []string
@@ -136,8 +160,27 @@ func TestCodexRun(t *testing.T) {
 	if len(messages) != 1 || messages[0] != DefaultFinal {
 		t.Errorf("agent messages %q, want [%q]", messages, DefaultFinal)
 	}
-	sessions, _ := filepath.Glob(filepath.Join(sub("codex"), "sessions", "*", "*", "*", "rollout-*-"+thread+".jsonl"))
+	sessions, _ := filepath.Glob(filepath.Join(run.home, "sessions", "*", "*", "*", "rollout-*-"+thread+".jsonl"))
 	if len(sessions) != 1 {
 		t.Errorf("session files of thread %s: %q", thread, sessions)
+	}
+}
+
+// TestCodexHeldAndSlow: under a rollout prefix, with its first model
+// request held, the real Codex CLI waits (no exit, no other request) for
+// as long as the hold lasts; released, it reads both replies streamed
+// slowly (Pace) and finishes the run normally.
+func TestCodexHeldAndSlow(t *testing.T) {
+	bin := codexBin(t)
+	srv := start(t, Options{Script: slowly(DefaultScript("echo "+toolMarker), 50*time.Millisecond)})
+	srv.Hold(1)
+	deadline := time.Now().Add(cliLimit)
+	run := startCodex(t, bin, srv.URL()+"/ng-rollout/r1-a2")
+	holdThenRelease(t, srv, run.cliRun, deadline)
+	run.wait(t, deadline, srv)
+	checkToolRoundTrip(t, srv, APIResponses, "/ng-rollout/r1-a2/v1/responses", "exec_command")
+	run.checkEvents(t)
+	if r := srv.Requests()[1]; r.Rollout != "r1-a2" || r.Attempt != 2 {
+		t.Errorf("rollout %q attempt %d", r.Rollout, r.Attempt)
 	}
 }
