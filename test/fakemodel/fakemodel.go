@@ -202,8 +202,7 @@ func (s *Server) Close() {
 }
 
 // Requests returns every model request so far (of every API), in arrival
-// order.
-// Requests that could not be parsed are answered 400 and are not recorded.
+// order. Requests that could not be parsed are answered 400 and are not recorded.
 func (s *Server) Requests() []Request {
 	s.mu.Lock()
 	defer s.mu.Unlock()
