@@ -95,8 +95,10 @@ type ToolCall struct {
 	ID string `json:"id"`
 	// Name is the function's name, e.g. "bash".
 	Name string `json:"name"`
-	// Arguments is the call's arguments, a JSON object as text. In a
-	// Messages request's history it is the tool_use block's input, compact.
+	// Arguments is the call's arguments, a JSON object as text (in a Reply
+	// on the Messages API it must be valid JSON: it is sent as the
+	// tool_use block's input). In a Messages request's history it is the
+	// tool_use block's input, compact.
 	Arguments string `json:"arguments"`
 }
 
