@@ -20,7 +20,13 @@
 // path. One test documents a limit rather than a feature: time paused
 // counts toward OpenCode's tool timeouts.
 //
-// TestMain builds the static ngsup and ngresume. A test that needs OpenCode
-// fails when it is missing and CI is set, and skips otherwise, naming
-// scripts/install-opencode.sh. The tests live in the _test.go files.
+// Every test that needs OpenCode runs once per version of openCodeVersions
+// (1.17.11 and 1.18.33), as a parallel subtest named for the version
+// (TestPauseMidTool/1.18.33; -run 'TestX/1.18.33' runs one), against the
+// binary scripts/install-opencode.sh installed for that version, which must
+// report it. TestMain builds the static ngsup and ngresume, and prints one
+// line for each version that is not installed; that version's subtests
+// fail when CI is set and skip otherwise, naming the install script.
+// OPENCODE_E2E_TOOLS names another folder of installs than .tools. The
+// tests live in the _test.go files.
 package opencodee2e

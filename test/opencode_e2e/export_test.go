@@ -87,7 +87,11 @@ func bigScript(r fakemodel.Request) fakemodel.Reply {
 // rereads make a lucky pass of the old code all but impossible.
 func TestLargeSessionExportReadWhole(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "bigexport", fakemodel.Options{Script: bigScript})
+	forEachOpenCode(t, testLargeSessionExportReadWhole)
+}
+
+func testLargeSessionExportReadWhole(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "bigexport", fakemodel.Options{Script: bigScript})
 	c := w.crashAfterSnapshot(nil, w.toolWaits, w.toolStillRuns)
 	r := w.relaunch(c, nil, nil)
 	l2 := r.Launches[1]

@@ -93,7 +93,11 @@ func comms(s still) []string {
 // each, and the owner verifies done.txt.
 func TestPauseMidTool(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "midtool", fakemodel.Options{Script: script("sleep 15; touch done.txt", "touch done.txt")})
+	forEachOpenCode(t, testPauseMidTool)
+}
+
+func testPauseMidTool(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "midtool", fakemodel.Options{Script: script("sleep 15; touch done.txt", "touch done.txt")})
 	p := newParticipant()
 	h := w.start(w.runner(w.adapter(nil), p), 1)
 	sb := w.waitSandbox(1)
@@ -134,7 +138,11 @@ func TestPauseMidTool(t *testing.T) {
 // one launch, pauses 1, no model call repeated.
 func TestPauseHeldReply(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "held", fakemodel.Options{
+	forEachOpenCode(t, testPauseHeldReply)
+}
+
+func testPauseHeldReply(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "held", fakemodel.Options{
 		Script:   script("sleep 1; touch done.txt", "touch done.txt"),
 		Holdable: func(r fakemodel.Request) bool { return r.HasTools },
 	})
@@ -204,7 +212,11 @@ func TestPauseHeldReply(t *testing.T) {
 // pauses = 4, makes each model call once and is verified.
 func TestPauseFourTimes(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "four", fakemodel.Options{
+	forEachOpenCode(t, testPauseFourTimes)
+}
+
+func testPauseFourTimes(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "four", fakemodel.Options{
 		Script:   script("sleep 15; touch done.txt", "touch done.txt"),
 		Holdable: func(r fakemodel.Request) bool { return r.HasTools },
 	})
