@@ -7,7 +7,8 @@
 // (test/fakemodel) standing in for the model.
 //
 // The tests prove what the issue asks of OpenCode at checkpoints: a launch
-// paused mid-tool or while a model reply is held changes nothing (files,
+// paused mid-tool, mid-stream (the model's reply still arriving) or while
+// a model reply is held changes nothing (files,
 // opencode.db and its -wal and -shm, CPU times) and continues as the same
 // process with no repeated model call; a launch is paused four times and
 // still launched once; after a crash the fork of the snapshot is relaunched
@@ -17,7 +18,8 @@
 // first on PATH does not break the relaunch; a session whose export is
 // over 200 KB is read whole by the resume decision and the response; a
 // rollout id holding '?', '#', '/' or '%' reaches the model on its own
-// path. One test documents a limit rather than a feature: time paused
+// path; a hostile task of over 100 KB (quotes, $(...), backticks,
+// newlines) reaches the model byte for byte and runs nowhere. One test documents a limit rather than a feature: time paused
 // counts toward OpenCode's tool timeouts.
 //
 // Every test that needs OpenCode runs once per version of openCodeVersions

@@ -12,9 +12,10 @@ import (
 // openCodeTests are the tests that need OpenCode (each a subtest per
 // version).
 var openCodeTests = []string{
-	"TestPauseMidTool", "TestPauseHeldReply", "TestPauseFourTimes",
+	"TestPauseMidTool", "TestPauseMidStream", "TestPauseHeldReply", "TestPauseFourTimes",
 	"TestCrashResumesSavedTurn", "TestCrashNoModelResponse", "TestCrashResumeWithOldPython",
 	"TestLargeSessionExportReadWhole", "TestPausedTimeCountsTowardToolTimeout", "TestRolloutURLEscapedInOpenCode",
+	"TestHostileTaskReachesModel",
 }
 
 // TestMissingOpenCode: with OpenCode missing, the subtest of every test

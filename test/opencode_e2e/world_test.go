@@ -82,6 +82,7 @@ type world struct {
 	rollout string
 	oc      string // the opencode binary (host path, visible in sandboxes)
 	version string // its version
+	task    string // the run body's task (default the task constant)
 	model   *fakemodel.Server
 	base    string
 	local   *local.Backend
@@ -111,7 +112,7 @@ func newWorld(t *testing.T, oc openCode, name string, model fakemodel.Options) *
 	t.Cleanup(func() { os.RemoveAll(base) })
 	// The rollout id is the base folder's name: unique, and it carries
 	// runTag, so TestMain's last look finds its launches by their tags.
-	w := &world{t: t, rollout: filepath.Base(base), oc: oc.bin, version: oc.version, base: base, logs: &syncbuf.Buffer{}, obs: &observer{}}
+	w := &world{t: t, rollout: filepath.Base(base), oc: oc.bin, version: oc.version, task: task, base: base, logs: &syncbuf.Buffer{}, obs: &observer{}}
 	var out io.Writer = w.logs
 	if os.Getenv(verboseEnv) != "" {
 		out = io.MultiWriter(w.logs, os.Stderr)
@@ -246,7 +247,7 @@ func (w *world) checkGymReply(response, body json.RawMessage) {
 
 // body is the run body of the world's rollout.
 func (w *world) body() json.RawMessage {
-	data, err := json.Marshal(map[string]any{"rollout_id": w.rollout, "task": task, "check": check})
+	data, err := json.Marshal(map[string]any{"rollout_id": w.rollout, "task": w.task, "check": check})
 	if err != nil {
 		panic(err)
 	}
