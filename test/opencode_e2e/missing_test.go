@@ -15,7 +15,7 @@ var openCodeTests = []string{
 	"TestPauseMidTool", "TestPauseMidStream", "TestPauseHeldReply", "TestPauseFourTimes",
 	"TestCrashResumesSavedTurn", "TestCrashNoModelResponse", "TestCrashResumeWithOldPython",
 	"TestLargeSessionExportReadWhole", "TestPausedTimeCountsTowardToolTimeout", "TestRolloutURLEscapedInOpenCode",
-	"TestHostileTaskReachesModel",
+	"TestHostileTaskReachesModel", "TestOpenCodeInterface",
 }
 
 // TestMissingOpenCode: with OpenCode missing, the subtest of every test
