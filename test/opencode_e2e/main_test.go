@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -192,9 +193,20 @@ var versionChecks sync.Map // version -> func() error
 // version runs that version.
 func checkVersion(version, bin string) error {
 	f, _ := versionChecks.LoadOrStore(version, sync.OnceValue(func() error {
+		scratch, err := os.MkdirTemp("", runTag+"-version-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(scratch)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, bin, "--version").Output()
+		// In a scratch HOME, as every OpenCode the tests run on the host:
+		// even --version makes folders under HOME.
+		cmd := exec.CommandContext(ctx, bin, "--version")
+		cmd.Env, cmd.Dir = hostEnv(scratch, filepath.Join(scratch, "data")), scratch
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		out, err := cmd.Output()
 		if got := strings.TrimSpace(string(out)); err != nil || got != version {
 			return fmt.Errorf("%s --version printed %q (%v), want %s: reinstall it with `scripts/install-opencode.sh %s`", bin, got, err, version, version)
 		}
