@@ -392,9 +392,15 @@ func TestCodexCrashMidToolStartsFresh(t *testing.T) {
 			}
 		}
 	}
-	same := a2[0].HistoryKey() == c.attempt1[0].HistoryKey()
-	t.Logf("launch 2 reason %q; attempt 2's first request has attempt 1's first history: %v (a fresh start asks the first turn again); %d bytes of attempt 1's call request",
-		l2.Reason, same, len(savedCall))
+	differ := "none"
+	for i, m := range a2[0].Messages {
+		if i >= len(c.attempt1[0].Messages) || m.Content != c.attempt1[0].Messages[i].Content {
+			differ = fmt.Sprintf("message %d (%s) %.200q", i, m.Role, m.Content)
+			break
+		}
+	}
+	t.Logf("launch 2 reason %q; attempt 2's first request (%d bytes) against attempt 1's (%d bytes), first difference: %s",
+		l2.Reason, len(a2[0].Body), len(savedCall), differ)
 
 	probe := w.probeResume(c)
 	n := len(probe.Messages)
