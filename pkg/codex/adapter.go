@@ -46,6 +46,11 @@ type Options struct {
 	Env map[string]string `json:"env"`
 	// Timeout bounds one launch's running time (paused time not counted).
 	Timeout string `json:"timeout"`
+	// ResumePrompt, when set, is an opt-in to continue a saved session that
+	// could be continued with `codex exec resume`, which sends this text as
+	// a user turn the task did not have (the launch record's reason says
+	// so). Unset (the default), a relaunch always starts over.
+	ResumePrompt *string `json:"resume_prompt"`
 }
 
 // Adapter is the Codex CLI adapter.
@@ -211,19 +216,42 @@ func rolloutSegment(rollout string, attempt int) string {
 // pages), terminating NUL included.
 const maxArg = 32 * 4096
 
+// flags are the flags of every `codex exec`: JSON events, no git check, no
+// approvals and no sandbox of Codex's own (the lent sandbox is the
+// sandbox).
+var flags = []string{"--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"}
+
 // Launch implements driver.Adapter: config.toml is written into the
-// state's CODEX_HOME, then `codex exec --json --skip-git-repo-check
+// state's CODEX_HOME (pointing at this attempt's model URL), then `codex
+// exec --json --skip-git-repo-check
 // --dangerously-bypass-approvals-and-sandbox -- TASK`, the task one argv
-// element (never shell text), stdin /dev/null (ngsup's). Codex cannot
-// continue a saved session faithfully, so ResumeDecision never asks for a
-// resume; a LaunchContext that does is an error.
+// element (never shell text), stdin /dev/null (ngsup's). A resume (only
+// with ResumePrompt set) runs `codex exec resume ... -- ID PROMPT` on the
+// saved session instead.
 func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
 	st, err := parseState(lc.State)
 	if err != nil {
 		return driver.LaunchSpec{}, err
 	}
+	spec := driver.LaunchSpec{Env: a.env(st), Dir: lc.Sandbox.Workdir(), Timeout: a.timeout}
+	cfg := a.config(a.baseURL(lc.RolloutID, lc.Attempt))
 	if lc.Resume {
-		return driver.LaunchSpec{}, errors.New("codex: asked to continue a saved session, which this adapter never does (its resume decision always starts over)")
+		if a.opt.ResumePrompt == nil {
+			return driver.LaunchSpec{}, errors.New("codex: asked to continue a saved session without resume_prompt set (the resume decision starts over then)")
+		}
+		file, data, err := readSession(ctx, lc.Sandbox, st)
+		if err != nil {
+			return driver.LaunchSpec{}, err
+		}
+		s, err := ParseSession(data)
+		if file == "" || err != nil || s.ID == "" {
+			return driver.LaunchSpec{}, fmt.Errorf("codex: no saved session with an id to continue in %s (%v)", st.codexHome(), err)
+		}
+		if err := lc.Sandbox.Upload(ctx, path.Join(st.codexHome(), "config.toml"), []byte(cfg), 0o600); err != nil {
+			return driver.LaunchSpec{}, fmt.Errorf("codex: write config.toml: %w", err)
+		}
+		spec.Argv = append(append([]string{a.opt.Codex, "exec", "resume"}, flags...), "--", s.ID, *a.opt.ResumePrompt)
+		return spec, nil
 	}
 	task, err := taskText(lc.Input)
 	if err != nil {
@@ -235,7 +263,6 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 	if len(task) >= maxArg {
 		return driver.LaunchSpec{}, fmt.Errorf("codex: the task is %d bytes; Linux passes at most %d bytes in one argument", len(task), maxArg-1)
 	}
-	cfg := a.config(a.baseURL(lc.RolloutID, lc.Attempt))
 	if err := lc.Sandbox.Upload(ctx, path.Join(st.codexHome(), "config.toml"), []byte(cfg), 0o600); err != nil {
 		return driver.LaunchSpec{}, fmt.Errorf("codex: write config.toml: %w", err)
 	}
@@ -246,13 +273,8 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 	if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, "home", ".keep"), nil, 0o600); err != nil {
 		return driver.LaunchSpec{}, fmt.Errorf("codex: make HOME: %w", err)
 	}
-	return driver.LaunchSpec{
-		Argv: []string{a.opt.Codex, "exec", "--json", "--skip-git-repo-check",
-			"--dangerously-bypass-approvals-and-sandbox", "--", task},
-		Env:     a.env(st),
-		Dir:     lc.Sandbox.Workdir(),
-		Timeout: a.timeout,
-	}, nil
+	spec.Argv = append(append([]string{a.opt.Codex, "exec"}, flags...), "--", task)
+	return spec, nil
 }
 
 // taskFileName is the task's text, kept beside the session for the record.
@@ -287,11 +309,13 @@ func readSession(ctx context.Context, sb driver.LentSandbox, st State) (string, 
 }
 
 // ResumeDecision implements driver.Adapter. Codex has no way to continue a
-// saved session without a new user turn, so every relaunch starts over
-// with the task in a fresh folder; the reason says whether the saved
-// session could otherwise have been continued (it starts with the task and
-// holds a completed model response) and why it is not. Only a cancelled
-// ctx, or a state that names no folder, is an error.
+// saved session without a new user turn, so a relaunch starts over with
+// the task in a fresh folder; the reason says whether the saved session
+// could otherwise have been continued (it starts with the task and holds a
+// completed model response) and why it is not. With ResumePrompt set
+// (opt-in), such a session is continued instead, the reason naming the
+// added turn. Only a cancelled ctx, or a state that names no folder, is an
+// error.
 func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, rollout string, attempt int) (driver.Decision, error) {
 	st, err := parseState(raw)
 	if err != nil {
@@ -327,8 +351,11 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 		task = string(res.Stdout)
 	}
 	ok, why := s.Continuable(task)
-	if !ok {
+	switch {
+	case !ok:
 		return fresh(why)
+	case a.opt.ResumePrompt != nil && s.ID != "":
+		return driver.Decision{Resume: true, Reason: fmt.Sprintf("%s; continuing it with codex exec resume, which adds the user turn %q the task did not have (resume_prompt is set)", why, *a.opt.ResumePrompt)}, nil
 	}
 	return fresh(why + ", but Codex cannot continue it without adding a user turn (codex exec resume always sends a new user message)")
 }

@@ -91,7 +91,7 @@ func TestLaunchRefuses(t *testing.T) {
 	}{
 		{strings.Repeat("x", maxArg), false, "at most 131071 bytes"},
 		{"a\x00b", false, "NUL"},
-		{"ok", true, "never does"},
+		{"ok", true, "without resume_prompt set"},
 	} {
 		body, _ := json.Marshal(map[string]string{"task": c.task})
 		_, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r1", Attempt: 1, Input: body, Sandbox: lent, State: st, Resume: c.resume})

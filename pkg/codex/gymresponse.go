@@ -34,7 +34,8 @@ type GymRunFields struct {
 // the output is every response item after the task (the first user turn)
 // but Codex's own context (developer messages, the environment context):
 // assistant messages, reasoning (its summary), function calls (arguments
-// as Codex sent them) and their outputs, and later user turns; the usage
+// as Codex sent them) and their outputs (see unanswered for a call without
+// one), and later user turns; the usage
 // is the sum over the completed model responses. A nil session gives no
 // output and a null usage.
 func BuildGymResponse(s *Session, opt opencode.GymResponseOptions) opencode.GymResponse {
@@ -64,8 +65,14 @@ func BuildGymResponse(s *Session, opt opencode.GymResponseOptions) opencode.GymR
 	if s == nil {
 		return r
 	}
-	task := false
+	answered := map[string]bool{}
 	for _, it := range s.Items {
+		if it.Type == "function_call_output" {
+			answered[it.CallID] = true
+		}
+	}
+	task := false
+	for i, it := range s.Items {
 		if !task {
 			task = it.IsUserTurn()
 			continue
@@ -92,6 +99,9 @@ func BuildGymResponse(s *Session, opt opencode.GymResponseOptions) opencode.GymR
 			r.Output = append(r.Output, rs)
 		case "function_call":
 			r.Output = append(r.Output, &opencode.GymFunctionCall{Arguments: it.Arguments, CallID: it.CallID, Name: it.Name, Type: "function_call"})
+			if !answered[it.CallID] {
+				r.Output = append(r.Output, &opencode.GymFunctionCallOutput{CallID: it.CallID, Output: unanswered(s.Items[i+1:]), Type: "function_call_output"})
+			}
 		case "function_call_output":
 			r.Output = append(r.Output, &opencode.GymFunctionCallOutput{CallID: it.CallID, Output: it.OutputText(), Type: "function_call_output"})
 		}
@@ -156,6 +166,19 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 	}
 	var fields map[string]json.RawMessage
 	return resp, fields, json.Unmarshal(data, &fields)
+}
+
+// unanswered is the output of a call the session holds none for, given
+// the items after it: "aborted" when the session went on (Codex sent the
+// model that synthetic output without saving it: a call interrupted by a
+// crash, then resumed), else "" (the call never returned).
+func unanswered(after []Item) string {
+	for _, it := range after {
+		if it.Type == "message" || it.Type == "function_call" || it.Type == "reasoning" {
+			return "aborted"
+		}
+	}
+	return ""
 }
 
 func randomHex() string {

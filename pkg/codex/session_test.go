@@ -126,3 +126,26 @@ func TestBuildGymResponse(t *testing.T) {
 		t.Errorf("no session: %+v", empty)
 	}
 }
+
+// TestGymUnansweredCall: a call the session holds no output for gets one:
+// "" at the end of the session (it never returned), "aborted" when the
+// session went on (what Codex sent the model after a resume).
+func TestGymUnansweredCall(t *testing.T) {
+	s := readSessionFile(t, "midtool.jsonl")
+	outputOf := func(s *Session) []string {
+		var out []string
+		for _, it := range BuildGymResponse(s, opencode.GymResponseOptions{}).Output {
+			if o, ok := it.(*opencode.GymFunctionCallOutput); ok {
+				out = append(out, o.Output)
+			}
+		}
+		return out
+	}
+	if got := outputOf(s); len(got) != 1 || got[0] != "" {
+		t.Errorf("a call at the end: outputs %q, want one empty", got)
+	}
+	s.Items = append(s.Items, Item{Type: "message", Role: "assistant", Content: []byte(`[{"type":"output_text","text":"ok"}]`)})
+	if got := outputOf(s); len(got) != 1 || got[0] != "aborted" {
+		t.Errorf("a call the session went on after: outputs %q, want [aborted]", got)
+	}
+}

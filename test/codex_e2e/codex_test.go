@@ -500,3 +500,51 @@ func TestCodexHostileTask(t *testing.T) {
 	}
 	t.Logf("a %d-byte hostile task reached the model byte for byte; %s", len(w.task), summary)
 }
+
+// TestCodexCrashResumeOptIn: with resume_prompt set (the opt-in), the
+// relaunch after a crash mid-tool continues the saved session with `codex
+// exec resume` instead of starting over, and the record says what that
+// costs: launch 2 resumed, its reason naming the added user turn. The
+// model's first request of attempt 2 is the saved history, the
+// interrupted call, Codex's synthetic "aborted" output and the added turn
+// (the task and it the only user turns); the run is verified.
+func TestCodexCrashResumeOptIn(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "optin", fakemodel.Options{Script: script("sleep 25; touch done.txt", "touch done.txt")})
+	c := w.crashAfterSnapshot()
+	prompt := "Continue."
+	p2 := newParticipant()
+	w.restore(p2, "ck-1", c.committed)
+	h2 := w.start(w.runner(w.adapterWith(codex.Options{ResumePrompt: &prompt}), p2), 2)
+	r := w.mustSucceed(h2)
+	if len(r.Launches) != 2 {
+		t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
+	}
+	l2 := r.Launches[1]
+	if !l2.Resumed || l2.SandboxID != c.fork || l2.Outcome != driver.OutcomeFinished ||
+		!strings.Contains(l2.Reason, `adds the user turn "Continue." the task did not have (resume_prompt is set)`) {
+		t.Errorf("launch 2: %+v; want resumed in the fork %s, finished, the reason naming the added turn", l2, c.fork)
+	}
+	if r.Response.SessionID != c.saved.ID {
+		t.Errorf("attempt 2 ended in session %s, want the saved %s continued", r.Response.SessionID, c.saved.ID)
+	}
+	a2 := byAttempt(w.model.Requests(), 2)
+	if len(a2) == 0 {
+		t.Fatal("attempt 2 made no model request")
+	}
+	first := a2[0]
+	n := len(first.Messages)
+	if n < 3 {
+		t.Fatalf("attempt 2's first request: %s", describeRequest(first))
+	}
+	call, out, user := first.Messages[n-3], first.Messages[n-2], first.Messages[n-1]
+	if len(call.ToolCalls) != 1 || out.Role != "tool" || out.Content != "aborted" || out.ToolCallID != call.ToolCalls[0].ID || user.Role != "user" || user.Content != prompt {
+		t.Errorf("attempt 2's first request ends with %+v, %+v, %+v; want the interrupted call, \"aborted\", the added turn", call, out, user)
+	}
+	if u := userTurns(first); len(u) != 2 || u[0] != task || u[1] != prompt {
+		t.Errorf("attempt 2's user turns %q, want the task and %q", u, prompt)
+	}
+	checkNoRepeats(t, append(slices.Clone(c.attempt1), a2...))
+	t.Logf("launch 2 reason %q; attempt 2 made %d model requests, the first ending with the interrupted call, %q and the added turn %q",
+		l2.Reason, len(a2), out.Content, user.Content)
+}

@@ -155,7 +155,15 @@ func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
 // fake model's URL, and env added to Codex's environment.
 func (w *world) adapter(env map[string]string) *codex.Adapter {
 	w.t.Helper()
-	a, err := codex.New(codex.Options{Codex: w.codex, ModelURL: w.model.URL(), Env: env})
+	return w.adapterWith(codex.Options{Env: env})
+}
+
+// adapterWith is the Codex adapter of the world with opt (its binary and
+// model URL filled in).
+func (w *world) adapterWith(opt codex.Options) *codex.Adapter {
+	w.t.Helper()
+	opt.Codex, opt.ModelURL = w.codex, w.model.URL()
+	a, err := codex.New(opt)
 	if err != nil {
 		w.t.Fatal(err)
 	}
