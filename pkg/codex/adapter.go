@@ -8,8 +8,9 @@
 // Codex cannot continue a saved session without adding a user turn: `codex
 // exec resume` always sends a new user message, after closing an
 // interrupted tool call with a synthetic "aborted" output. So a relaunch
-// after a crash always starts over with the task in a fresh folder, and
-// the launch record's reason says so (docs/codex.md). Codex pauses in
+// after a crash starts over with the task in a fresh folder, and the
+// launch record's reason says so (docs/codex.md); Options.ResumePrompt
+// opts in to continuing with that added turn instead. Codex pauses in
 // place at checkpoints by default.
 package codex
 
@@ -266,10 +267,11 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 	if err := lc.Sandbox.Upload(ctx, path.Join(st.codexHome(), "config.toml"), []byte(cfg), 0o600); err != nil {
 		return driver.LaunchSpec{}, fmt.Errorf("codex: write config.toml: %w", err)
 	}
-	// HOME must exist: Codex keeps files below it.
+	// The task beside the session, for the resume decision.
 	if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, taskFileName), []byte(task), 0o600); err != nil {
 		return driver.LaunchSpec{}, fmt.Errorf("codex: write the task: %w", err)
 	}
+	// HOME must exist: Codex keeps files below it.
 	if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, "home", ".keep"), nil, 0o600); err != nil {
 		return driver.LaunchSpec{}, fmt.Errorf("codex: make HOME: %w", err)
 	}
@@ -277,7 +279,8 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 	return spec, nil
 }
 
-// taskFileName is the task's text, kept beside the session for the record.
+// taskFileName is the task's text, kept beside the session, so the resume
+// decision can check the session starts with it.
 const taskFileName = "task.txt"
 
 // sessionScript prints the newest session file of the CODEX_HOME $1
