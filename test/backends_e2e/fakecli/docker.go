@@ -12,14 +12,14 @@ import (
 
 // dockerFlagError fails as the docker client does on a bad command line.
 func dockerFlagError(cmd string, err error) {
-	fail(125, "%v\nSee 'docker %s --help'.", err, cmd)
+	refuse(125, "%v\nSee 'docker %s --help'.", err, cmd)
 }
 
 // docker implements the docker subcommands.
 func (c *cli) docker() {
 	a := c.args
 	if len(a) == 0 {
-		fail(1, "docker: no command")
+		refuse(2, "fakecli: docker without a subcommand is not modelled")
 	}
 	switch {
 	case a[0] == "exec":
@@ -56,7 +56,7 @@ func (c *cli) docker() {
 	case a[0] == "rmi":
 		c.dockerRmi(a[1:])
 	default:
-		fail(1, "docker: fakecli does not know %q", strings.Join(a, " "))
+		refuse(2, "fakecli: docker %s is not modelled", strings.Join(a, " "))
 	}
 }
 
@@ -70,10 +70,10 @@ func (c *cli) dockerExec(a []string) {
 		dockerFlagError("exec", err)
 	}
 	if len(p.args) < 2 {
-		fail(1, "\"docker exec\" requires at least 2 arguments.\nSee 'docker exec --help'.")
+		refuse(1, "\"docker exec\" requires at least 2 arguments.\nSee 'docker exec --help'.")
 	}
 	if p.has("tty") || p.has("detach") {
-		fail(2, "fakecli: docker exec -t and -d are not modelled")
+		refuse(2, "fakecli: docker exec -t and -d are not modelled")
 	}
 	env := map[string]string{}
 	for _, kv := range p.values["env"] {
@@ -101,11 +101,11 @@ func (c *cli) dockerRun(a []string) {
 		dockerFlagError("run", err)
 	}
 	if len(p.args) < 1 {
-		fail(125, "\"docker run\" requires at least 1 argument.\nSee 'docker run --help'.")
+		refuse(125, "\"docker run\" requires at least 1 argument.\nSee 'docker run --help'.")
 	}
 	name, ref := p.str("name"), p.args[0]
 	if name == "" || !p.has("detach") {
-		fail(2, "fakecli: docker run needs -d and --name")
+		refuse(2, "fakecli: docker run needs -d and --name")
 	}
 	labels := map[string]string{}
 	for _, kv := range p.values["label"] {
@@ -152,7 +152,7 @@ func (c *cli) dockerCommit(a []string) {
 		dockerFlagError("commit", err)
 	}
 	if len(p.args) < 1 || len(p.args) > 2 {
-		fail(1, "\"docker commit\" requires at least 1 and at most 2 arguments.\nSee 'docker commit --help'.")
+		refuse(1, "\"docker commit\" requires at least 1 and at most 2 arguments.\nSee 'docker commit --help'.")
 	}
 	labels := map[string]string{}
 	for _, ch := range p.values["change"] {
@@ -209,7 +209,7 @@ func (c *cli) dockerImages(a []string) {
 		dockerFlagError("images", err)
 	}
 	if len(p.args) > 0 || p.has("format") || p.has("digests") {
-		fail(2, "fakecli: docker images takes -a, -q, --no-trunc and --filter only")
+		refuse(2, "fakecli: docker images takes -a, -q, --no-trunc and --filter only")
 	}
 	type match func(im *image) bool
 	var filters []match
@@ -229,7 +229,7 @@ func (c *cli) dockerImages(a []string) {
 				return ok && (!withValue || got == lv)
 			})
 		default:
-			fail(2, "fakecli: docker images --filter %s is not modelled", k)
+			refuse(2, "fakecli: docker images --filter %s is not modelled", k)
 		}
 	}
 	var rows []string
@@ -276,10 +276,10 @@ func (c *cli) dockerImageInspect(a []string) {
 		dockerFlagError("image inspect", err)
 	}
 	if len(p.args) == 0 {
-		fail(1, "\"docker image inspect\" requires at least 1 argument.\nSee 'docker image inspect --help'.")
+		refuse(1, "\"docker image inspect\" requires at least 1 argument.\nSee 'docker image inspect --help'.")
 	}
 	if f := p.str("format"); f != "" && f != "{{.Id}}" {
-		fail(2, "fakecli: docker image inspect --format %s is not modelled", f)
+		refuse(2, "fakecli: docker image inspect --format %s is not modelled", f)
 	}
 	var out []map[string]any
 	failed := false
@@ -318,7 +318,7 @@ func (c *cli) dockerRmi(a []string) {
 		dockerFlagError("rmi", err)
 	}
 	if len(p.args) == 0 {
-		fail(1, "\"docker rmi\" requires at least 1 argument.\nSee 'docker rmi --help'.")
+		refuse(1, "\"docker rmi\" requires at least 1 argument.\nSee 'docker rmi --help'.")
 	}
 	force := p.boolean("force", false)
 	failed := false

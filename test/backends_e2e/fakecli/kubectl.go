@@ -79,9 +79,10 @@ var kubeCommands = map[string][]flag{
 	},
 }
 
-// kubeFail fails as kubectl does: "error: " and the message, exit 1.
+// kubeFail refuses a command line as kubectl does: "error: " and the
+// message, exit 1.
 func kubeFail(format string, args ...any) {
-	fail(1, "error: "+format, args...)
+	refuse(1, "error: "+format, args...)
 }
 
 // kubeUsage fails as kubectl's usage errors do.
@@ -92,7 +93,7 @@ func kubeUsage(cmd, format string, args ...any) {
 // notModelled fails for a line kubectl would take and the fake does not
 // model.
 func notModelled(format string, args ...any) {
-	fail(2, "fakecli: kubectl "+format+" is not modelled", args...)
+	refuse(2, "fakecli: kubectl "+format+" is not modelled", args...)
 }
 
 // podID is the local sandbox id of a pod.
@@ -120,7 +121,7 @@ func (c *cli) kubectl() {
 		}
 	}
 	if sub < 0 {
-		fail(2, "fakecli: kubectl without a subcommand is not modelled")
+		refuse(2, "fakecli: kubectl without a subcommand is not modelled")
 	}
 	name := a[sub]
 	flags, ok := kubeCommands[name]
@@ -274,7 +275,7 @@ func (c *cli) kubeRun(p parsed, ns string) {
 		fail(1, "Error from server (AlreadyExists): pods %q already exists", name)
 	}
 	if _, err := c.store.Create(context.Background(), id); err != nil {
-		kubeFail("%v", err)
+		fail(1, "error: %v", err)
 	}
 	fmt.Printf("pod/%s created\n", name)
 }
@@ -325,7 +326,7 @@ func (c *cli) kubeWait(p parsed, ns string) {
 			return
 		}
 	}
-	kubeFail("timed out waiting for the condition on pods/%s", pod)
+	fail(1, "error: timed out waiting for the condition on pods/%s", pod)
 }
 
 func (c *cli) kubeGet(p parsed, ns string) {

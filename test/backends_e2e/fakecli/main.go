@@ -62,6 +62,7 @@ func main() {
 	if err != nil {
 		fail(2, "fakecli: %v", err)
 	}
+	note("call", os.Args...)
 	c := &cli{store: store, base: base, args: os.Args[1:]}
 	name := filepath.Base(os.Args[0])
 	down := false
@@ -87,6 +88,41 @@ func main() {
 func fail(code int, format string, args ...any) {
 	fmt.Fprintf(os.Stderr, format+"\n", args...)
 	os.Exit(code)
+}
+
+// LogEnv names a file (optional) where every call is noted as a line
+// "call ARGV", and every refused command line as "refused ARGV MESSAGE"
+// (Go-quoted words): what the real client would refuse, or what the fake
+// does not model. A test reads it to prove a backend sends only command
+// lines the real client takes.
+const LogEnv = "FAKECLI_LOG"
+
+// note appends a line to the $FAKECLI_LOG file.
+func note(kind string, words ...string) {
+	file := os.Getenv(LogEnv)
+	if file == "" {
+		return
+	}
+	line := kind
+	for _, w := range words {
+		line += " " + strconv.Quote(w)
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		fail(2, "fakecli: %s: %v", LogEnv, err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(line + "\n"); err != nil {
+		fail(2, "fakecli: %s: %v", LogEnv, err)
+	}
+}
+
+// refuse fails for a command line the real client would refuse (or the
+// fake does not model), noting it (see LogEnv).
+func refuse(code int, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	note("refused", append(append([]string(nil), os.Args...), msg)...)
+	fail(code, "%s", msg)
 }
 
 type cli struct {
