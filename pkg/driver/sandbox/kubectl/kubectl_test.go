@@ -50,13 +50,14 @@ func newWorld(t *testing.T) *world {
 	}
 	base := t.TempDir()
 	b, err := kubectl.New(kubectl.Options{
-		Binary: fakeKubectl, Env: []string{"FAKECLI_BASE=" + base}, Namespace: "rl",
+		Binary: fakeKubectl, Env: []string{"FAKECLI_BASE=" + base, "FAKECLI_LOG=" + filepath.Join(base, "calls")}, Namespace: "rl",
 		Image: "ubuntu:24.04", Root: "/sandbox/.ngharness", Workdir: "/sandbox/work",
 		SnapshotDir: filepath.Join(base, "tars"),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { noRefusals(t, filepath.Join(base, "calls")) })
 	t.Cleanup(func() {
 		ents, _ := os.ReadDir(filepath.Join(base, "sandboxes"))
 		for _, e := range ents {
@@ -328,6 +329,17 @@ func TestBackendSendsOnlyWhatKubectlTakes(t *testing.T) {
 	for _, sub := range []string{"exec", "run", "wait", "get", "delete"} {
 		if seen[sub] == 0 {
 			t.Errorf("the backend never ran kubectl %s (calls: %v)", sub, seen)
+		}
+	}
+}
+
+// noRefusals fails the test if the fake noted, in its log, a command line
+// the real client would refuse (or the fake does not model).
+func noRefusals(t *testing.T, log string) {
+	data, _ := os.ReadFile(log)
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "refused "); ok {
+			t.Errorf("the backend sent a command line kubectl refuses: %s", rest)
 		}
 	}
 }
