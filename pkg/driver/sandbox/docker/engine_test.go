@@ -43,11 +43,11 @@ func engineClient(t *testing.T) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		if out, err := exec.CommandContext(ctx, bin, "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
-			engineWhy = fmt.Sprintf("`docker info` failed (%v): %s", err, firstLine(out))
+			engineWhy = fmt.Sprintf("`docker info` failed (%v): %s", err, engineFirstLine(out))
 			return
 		}
 		if out, err := exec.CommandContext(ctx, bin, "image", "inspect", "--format", "{{.Id}}", engineImage).CombinedOutput(); err != nil {
-			engineWhy = fmt.Sprintf("the image %s is missing (%v): %s", engineImage, err, firstLine(out))
+			engineWhy = fmt.Sprintf("the image %s is missing (%v): %s", engineImage, err, engineFirstLine(out))
 			return
 		}
 		engineBin = bin
@@ -58,27 +58,27 @@ func engineClient(t *testing.T) string {
 	return engineBin
 }
 
-func firstLine(b []byte) string {
+func engineFirstLine(b []byte) string {
 	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
 	return s
 }
 
-// target is a docker backend under test and the client it uses (the fake
+// cliTarget is a docker backend under test and the client it uses (the fake
 // docker or the real engine's), whose containers and images are this
 // test's alone: containers are named PREFIX-..., and the images it commits
 // carry the label of its own owner name.
-type target struct {
+type cliTarget struct {
 	bin, prefix, owner string
 	env                []string
 	b                  *docker.Backend
 }
 
 // eachTarget runs f against the fake docker and against the real engine.
-func eachTarget(t *testing.T, f func(t *testing.T, x *target)) {
+func eachTarget(t *testing.T, f func(t *testing.T, x *cliTarget)) {
 	t.Run("fake", func(t *testing.T) {
 		t.Parallel()
 		w := newWorld(t)
-		f(t, &target{bin: fakeDocker, prefix: "t", owner: docker.DefaultSnapshotRepository, env: []string{"FAKECLI_BASE=" + w.base}, b: w.b})
+		f(t, &cliTarget{bin: fakeDocker, prefix: "t", owner: docker.DefaultSnapshotRepository, env: []string{"FAKECLI_BASE=" + w.base}, b: w.b})
 	})
 	t.Run("engine", func(t *testing.T) {
 		t.Parallel()
@@ -88,11 +88,11 @@ func eachTarget(t *testing.T, f func(t *testing.T, x *target)) {
 
 // newEngine is a backend on the real engine; the test's cleanup removes
 // its containers by name and its images by label.
-func newEngine(t *testing.T) *target {
+func newEngine(t *testing.T) *cliTarget {
 	t.Helper()
 	bin := engineClient(t)
 	tag := fmt.Sprintf("%08x", rand.Uint32())
-	e := &target{bin: bin, prefix: "ngh-engine-" + tag, owner: "ngh-engine-" + tag}
+	e := &cliTarget{bin: bin, prefix: "ngh-engine-" + tag, owner: "ngh-engine-" + tag}
 	b, err := docker.New(docker.Options{
 		// No network: the tests need none (and the engine's bridge may be
 		// missing on a machine where it could not be made).
@@ -117,7 +117,7 @@ func newEngine(t *testing.T) *target {
 }
 
 // create makes a container called PREFIX-name.
-func (e *target) create(t *testing.T, name string) sandbox.Sandbox {
+func (e *cliTarget) create(t *testing.T, name string) sandbox.Sandbox {
 	t.Helper()
 	sb, err := e.b.Create(context.Background(), e.prefix+"-"+name)
 	if err != nil {
@@ -127,7 +127,7 @@ func (e *target) create(t *testing.T, name string) sandbox.Sandbox {
 }
 
 // docker runs the real client and returns its stdout.
-func (e *target) docker(t *testing.T, args ...string) (string, error) {
+func (e *cliTarget) docker(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -144,7 +144,7 @@ func (e *target) docker(t *testing.T, args ...string) (string, error) {
 
 // images are the ids of every image (intermediate ones too) that carries
 // this owner's label.
-func (e *target) images(t *testing.T) []string {
+func (e *cliTarget) images(t *testing.T) []string {
 	t.Helper()
 	out, err := e.docker(t, "images", "-a", "-q", "--no-trunc", "--filter", "label="+docker.SnapshotLabel+"="+e.owner)
 	if err != nil {
@@ -155,7 +155,7 @@ func (e *target) images(t *testing.T) []string {
 
 // procsWith lists the processes in the container whose command line holds
 // word, as "PID ARGV...".
-func (e *target) procsWith(t *testing.T, container, word string) []string {
+func (e *cliTarget) procsWith(t *testing.T, container, word string) []string {
 	t.Helper()
 	out, err := e.docker(t, "exec", container, "sh", "-c",
 		`for p in /proc/[0-9]*; do c=$(tr '\000\n' '  ' <"$p/cmdline" 2>/dev/null) && [ -n "$c" ] && echo "${p#/proc/} $c"; done; true`)
@@ -180,7 +180,7 @@ func (e *target) procsWith(t *testing.T, container, word string) []string {
 // left in the container.
 func TestCancelRightAfterStart(t *testing.T) { eachTarget(t, testCancelRightAfterStart) }
 
-func testCancelRightAfterStart(t *testing.T, e *target) {
+func testCancelRightAfterStart(t *testing.T, e *cliTarget) {
 	sb := e.create(t, "cancel")
 	word := fmt.Sprintf("%d.", 100000+rand.IntN(800000))
 	const tries = 30
@@ -223,7 +223,7 @@ func testCancelRightAfterStart(t *testing.T, e *target) {
 // removed.
 func TestSnapshotImagesDoNotLeak(t *testing.T) { eachTarget(t, testSnapshotImagesDoNotLeak) }
 
-func testSnapshotImagesDoNotLeak(t *testing.T, e *target) {
+func testSnapshotImagesDoNotLeak(t *testing.T, e *cliTarget) {
 	ctx := context.Background()
 	src := e.create(t, "src")
 	if err := src.Upload(ctx, src.Workdir()+"/f", []byte("one"), 0o644); err != nil {
