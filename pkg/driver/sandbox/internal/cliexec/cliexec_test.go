@@ -47,7 +47,7 @@ func TestScriptRunsUnderDashAndBash(t *testing.T) {
 			continue
 		}
 		n := Nonce()
-		cmd := exec.Command(shell, "-c", Script(`read x; echo "got $x"; echo "tag=${`+TagEnv+`-none}"; echo oops >&2; kill -TERM $$`, 5*time.Second, n))
+		cmd := exec.Command(shell, "-c", Script(`read x; echo "got $x"; echo "tag=${`+TagEnv+`-none}"; echo oops >&2; kill -TERM $$`, 5*time.Second, n, Fence(t.TempDir(), n)))
 		cmd.Stdin = strings.NewReader("line\n")
 		var stdout, stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -61,9 +61,9 @@ func TestScriptRunsUnderDashAndBash(t *testing.T) {
 
 // startScript runs Script(line) under /bin/sh on this machine, in a process
 // group of its own that the test kills when it ends.
-func startScript(t *testing.T, line, nonce string) (*exec.Cmd, *strings.Builder) {
+func startScript(t *testing.T, line, nonce, fence string) (*exec.Cmd, *strings.Builder) {
 	t.Helper()
-	cmd := exec.Command("/bin/sh", "-c", Script(line, time.Minute, nonce))
+	cmd := exec.Command("/bin/sh", "-c", Script(line, time.Minute, nonce, fence))
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -74,9 +74,9 @@ func startScript(t *testing.T, line, nonce string) (*exec.Cmd, *strings.Builder)
 	return cmd, &stderr
 }
 
-func runKill(t *testing.T, nonce string) {
+func runKill(t *testing.T, nonce, fence string) {
 	t.Helper()
-	if out, err := exec.Command("/bin/sh", "-c", KillScript(nonce)).CombinedOutput(); err != nil {
+	if out, err := exec.Command("/bin/sh", "-c", KillScript(nonce, fence)).CombinedOutput(); err != nil {
 		t.Fatalf("the kill script: %v: %s", err, out)
 	}
 }
@@ -119,10 +119,10 @@ func TestKillScriptEndsTheCommand(t *testing.T) {
 	dir := t.TempDir()
 	n := Nonce()
 	line := fmt.Sprintf("sleep 300 & echo $! > %[1]s/child; setsid sleep 301 </dev/null >/dev/null 2>&1 & echo $! > %[1]s/left; echo $$ > %[1]s/pid; exec sleep 302", dir)
-	cmd, stderr := startScript(t, line, n)
+	cmd, stderr := startScript(t, line, n, Fence(dir, n))
 	pid, child, left := readPID(t, dir+"/pid"), readPID(t, dir+"/child"), readPID(t, dir+"/left")
 	t.Cleanup(func() { _ = syscall.Kill(left, syscall.SIGKILL) })
-	runKill(t, n)
+	runKill(t, n, Fence(dir, n))
 	if err := cmd.Wait(); err == nil {
 		t.Errorf("the script exited 0 after the kill")
 	}
@@ -134,17 +134,17 @@ func TestKillScriptEndsTheCommand(t *testing.T) {
 	if o := Parse([]byte(stderr.String()), n); !o.Started {
 		t.Errorf("no start marker: %q", stderr.String())
 	}
-	if _, err := os.Stat(fence(n)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(Fence(dir, n)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the fence of a command that was found is left: %v", err)
 	}
 
 	// Killed before it began: it runs nothing, and takes the fence away.
 	n = Nonce()
-	runKill(t, n)
-	if _, err := os.Stat(fence(n)); err != nil {
+	runKill(t, n, Fence(dir, n))
+	if _, err := os.Stat(Fence(dir, n)); err != nil {
 		t.Fatalf("the kill script of a command not begun left no fence: %v", err)
 	}
-	cmd, stderr = startScript(t, "touch "+dir+"/ran", n)
+	cmd, stderr = startScript(t, "touch "+dir+"/ran", n, Fence(dir, n))
 	if err := cmd.Wait(); err == nil {
 		t.Errorf("a fenced script exited 0")
 	}
@@ -154,7 +154,7 @@ func TestKillScriptEndsTheCommand(t *testing.T) {
 	if o := Parse([]byte(stderr.String()), n); o.Started {
 		t.Errorf("a fenced script printed its start marker")
 	}
-	if _, err := os.Stat(fence(n)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(Fence(dir, n)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the fenced script left its fence: %v", err)
 	}
 }

@@ -112,7 +112,7 @@ func (s *Sandbox) run(ctx context.Context, line string, timeout time.Duration, s
 	nonce := Nonce()
 	cctx, cancel := context.WithTimeout(ctx, timeout+slack)
 	defer cancel()
-	res, err := s.c.Run(cctx, Call{Args: s.shape.ExecArgs(Script(line, timeout, nonce)), Stdin: stdin, Stdout: stdout})
+	res, err := s.c.Run(cctx, Call{Args: s.shape.ExecArgs(Script(line, timeout, nonce, Fence(s.root, nonce))), Stdin: stdin, Stdout: stdout})
 	o := Parse(res.Stderr, nonce)
 	out := sandbox.ExecResult{ExitCode: -1, Stdout: res.Stdout, Stderr: o.Stderr, Duration: time.Since(start)}
 	if o.Ended {
@@ -158,7 +158,7 @@ func (s *Sandbox) run(ctx context.Context, line string, timeout time.Duration, s
 func (s *Sandbox) kill(ctx context.Context, nonce string) error {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
-	res, err := s.c.Run(kctx, Call{Args: s.shape.ExecArgs(KillScript(nonce))})
+	res, err := s.c.Run(kctx, Call{Args: s.shape.ExecArgs(KillScript(nonce, Fence(s.root, nonce)))})
 	if err == nil && res.ExitCode != 0 {
 		err = fmt.Errorf("%s exited %d: %s", s.c.Path, res.ExitCode, Tail(res.Stderr))
 	}

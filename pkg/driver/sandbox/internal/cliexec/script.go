@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -26,9 +27,10 @@ func Nonce() string {
 // it), so KillScript finds them by the tag alone.
 const TagEnv = "NGX_EXEC"
 
-// fence is the file whose presence tells a Script run with nonce that it
+// Fence is the file in the sandbox's folder dir (its ngharness root,
+// removed with it) whose presence tells the Script run with nonce that it
 // was cancelled before it began: it then runs nothing.
-func fence(nonce string) string { return "/tmp/.ngx-cancel-" + nonce }
+func Fence(dir, nonce string) string { return path.Join(dir, ".ngx-cancel-"+nonce) }
 
 // Script returns the sh -c script that runs line (a command line whose
 // every word is quoted) in the sandbox. It first re-executes itself tagged
@@ -37,14 +39,14 @@ func fence(nonce string) string { return "/tmp/.ngx-cancel-" + nonce }
 // a start marker on stderr, runs line under `timeout -s KILL` (in a
 // process group of its own) when the sandbox has timeout(1), and prints an
 // end marker with its exit code on stderr. The nonce makes the markers
-// unguessable by the command's own output.
-func Script(line string, timeout time.Duration, nonce string) string {
+// unguessable by the command's own output. fence is its Fence.
+func Script(line string, timeout time.Duration, nonce, fence string) string {
 	secs := int64(math.Ceil(timeout.Seconds()))
 	if secs < 1 {
 		secs = 1
 	}
 	cmd := sandbox.Quote("unset " + TagEnv + "; " + line)
-	f := sandbox.Quote(fence(nonce))
+	f := sandbox.Quote(fence)
 	// The script's own stderr goes to /dev/null (a shell reports a child
 	// killed by a signal on its stderr); the markers and the command (in a
 	// subshell that restores fds 0 and 2 and execs it) get the originals.
@@ -69,8 +71,10 @@ exit "$ngx_rc"`, nonce, secs, cmd, f)
 // the tag, again until none is left (a process forked meanwhile is caught
 // by the next round). What left the groups (setsid) is not touched. Only
 // when it found the script does it remove the fence; otherwise the script
-// removes it if it ever begins.
-func KillScript(nonce string) string {
+// removes it if it ever begins. fence is the script's Fence (where it
+// cannot be written, the fence is skipped: a script that begins after the
+// kill script then runs).
+func KillScript(nonce, fence string) string {
 	return fmt.Sprintf(`f=%[1]s; : >"$f" 2>/dev/null
 n=0
 while [ "$n" -lt 100 ]; do
@@ -79,7 +83,7 @@ while [ "$n" -lt 100 ]; do
   for e in $ps; do p=${e#/proc/}; p=${p%%/environ}; kill -KILL -"$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
   n=$((n+1))
 done
-[ "$n" -eq 0 ] || rm -f "$f"`, sandbox.Quote(fence(nonce)), sandbox.Quote(TagEnv+"="+nonce))
+[ "$n" -eq 0 ] || rm -f "$f"`, sandbox.Quote(fence), sandbox.Quote(TagEnv+"="+nonce))
 }
 
 // Outcome is what the markers of a Script said.
