@@ -214,3 +214,58 @@ func TestCodexTwoRolloutsApart(t *testing.T) {
 	t.Logf("A paused (%d processes) while B's %d processes ran on and B finished; then A finished: %s",
 		len(a.procs), len(trb.Processes), wa.checkOneToolRun(wa.model.Requests(), 1))
 }
+
+// TestCodexPauseMidStream: a checkpoint pauses Codex while the reply with
+// its tool call is still streaming (the fake paces its events). While
+// Codex is paused the rest of the stream arrives and waits unread in its
+// socket (the queued bytes grow), and nothing in the sandbox changes; after
+// the checkpoint opens Codex reads it, runs the tool and finishes: one
+// launch, pauses 1, no model call repeated.
+func TestCodexPauseMidStream(t *testing.T) {
+	t.Parallel()
+	base := script("touch done.txt", "touch done.txt")
+	w := newWorld(t, "stream", fakemodel.Options{Script: func(r fakemodel.Request) fakemodel.Reply {
+		rep := base(r)
+		if rep.ToolCall != nil {
+			rep.Pace = 800 * time.Millisecond
+		}
+		return rep
+	}})
+	p := newParticipant()
+	h := w.start(w.runner(w.adapter(nil), p), 1)
+	w.eventually("the first model request", func() (bool, string) {
+		n := len(w.model.Requests())
+		return n >= 1, fmt.Sprintf("%d requests", n)
+	})
+	sb := w.waitSandbox(1)
+	l1 := w.launchID(1, 1, sb)
+	cx := w.harness(sb, l1)
+	port := w.modelPort()
+
+	w.prepare(p, "ck-1")
+	a := w.observe(sb, l1)
+	q0, err := rxQueued(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.commit(p, "ck-1")
+	time.Sleep(hold)
+	b := w.observe(sb, l1)
+	q1, err := rxQueued(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("paused mid-stream, processes %v: %s", comms(a), compareStill(t, a, b))
+	if q1 <= q0 {
+		t.Errorf("no stream bytes arrived while paused (%d then %d queued): the pause did not come mid-stream", q0, q1)
+	}
+	if n := len(w.model.Requests()); n != 1 {
+		t.Errorf("%d model requests by the end of the pause, want 1", n)
+	}
+	w.resume(p, "ck-1")
+
+	r := w.mustSucceed(h)
+	w.checkOneLaunch(r, 1)
+	w.checkSameHarnessFinished(sb, l1, cx)
+	t.Logf("%d stream bytes arrived unread while paused (%d queued at the pause); %s", q1-q0, q0, w.checkOneToolRun(w.model.Requests(), 1))
+}
