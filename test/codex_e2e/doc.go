@@ -10,7 +10,11 @@
 // built from Codex's session file; a checkpoint taken mid-tool stops every
 // process of Codex and of its tool (state T), changes no file of the
 // sandbox and no CPU time, and the same Codex process finishes after it
-// with no model call repeated; after a crash following a mid-tool
+// with no model call repeated; likewise mid-stream and while a reply is
+// held (the reply waits unread in Codex's socket); two rollouts at once
+// never touch each other's processes; a crash before any completed
+// response starts fresh; with the resume_prompt opt-in a crash resumes
+// with the added turn marked; after a crash following a mid-tool
 // checkpoint the fork starts over fresh (Codex cannot continue a saved
 // session without a new user turn, which a probe of `codex exec resume`
 // on the saved session shows on the model's log), with the task the only
