@@ -1,9 +1,8 @@
 package codex
 
 // NeMo Gym's view of a Codex rollout: the `response` of the /run reply, a
-// NeMoGymResponse built from the saved session, in the shapes the OpenCode
-// adapter's builder uses (opencode.GymResponse and its items), and the
-// adapter's codex_* fields beside it.
+// NeMoGymResponse (gym.Response and its items) built from the saved
+// session, and the adapter's codex_* fields beside it.
 
 import (
 	"crypto/rand"
@@ -12,7 +11,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ngharness/ngharness/pkg/opencode"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // GymRunFields are the fields the adapter adds beside `response` in the
@@ -38,14 +37,14 @@ type GymRunFields struct {
 // one), and later user turns; the usage
 // is the sum over the completed model responses. A nil session gives no
 // output and a null usage.
-func BuildGymResponse(s *Session, opt opencode.GymResponseOptions) opencode.GymResponse {
+func BuildGymResponse(s *Session, opt gym.ResponseOptions) gym.Response {
 	newHex := opt.NewHex
 	if newHex == nil {
 		newHex = randomHex
 	}
-	r := opencode.GymResponse{
+	r := gym.Response{
 		ID: opt.ID, CreatedAt: opt.CreatedAt, Model: opt.Model, Object: "response",
-		Output: []opencode.GymItem{}, ToolChoice: opt.ToolChoice, Tools: opt.Tools, ParallelToolCalls: true,
+		Output: []gym.Item{}, ToolChoice: opt.ToolChoice, Tools: opt.Tools, ParallelToolCalls: true,
 	}
 	if r.ID == "" {
 		r.ID = "resp_" + newHex()
@@ -81,32 +80,32 @@ func BuildGymResponse(s *Session, opt opencode.GymResponseOptions) opencode.GymR
 		case "message":
 			switch {
 			case it.Role == "assistant":
-				r.Output = append(r.Output, &opencode.GymOutputMessage{
+				r.Output = append(r.Output, &gym.OutputMessage{
 					ID:      "msg_" + newHex(),
-					Content: []opencode.GymOutputText{{Annotations: []json.RawMessage{}, Text: it.Text(), Type: "output_text"}},
+					Content: []gym.OutputText{{Annotations: []json.RawMessage{}, Text: it.Text(), Type: "output_text"}},
 					Role:    "assistant", Status: "completed", Type: "message",
 				})
 			case it.IsUserTurn():
-				r.Output = append(r.Output, &opencode.GymInputMessage{
-					Content: []opencode.GymInputText{{Text: it.Text(), Type: "input_text"}}, Role: "user", Type: "message",
+				r.Output = append(r.Output, &gym.InputMessage{
+					Content: []gym.InputText{{Text: it.Text(), Type: "input_text"}}, Role: "user", Type: "message",
 				})
 			}
 		case "reasoning":
-			rs := &opencode.GymReasoning{ID: "rs_" + newHex(), Summary: []opencode.GymSummary{}, Type: "reasoning"}
+			rs := &gym.Reasoning{ID: "rs_" + newHex(), Summary: []gym.Summary{}, Type: "reasoning"}
 			for _, p := range it.Summary {
-				rs.Summary = append(rs.Summary, opencode.GymSummary{Text: p.Text, Type: "summary_text"})
+				rs.Summary = append(rs.Summary, gym.Summary{Text: p.Text, Type: "summary_text"})
 			}
 			r.Output = append(r.Output, rs)
 		case "function_call":
-			r.Output = append(r.Output, &opencode.GymFunctionCall{Arguments: it.Arguments, CallID: it.CallID, Name: it.Name, Type: "function_call"})
+			r.Output = append(r.Output, &gym.FunctionCall{Arguments: it.Arguments, CallID: it.CallID, Name: it.Name, Type: "function_call"})
 			if !answered[it.CallID] {
-				r.Output = append(r.Output, &opencode.GymFunctionCallOutput{CallID: it.CallID, Output: unanswered(s.Items[i+1:]), Type: "function_call_output"})
+				r.Output = append(r.Output, &gym.FunctionCallOutput{CallID: it.CallID, Output: unanswered(s.Items[i+1:]), Type: "function_call_output"})
 			}
 		case "function_call_output":
-			r.Output = append(r.Output, &opencode.GymFunctionCallOutput{CallID: it.CallID, Output: it.OutputText(), Type: "function_call_output"})
+			r.Output = append(r.Output, &gym.FunctionCallOutput{CallID: it.CallID, Output: it.OutputText(), Type: "function_call_output"})
 		}
 	}
-	var u opencode.GymUsage
+	var u gym.Usage
 	for _, resp := range s.Responses {
 		u.InputTokens += resp.Usage.InputTokens
 		u.InputTokensDetails.CachedTokens += resp.Usage.CachedTokens
@@ -137,7 +136,7 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 		Params json.RawMessage `json:"responses_create_params"`
 	}
 	_ = json.Unmarshal(body, &b) // the body was checked to be an object
-	opt, err := opencode.GymResponseOptionsFrom(b.Params, a.opt.Model)
+	opt, err := gym.ResponseOptionsFrom(b.Params, a.opt.Model)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/opencode"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // The testdata sessions are real Codex 0.171.0 session files, against the
@@ -88,7 +88,7 @@ func TestParseSessionCutShort(t *testing.T) {
 func TestBuildGymResponse(t *testing.T) {
 	s := readSessionFile(t, "finished.jsonl")
 	n := 0
-	opt := opencode.GymResponseOptions{Model: "policy", NewHex: func() string { n++; return strings.Repeat("a", n) }}
+	opt := gym.ResponseOptions{Model: "policy", NewHex: func() string { n++; return strings.Repeat("a", n) }}
 	r := BuildGymResponse(s, opt)
 	data, err := json.Marshal(r)
 	if err != nil {
@@ -134,8 +134,8 @@ func TestGymUnansweredCall(t *testing.T) {
 	s := readSessionFile(t, "midtool.jsonl")
 	outputOf := func(s *Session) []string {
 		var out []string
-		for _, it := range BuildGymResponse(s, opencode.GymResponseOptions{}).Output {
-			if o, ok := it.(*opencode.GymFunctionCallOutput); ok {
+		for _, it := range BuildGymResponse(s, gym.ResponseOptions{}).Output {
+			if o, ok := it.(*gym.FunctionCallOutput); ok {
 				out = append(out, o.Output)
 			}
 		}
