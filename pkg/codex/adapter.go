@@ -109,22 +109,9 @@ func (a *Adapter) PausesAtCheckpoints() bool {
 	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
 }
 
-// stateDir is a fresh state folder for a rollout attempt under the
-// sandbox's ngharness folder (never under /tmp: Codex refuses to put its
-// helper links under a temporary folder, and the snapshot must carry it).
-func stateDir(sb driver.LentSandbox, rollout string, attempt int) string {
-	clean := strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-			return r
-		}
-		return '_'
-	}, rollout)
-	return path.Join(sb.Root(), "state", "codex", fmt.Sprintf("%s-a%d-%d", clean, attempt, time.Now().UnixNano()))
-}
-
 // NewState implements driver.Adapter.
 func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
-	return json.Marshal(State{Home: stateDir(sb, rollout, attempt)})
+	return json.Marshal(State{Home: driver.StateDir(sb, "codex", rollout, attempt)})
 }
 
 func parseState(raw json.RawMessage) (State, error) {
@@ -325,7 +312,7 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 		return driver.Decision{}, err
 	}
 	fresh := func(why string) (driver.Decision, error) {
-		s, _ := json.Marshal(State{Home: stateDir(sb, rollout, attempt)})
+		s, _ := json.Marshal(State{Home: driver.StateDir(sb, "codex", rollout, attempt)})
 		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CODEX_HOME", State: s}, nil
 	}
 	file, data, err := readSession(ctx, sb, st)

@@ -132,11 +132,7 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 	if err := json.Unmarshal(response, &r); err != nil {
 		return nil, nil, fmt.Errorf("codex: the stored response is not the adapter's: %w", err)
 	}
-	var b struct {
-		Params json.RawMessage `json:"responses_create_params"`
-	}
-	_ = json.Unmarshal(body, &b) // the body was checked to be an object
-	opt, err := gym.ResponseOptionsFrom(b.Params, a.opt.Model)
+	opt, err := gym.ResponseOptionsFromBody(body, a.opt.Model)
 	if err != nil {
 		return nil, nil, err
 	}

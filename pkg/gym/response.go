@@ -200,6 +200,17 @@ func ResponseOptionsFrom(params json.RawMessage, modelServer string) (ResponseOp
 	return opt, nil
 }
 
+// ResponseOptionsFromBody is ResponseOptionsFrom of a /run body's
+// responses_create_params (a body that is not an object, or names none,
+// gives the defaults).
+func ResponseOptionsFromBody(body json.RawMessage, modelServer string) (ResponseOptions, error) {
+	var b struct {
+		Params json.RawMessage `json:"responses_create_params"`
+	}
+	_ = json.Unmarshal(body, &b)
+	return ResponseOptionsFrom(b.Params, modelServer)
+}
+
 func nonNull(raw json.RawMessage) json.RawMessage {
 	if t := bytes.TrimSpace(raw); len(t) == 0 || string(t) == "null" {
 		return nil
