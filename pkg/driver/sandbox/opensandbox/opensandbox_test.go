@@ -33,6 +33,9 @@ func newFixture(t *testing.T) *fixture {
 // says otherwise) and a backend on it (bo adds to the usual options).
 func newFixtureWith(t *testing.T, fo fakeexecd.Options, bo opensandbox.Options) *fixture {
 	t.Helper()
+	if why := fakeexecd.SkipIfReal(); why != "" {
+		t.Skip(why)
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("the fake execd runs commands in mount namespaces of their own: it needs root")
 	}
