@@ -3,6 +3,7 @@ package opensandbox_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -111,4 +112,22 @@ func TestKillBeforeTheCommandStarts(t *testing.T) {
 	if ents, _ := os.ReadDir(f.host(sb, tmp)); len(ents) != 0 {
 		t.Errorf("files left: %v", ents)
 	}
+}
+
+// TestExecStoppedCommand proves a command that is stopped is not taken for
+// one that ended: one continued later comes back with its output and exit
+// status, one never continued ends at its timeout.
+func TestExecStoppedCommand(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	sb := f.create("stopped")
+	res := run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "(sleep 0.5; kill -CONT $$) & kill -STOP $$; echo resumed; exit 5"}})
+	if res.ExitCode != 5 || string(res.Stdout) != "resumed\n" {
+		t.Errorf("a command stopped and continued: exit %d stdout %q", res.ExitCode, res.Stdout)
+	}
+	_, err := sb.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"sh", "-c", "kill -STOP $$"}, Timeout: 2 * time.Second})
+	if !errors.Is(err, sandbox.ErrTimeout) {
+		t.Errorf("a command stopped for good: %v, want ErrTimeout", err)
+	}
+	waitNoProcs(t, f, sb.ID())
 }

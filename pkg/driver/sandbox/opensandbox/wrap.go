@@ -32,9 +32,10 @@ const DefaultMaxOutput = 16 << 20
 //     file and SIGKILLs the job's group once the timeout has passed, in
 //     whole seconds; it checks every second that the script is still
 //     there, so it never outlives it by more than a second;
-//   - waits for the job (bash's wait -f, so a stopped job is not taken for
-//     an ended one), takes its exit status from the shell (128+N for
-//     signal N), and prints, as single lines of the stream, the stdout and
+//   - waits for the job (and again, each second, while it is stopped: with
+//     job control wait returns when a job stops; bash 5.2's wait -f can
+//     spin forever on a job killed under it), takes its exit status from
+//     the shell (128+N for signal N), and prints, as single lines of the stream, the stdout and
 //     stderr base64-encoded (hex through od where base64 is missing;
 //     neither holds a line end), or their size when past maxOutput, then
 //     the status and whether the watcher fired; every line starts with the
@@ -63,8 +64,8 @@ echo "$c" >"$t.pid"
 [ -e "$t.cancel" ] && kill -KILL -"$c"
 (i=0; while [ "$i" -lt %[7]d ]; do sleep 1; kill -0 $$ || exit 0; i=$((i+1)); done; : >"$t.to"; kill -KILL -"$c") </dev/null >/dev/null 2>&1 &
 w=$!
-if [ "${BASH_VERSINFO:-0}" -ge 5 ]; then wait -f "$c"; else wait "$c"; fi
-rc=$?
+wait "$c"; rc=$?
+while [ -n "$(jobs -s -p)" ]; do sleep 1; wait "$c"; rc=$?; done
 rm -f -- "$t.pid"%[3]s
 kill -KILL -"$w"
 to=0; [ -e "$t.to" ] && to=1

@@ -167,13 +167,15 @@ func testTimeout(t *testing.T, f Fixture) {
 }
 
 // testCancel: a command whose context ends is ended in the sandbox too
-// (what it left running in a session of its own is not touched).
+// (what it left running in a session of its own is not touched). The
+// command waits until its child is in that session before it says it
+// started, so the cancel never meets a child still in its group.
 func testCancel(t *testing.T, f Fixture) {
 	sb := create(t, f, "sbt-cancel")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sh", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > left; touch started; exec sleep 300"}})
+		_, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sh", "-c", "setsid sh -c 'touch sid; exec sleep 300' </dev/null >/dev/null 2>&1 & echo $! > left; until [ -e sid ]; do sleep 0.01; done; touch started; exec sleep 300"}})
 		done <- err
 	}()
 	waitFile(t, f, sb, sb.Workdir()+"/started")
