@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -47,6 +48,9 @@ func TestOpenSandboxPrepareFigures(t *testing.T) {
 	parts := w.controls(p)
 	var prep, commit, resume []time.Duration
 	var execs []int
+	verbs := map[string]int{}
+	verb := regexp.MustCompile(`ngsup-[0-9a-f]+ ([a-z]+)`)
+	argv0 := regexp.MustCompile(`&& exec ([^ ']+)`)
 	for k := range 3 {
 		id := fmt.Sprintf("bench-ckpt-%d", k)
 		req := gym.Request{CheckpointID: id, DeadlineTS: float64(time.Now().Add(2*time.Minute).UnixNano()) / 1e9}
@@ -63,7 +67,17 @@ func TestOpenSandboxPrepareFigures(t *testing.T) {
 		}
 		prep = append(prep, time.Since(t0))
 		for _, sb := range sbs {
-			execs = append(execs, len(w.osb.Commands(sb))-before[sb])
+			cmds := w.osb.Commands(sb)
+			execs = append(execs, len(cmds)-before[sb])
+			for _, c := range cmds[before[sb]:] {
+				if m := verb.FindStringSubmatch(c); m != nil {
+					verbs["ngsup "+m[1]]++
+				} else if m := argv0.FindStringSubmatch(c); m != nil {
+					verbs[m[1]]++
+				} else if strings.Contains(c, `: >"$t.cancel"`) {
+					verbs["KillScript"]++
+				}
+			}
 		}
 		t0 = time.Now()
 		for _, c := range parts {
@@ -86,7 +100,7 @@ func TestOpenSandboxPrepareFigures(t *testing.T) {
 	t.Logf("prepare %s", durs(prep))
 	t.Logf("commit  %s", durs(commit))
 	t.Logf("resume  %s", durs(resume))
-	t.Logf("execs per sandbox during a prepare: min %d, median %d, max %d", execs[0], execs[len(execs)/2], execs[len(execs)-1])
+	t.Logf("execs per sandbox during a prepare: min %d, median %d, max %d (what they ran, all sandboxes and checkpoints: %v)", execs[0], execs[len(execs)/2], execs[len(execs)-1], verbs)
 }
 
 // durs lists durations with their median.
