@@ -331,12 +331,10 @@ func (e *execd) linger() {
 	}
 }
 
-func (e *execd) register(req commandRequest, now bool) *command {
+// register logs a command and makes its record; enroll makes its id known.
+func (e *execd) register(req commandRequest) *command {
 	cm := &command{id: newID("cmd-"), content: req.Command, background: req.Background, started: time.Now().UTC(), done: make(chan struct{})}
 	e.mu.Lock()
-	if now {
-		e.cmds[cm.id] = cm
-	}
 	e.log = append(e.log, req.Command)
 	if req.Background {
 		e.background++
@@ -378,7 +376,7 @@ func (e *execd) runCommand(w http.ResponseWriter, r *http.Request) {
 		e.runBackground(w, req)
 		return
 	}
-	cm := e.register(req, true)
+	cm := e.register(req)
 	drop, when := e.s.takeDrop(req.Command)
 	files, err := e.logFiles(cm, "stdout", "stderr")
 	if err != nil {
@@ -393,6 +391,7 @@ func (e *execd) runCommand(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cm.pgid = c.Process.Pid
+	e.enroll(cm) // a foreground command is known at once
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
@@ -486,7 +485,7 @@ func (cm *command) isDone() bool {
 // is 404 for RegisterDelay), then execution_complete at once, then lingers
 // as a foreground stream does.
 func (e *execd) runBackground(w http.ResponseWriter, req commandRequest) {
-	cm := e.register(req, false)
+	cm := e.register(req)
 	files, err := e.logFiles(cm, "output")
 	if err != nil {
 		apiError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "the output file: %v", err)

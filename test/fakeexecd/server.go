@@ -129,8 +129,8 @@ type DropPoint int
 
 const (
 	// DropAfterInit cuts the connection once the init event is sent: the
-	// command is killed (as execd kills a foreground command whose request
-	// ends), its outcome unknown to the client.
+	// command goes on (execd does not end a command whose client went
+	// away), its outcome unknown to the client.
 	DropAfterInit DropPoint = iota
 	// DropBeforeEnd lets the command finish and cuts the connection just
 	// before its end is reported: it ran, and the client cannot know.
@@ -334,10 +334,11 @@ func (s *Server) ForgetCommandIDs() {
 }
 
 // RestartExecd restarts the sandbox's execd: it forgets every command id,
-// drops every connection (a foreground command whose stream is cut is
-// killed; background commands and what commands left running go on),
-// refuses connections for down, then serves again at the same address
-// (or, if that cannot be had, a new one that the endpoint lookup names).
+// drops every connection and kills the foreground commands (their process
+// groups; background commands, and what commands left in groups of their
+// own, go on), refuses connections for down, then serves again at the same
+// address (or, if that cannot be had, a new one that the endpoint lookup
+// names).
 // It returns once execd is back.
 func (s *Server) RestartExecd(id string, down time.Duration) error {
 	sb := s.get(id)
