@@ -19,7 +19,9 @@
 # (default: the first Debian archive apt uses, else deb.debian.org).
 # DOCKER_HOST (unix://PATH only) and NGHARNESS_DOCKERD_ARGS let a second
 # engine start beside one that runs (another socket, --data-root,
-# --exec-root, --pidfile, --bridge none), as the script's own check does.
+# --exec-root, --pidfile, --iptables=false), to check this script. Never
+# --bridge none there: a dockerd started so deletes docker0, the bridge the
+# other engine's containers need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
