@@ -110,7 +110,9 @@ func New(t testing.TB, name string) *Engine {
 func (e *Engine) Label() string { return LabelKey + "=" + e.Prefix }
 
 // RunArgs are RunArgs and the test's label, for docker.Options.RunArgs.
-func (e *Engine) RunArgs() []string { return append(append([]string(nil), RunArgs...), "--label", e.Label()) }
+func (e *Engine) RunArgs() []string {
+	return append(append([]string(nil), RunArgs...), "--label", e.Label())
+}
 
 // SnapshotRepository is the image repository of the test's snapshots.
 func (e *Engine) SnapshotRepository() string { return "ngharness-snapshot-" + e.Prefix }
