@@ -49,7 +49,7 @@ func (p prefixed) Fork(ctx context.Context, snap, name string) (sandbox.Sandbox,
 // (sandbox.ErrTransport). It skips, saying why, when no engine was started
 // for the tests (dockertest.ImageEnv unset).
 func TestConformanceRealEngine(t *testing.T) {
-	eng := dockertest.New(t, "docker-ci-sbt")
+	eng := dockertest.New(t, "ngtest-sbt")
 	// The client reaches the daemon through a link this test can remove.
 	sock := "/var/run/docker.sock"
 	if h := os.Getenv("DOCKER_HOST"); h != "" {
