@@ -31,12 +31,19 @@ const (
 	// ClientEnv is the real docker client's path (default: docker on PATH
 	// at initialization).
 	ClientEnv = "NGHARNESS_DOCKER_CLIENT"
+	// RunEnv, when set, is added to everything the tests make as the
+	// RunLabelKey label: a test that runs others in a child process sets
+	// it, and removes all of it afterwards even if the child was killed.
+	RunEnv = "NGHARNESS_DOCKER_RUN"
 )
 
 // LabelKey marks what a test made: containers carry LabelKey=Prefix, and
 // so do the images committed from them (a commit keeps the container's
 // labels), even those a later commit of the same name left untagged.
 const LabelKey = "io.ngharness.test"
+
+// RunLabelKey carries RunEnv.
+const RunLabelKey = "io.ngharness.test.run"
 
 // RunArgs are what every test container needs on these machines: all
 // capabilities but CAP_SYS_RESOURCE (--privileged fails: the machine's root
@@ -110,8 +117,13 @@ func New(t testing.TB, name string) *Engine {
 func (e *Engine) Label() string { return LabelKey + "=" + e.Prefix }
 
 // RunArgs are RunArgs and the test's label, for docker.Options.RunArgs.
+// With RunEnv set, its label too.
 func (e *Engine) RunArgs() []string {
-	return append(append([]string(nil), RunArgs...), "--label", e.Label())
+	args := append(append([]string(nil), RunArgs...), "--label", e.Label())
+	if run := os.Getenv(RunEnv); run != "" {
+		args = append(args, "--label", RunLabelKey+"="+run)
+	}
+	return args
 }
 
 // SnapshotRepository is the image repository of the test's snapshots.
@@ -133,8 +145,11 @@ func (e *Engine) Docker(args ...string) (string, error) {
 }
 
 // Containers lists the names of the test's containers (running or not).
-func (e *Engine) Containers() []string {
-	out, err := e.Docker("ps", "-a", "--filter", "label="+e.Label(), "--format", "{{.Names}}")
+func (e *Engine) Containers() []string { return e.Labelled(e.Label()) }
+
+// Labelled lists the names of the containers labelled label (KEY=VALUE).
+func (e *Engine) Labelled(label string) []string {
+	out, err := e.Docker("ps", "-a", "--filter", "label="+label, "--format", "{{.Names}}")
 	if err != nil {
 		return nil
 	}
@@ -143,23 +158,42 @@ func (e *Engine) Containers() []string {
 
 // RemoveAll removes the test's containers, then every image committed from
 // them (tagged or not).
-func (e *Engine) RemoveAll() error {
+func (e *Engine) RemoveAll() error { return e.RemoveLabelled(e.Label()) }
+
+// RemoveLabelled removes the containers labelled label (KEY=VALUE), then
+// every image that carries it (those committed from them).
+func (e *Engine) RemoveLabelled(label string) error {
 	var errs []string
-	if names := e.Containers(); len(names) > 0 {
+	if names := e.Labelled(label); len(names) > 0 {
 		if _, err := e.Docker(append([]string{"rm", "-f"}, names...)...); err != nil {
 			errs = append(errs, err.Error())
 		}
 	}
-	out, err := e.Docker("images", "-a", "-q", "--filter", "label="+e.Label())
-	if err != nil {
-		errs = append(errs, err.Error())
-	} else if ids := uniq(strings.Fields(out)); len(ids) > 0 {
-		if _, err := e.Docker(append([]string{"rmi", "-f"}, ids...)...); err != nil {
+	// An image committed from a fork is a child of the fork's snapshot,
+	// which cannot be removed before it: children go in an earlier round.
+	for round := 0; ; round++ {
+		out, err := e.Docker("images", "-a", "-q", "--filter", "label="+label)
+		if err != nil {
 			errs = append(errs, err.Error())
+			break
+		}
+		ids := uniq(strings.Fields(out))
+		if len(ids) == 0 {
+			break
+		}
+		var failed []string
+		for _, id := range ids {
+			if _, err := e.Docker("rmi", "-f", id); err != nil {
+				failed = append(failed, err.Error())
+			}
+		}
+		if len(failed) == len(ids) || round == 10 {
+			errs = append(errs, failed...)
+			break
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("removing what %s made: %s", e.Prefix, strings.Join(errs, "; "))
+		return fmt.Errorf("removing what is labelled %s: %s", label, strings.Join(errs, "; "))
 	}
 	return nil
 }
