@@ -16,8 +16,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/config"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
@@ -102,11 +102,11 @@ Sandboxes no session uses any more are then removed unless
 					removeUnused = true
 				}
 			}
-			binaries := driver.DefaultBinaries(ngsupDir)
+			binaries := launch.DefaultBinaries(ngsupDir)
 			if len(binaries) == 0 {
 				return fmt.Errorf("no ngsup binary found in %q (the owner stops sandboxes with it)", ngsupDir)
 			}
-			ng := &driver.Ngsup{Binaries: binaries, Log: log}
+			ng := &launch.Ngsup{Binaries: binaries, Log: log}
 			own := localowner.New(localowner.Options{
 				Sandboxes:    lender,
 				RemoveUnused: removeUnused,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/config"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
@@ -219,11 +220,11 @@ func runRollout(ctx context.Context, f runFlags) error {
 	if err != nil {
 		return err
 	}
-	binaries := driver.DefaultBinaries(f.ngsupDir)
+	binaries := launch.DefaultBinaries(f.ngsupDir)
 	if len(binaries) == 0 {
 		return fmt.Errorf("no ngsup binary found (looked for ngsup-linux-amd64/arm64 beside ngdriver; build with `make build` or pass --ngsup-dir)")
 	}
-	ng := &driver.Ngsup{Binaries: binaries, Log: log}
+	ng := &launch.Ngsup{Binaries: binaries, Log: log}
 	own := localowner.New(localowner.Options{
 		Backend:     backend,
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandbox(ctx, sb) },
@@ -244,7 +245,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 			Adapter:            adapter,
 			Owner:              own,
 			Backends:           map[string]sandbox.Backend{backend.Name(): backend},
-			Ngsup:              ng,
+			Launchers:          ng,
 			Participant:        driver.MustParticipant(driver.ParticipantConfig{Adapter: adapter.Name()}),
 			Log:                log,
 			PauseAtCheckpoints: &pause,

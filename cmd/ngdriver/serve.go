@@ -21,6 +21,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/config"
 	"github.com/ngharness/ngharness/pkg/driver/config/gymconfig"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
 	"github.com/ngharness/ngharness/pkg/driver/serve"
 	"github.com/ngharness/ngharness/pkg/opencode"
@@ -156,7 +157,7 @@ func buildRunner(cfg config.Config, log *slog.Logger) (*driver.Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	binaries := driver.DefaultBinaries(cfg.NgsupDir)
+	binaries := launch.DefaultBinaries(cfg.NgsupDir)
 	if len(binaries) == 0 {
 		return nil, fmt.Errorf("no ngsup binary found in %q (build with `make build`, or set ngsup_dir)", cfg.NgsupDir)
 	}
@@ -176,7 +177,7 @@ func buildRunner(cfg config.Config, log *slog.Logger) (*driver.Runner, error) {
 		Owner: &httpowner.Client{BaseURL: cfg.Owner.URL, Timeout: cfg.Owner.Timeout.D(),
 			VerifyTimeout: cfg.Owner.VerifyTimeout.D(), Retries: cfg.Owner.Retries},
 		Backends:           backends,
-		Ngsup:              &driver.Ngsup{Binaries: binaries, Log: log},
+		Launchers:          &launch.Ngsup{Binaries: binaries, Log: log},
 		Participant:        participant,
 		Log:                log,
 		PauseAtCheckpoints: cfg.PauseAtCheckpoints,
@@ -200,7 +201,7 @@ var adapters = map[string]func(cfg config.Config) (driver.Adapter, error){
 		if err := remarshal(cfg.OpenCode, &opt); err != nil {
 			return nil, usagef("opencode: %v", err)
 		}
-		opt.ResumeBinaries = driver.FindBinaries(cfg.NgsupDir, "ngresume")
+		opt.ResumeBinaries = launch.FindBinaries(cfg.NgsupDir, "ngresume")
 		if len(opt.ResumeBinaries) == 0 {
 			return nil, fmt.Errorf("no ngresume binary found in %q (build with `make build`, or set ngsup_dir)", cfg.NgsupDir)
 		}

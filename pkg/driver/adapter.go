@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
@@ -63,6 +64,11 @@ type LentSandbox struct {
 	Descriptor sandbox.Descriptor
 }
 
+// Unwrap returns the connected sandbox (sandbox.Unwrapper), so the
+// capabilities of the backend's sandbox (sandbox.AsHostBatcher) are found
+// through a LentSandbox.
+func (l LentSandbox) Unwrap() sandbox.Sandbox { return l.Sandbox }
+
 // Decision is an adapter's answer on continuing a saved session.
 type Decision struct {
 	// Resume: continue the saved session; otherwise start over in a fresh
@@ -75,17 +81,10 @@ type Decision struct {
 	State json.RawMessage
 }
 
-// LaunchSpec is the harness command an adapter wants run under ngsup.
-type LaunchSpec struct {
-	// Argv is the command; Env is added to its environment; Dir is its
-	// working folder (the sandbox's workdir when empty).
-	Argv []string
-	Env  map[string]string
-	Dir  string
-	// Timeout bounds the harness's running time (paused time not counted);
-	// 0 for none.
-	Timeout time.Duration
-}
+// LaunchSpec is the harness command an adapter wants run under ngsup
+// (launch.Spec). It is named here because it is what Adapter.Launch
+// returns: an adapter needs only this package.
+type LaunchSpec = launch.Spec
 
 // LaunchContext is what an adapter gets for one launch.
 type LaunchContext struct {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -72,11 +73,12 @@ func startBatchedRuns(t *testing.T, e *drivertest.Env, rn *driver.Runner, name s
 	runs := make([]*batchedRun, n)
 	for i := range runs {
 		ro := e.Rollout(fmt.Sprintf("%s-%02d", name, i))
-		runs[i] = &batchedRun{ro: ro, launch: driver.LaunchID(ro, 1, 1),
+		runs[i] = &batchedRun{ro: ro,
 			h: e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))}
 	}
 	for _, r := range runs {
 		r.sbID = e.WaitSeeded(r.ro, 1).SandboxID
+		r.launch = driver.LaunchID(r.ro, 1, 1, r.sbID)
 		r.sess = e.WaitSession(r.sbID, r.ro)
 		r.procs = e.WaitPids(r.sess, allKinds...)
 		e.WaitSteps(r.sess, 1)
@@ -122,8 +124,8 @@ func TestBatchedPauseAndContinue(t *testing.T) {
 	for _, x := range pauses {
 		if len(dirsOf(x)) > 1 {
 			batched++
-			if x.ExitCode != 0 || x.Timeout != driver.ControlTimeout {
-				t.Errorf("batched pause %v: exit %d, budget %s; want 0 and %s", x.Argv, x.ExitCode, x.Timeout, driver.ControlTimeout)
+			if x.ExitCode != 0 || x.Timeout != launch.ControlTimeout {
+				t.Errorf("batched pause %v: exit %d, budget %s; want 0 and %s", x.Argv, x.ExitCode, x.Timeout, launch.ControlTimeout)
 			}
 			for _, d := range dirsOf(x) {
 				if !strings.HasPrefix(d, e.Local.Base()+"/") {
@@ -179,12 +181,14 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	short := e.Rollout("batch-ended")
-	shortLaunch := driver.LaunchID(short, 1, 1)
+	// The launch's folder is known by its readable prefix before its
+	// sandbox is (the id's hash covers the sandbox id).
+	shortPrefix := "/launches/" + short + "-a1-l1-"
 	held := make(chan struct{})
 	var waits atomic.Int32
 	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
 		if len(req.Argv) > 3 && drivertest.IsNgsup(req.Argv[0]) && req.Argv[1] == "wait" &&
-			strings.HasSuffix(req.Argv[3], "/"+shortLaunch) && waits.Add(1) == 1 {
+			strings.Contains(req.Argv[3], shortPrefix) && waits.Add(1) == 1 {
 			close(held)
 			<-ctx.Done() // held until the park request cancels the wait
 			return execRes{ExitCode: -1}, ctx.Err()
@@ -195,6 +199,7 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 	runs := startBatchedRuns(t, e, rn, "batch-kept", n)
 	await(t, held, "the driver waits on the short launch", hShort)
 	shortSb := e.Session(short).SandboxID
+	shortLaunch := driver.LaunchID(short, 1, 1, shortSb)
 	drivertest.Eventually(t, "the short harness has ended", func() (bool, string) {
 		r := e.Receipt(shortSb, shortLaunch)
 		return r != nil && r.Ended, "no ended receipt"

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 )
 
@@ -52,7 +53,7 @@ type Bookmark struct {
 	// Paused names the launch a checkpoint paused in place, so the same
 	// process continues when the checkpoint opens. After a crash it is a
 	// launch that is gone: the run relaunches with Resume.
-	Paused *LaunchRef `json:"paused,omitempty"`
+	Paused *launch.Ref `json:"paused,omitempty"`
 	// Launches records every launch of the run so far.
 	Launches []LaunchRecord `json:"launches,omitempty"`
 	// Response is what the harness produced, for verify.
@@ -64,15 +65,6 @@ type Bookmark struct {
 // VerifyReplay is the verify mode of an owner whose /verify may run again
 // after a crash; any other mode makes a checkpoint wait for the verify.
 const VerifyReplay = "replay"
-
-// LaunchRef names one launch inside its sandbox.
-type LaunchRef struct {
-	ID        string `json:"id"`
-	Dir       string `json:"dir"`
-	SandboxID string `json:"sandbox_id"`
-	// Supervised says ngsup supervises it (else it runs tagged only).
-	Supervised bool `json:"supervised"`
-}
 
 // Marshal returns the bookmark as JSON with the version set. It fails only
 // when an adapter put invalid JSON in State or Response.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -60,7 +61,7 @@ func TestParseBookmarkRejectsEveryMalformedBookmark(t *testing.T) {
 		}
 	}
 	good := driver.Bookmark{Next: driver.StageHarness, Cookies: map[string]string{"session_id": "s"}, State: json.RawMessage(`{"session_dir":"/x"}`),
-		Resume: true, Paused: &driver.LaunchRef{ID: "l1", Dir: "/d/l1", SandboxID: "sb"},
+		Resume: true, Paused: &launch.Ref{ID: "l1", Dir: "/d/l1", SandboxID: "sb"},
 		Launches: []driver.LaunchRecord{{ID: "l1", Outcome: driver.OutcomeInterrupted, Pauses: 1}}}
 	data, err := good.Marshal()
 	if err != nil {
@@ -188,7 +189,7 @@ func TestVerifyBookmarkGradesAgainWithoutLaunching(t *testing.T) {
 	}
 	e.Owner.Adopt(ro, seeded.Cookies)
 	sbID := e.Session(ro).SandboxID
-	launch := driver.LaunchRecord{ID: driver.LaunchID(ro, 1, 1), SandboxID: sbID, Reason: "first launch", Outcome: driver.OutcomeFinished, Pauses: 1, Supervised: true}
+	launch := driver.LaunchRecord{ID: driver.LaunchID(ro, 1, 1, sbID), SandboxID: sbID, Reason: "first launch", Outcome: driver.OutcomeFinished, Pauses: 1, Supervised: true}
 	bm, err := driver.Bookmark{Next: driver.StageVerify, Cookies: seeded.Cookies, State: json.RawMessage(`{"session_dir":"/sandbox/.ngharness/state/fake/x"}`),
 		Response: json.RawMessage(`{"text":"done after 3 steps","steps":3,"first_step":1}`), Launches: []driver.LaunchRecord{launch}}.Marshal()
 	if err != nil {
@@ -234,7 +235,7 @@ func TestRestoredRestartRecordStartsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := e.Start(rn, ro, 2, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t)
-	if len(r.Launches) != 1 || r.Launches[0].Resumed || r.Launches[0].Reason != "first launch" || r.Launches[0].ID != driver.LaunchID(ro, 2, 1) {
+	if len(r.Launches) != 1 || r.Launches[0].Resumed || r.Launches[0].Reason != "first launch" || r.Launches[0].ID != driver.LaunchID(ro, 2, 1, r.Launches[0].SandboxID) {
 		t.Errorf("want one fresh launch of attempt 2, got %+v", r.Launches)
 	}
 	if n := e.Owner.Count(drivertest.CallSeed, ro); n != 1 {
@@ -256,7 +257,7 @@ func TestRestoredSeedRecordStartsAtSeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := e.Start(rn, ro, 2, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t)
-	if len(r.Launches) != 1 || r.Launches[0].Resumed || r.Launches[0].ID != driver.LaunchID(ro, 2, 1) {
+	if len(r.Launches) != 1 || r.Launches[0].Resumed || r.Launches[0].ID != driver.LaunchID(ro, 2, 1, r.Launches[0].SandboxID) {
 		t.Errorf("want one fresh launch of attempt 2, got %+v", r.Launches)
 	}
 	if n := e.Owner.Count(drivertest.CallSeed, ro); n != 1 {

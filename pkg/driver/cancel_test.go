@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/ngharness/ngharness/pkg/driver"
@@ -120,11 +121,55 @@ func TestIncompleteStopIsWarned(t *testing.T) {
 	e.WaitSteps(e.WaitSession(sbID, ro), 1)
 	h.Cancel(nil)
 	h.Wait(t)
-	launch := driver.LaunchID(ro, 1, 1)
+	launch := driver.LaunchID(ro, 1, 1, sbID)
 	for _, line := range strings.Split(e.Logs(), "\n") {
 		if contains(line, "level=WARN") && contains(line, launch) && contains(line, "partial=true") && contains(line, "out_of_time=true") {
 			return
 		}
 	}
 	t.Errorf("no warning names launch %s and says its stop was partial and out of time", launch)
+}
+
+// TestSameRolloutOnOneHostNeverSharesALaunch proves that two deployments on
+// one host (two owners and drivers, as two Gym jobs reusing the rollout id
+// "<task>-<rollout>" would be) never reach each other's processes: the same
+// rollout id runs in both, the supervisor of the first is SIGKILLed and
+// its run cancelled, so its stop finds the launch by its id among the
+// host's processes (no PID namespaces here); every process of the other
+// deployment's run lives on, and that run finishes every step once. Before
+// the sandbox id was hashed into launch ids both launches had one id, and
+// that stop killed the other's harness.
+func TestSameRolloutOnOneHostNeverSharesALaunch(t *testing.T) {
+	t.Parallel()
+	a, b := drivertest.New(t), drivertest.New(t)
+	ro := a.Rollout("twin")
+	pa, pb := newParticipant(), newParticipant()
+	ha := a.Start(a.Runner(drivertest.Fake(pauseSteps, stepS), pa), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
+	hb := b.Start(b.Runner(drivertest.Fake(pauseSteps, stepS), pb), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
+	sbA, sbB := a.WaitSeeded(ro, 1).SandboxID, b.WaitSeeded(ro, 1).SandboxID
+	sessA, sessB := a.WaitSession(sbA, ro), b.WaitSession(sbB, ro)
+	procsA, procsB := a.WaitPids(sessA, allKinds...), b.WaitPids(sessB, allKinds...)
+	b.WaitSteps(sessB, 1)
+	if idA, idB := driver.LaunchID(ro, 1, 1, sbA), driver.LaunchID(ro, 1, 1, sbB); idA == idB {
+		t.Fatalf("both deployments' launches are %s", idA)
+	}
+
+	rec := a.Receipt(sbA, driver.LaunchID(ro, 1, 1, sbA))
+	if rec == nil || !drivertest.IsSupervisor(rec.SupervisorPID) {
+		t.Fatalf("no live supervisor in the first deployment's receipt: %+v", rec)
+	}
+	if err := syscall.Kill(rec.SupervisorPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ha.Cancel(nil)
+	if _, err := ha.Wait(t); !errors.Is(err, context.Canceled) {
+		t.Errorf("the cancelled run returned %v", err)
+	}
+	drivertest.CheckGone(t, "the cancelled run", procsA)
+	if live := drivertest.Live(procsB); len(live) != len(procsB) {
+		t.Errorf("the other deployment's run lost processes: alive %v of %v", live, procsB)
+	}
+	r := hb.MustSucceed(t)
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	drivertest.CheckStepsOnce(t, sessB, pauseSteps)
 }

@@ -85,7 +85,7 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 	if want := fmt.Sprintf("the saved session holds %d completed steps", len(saved)); r.Launches[1].Reason != want {
 		t.Errorf("the relaunch's reason is %q, want the adapter's %q", r.Launches[1].Reason, want)
 	}
-	if r.Launches[1].ID != driver.LaunchID(ro, 2, 2) {
+	if r.Launches[1].ID != driver.LaunchID(ro, 2, 2, sb1) {
 		t.Errorf("the relaunch is %s, want launch 2 of attempt 2", r.Launches[1].ID)
 	}
 	if r.Response.FirstStep != len(saved)+1 || r.Response.Steps != steps {
@@ -214,7 +214,7 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 		t.Fatalf("want one launch in attempt 2, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
-	if r.Launches[0].Reason != "first launch" || r.Launches[0].ID != driver.LaunchID(ro, 2, 1) || r.Launches[0].SandboxID != info.SandboxID {
+	if r.Launches[0].Reason != "first launch" || r.Launches[0].ID != driver.LaunchID(ro, 2, 1, info.SandboxID) || r.Launches[0].SandboxID != info.SandboxID {
 		t.Errorf("attempt 2's launch %+v: want a first launch of attempt 2 in %s", r.Launches[0], info.SandboxID)
 	}
 	if r.Response.FirstStep != 1 {

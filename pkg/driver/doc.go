@@ -1,10 +1,14 @@
 // Package driver is the host side of a checkpointable rollout: the stage
 // machine of one run (seed, the harness as one long wait step, verify,
 // return) with a bookmark recorded before each step, the adapter interface
-// (what is harness-specific), launch control through ngsup inside the
-// sandbox, and the checkpoint participant that parks runs, exports their
-// bookmarks and lets them go on.
+// (what is harness-specific), and the checkpoint participant that parks
+// runs, exports their bookmarks and lets them go on.
 //
-// It reaches sandboxes only through pkg/driver/sandbox and owners only
-// through pkg/driver/owner; it never knows which harness it runs.
+// Launch control (ngsup uploaded and driven inside the sandbox, supervised
+// or tag-only launches, host batching, retries) is pkg/driver/launch: the
+// Runner chooses a launch.Launcher once per launch, and that launcher
+// controls the launch to its end. It reaches sandboxes only through
+// pkg/driver/sandbox and owners only through pkg/driver/owner; it never
+// knows which harness it runs. The imports go one way: pkg/driver imports
+// launch, never the reverse.
 package driver

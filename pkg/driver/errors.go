@@ -19,8 +19,6 @@ var (
 	// ErrCrashed: the run was abandoned as if its driver had died: nothing
 	// was cleaned up (used to rehearse a crash and restore).
 	ErrCrashed = errors.New("run abandoned by a crash")
-	// ErrLaunch: ngsup could not launch or follow the harness.
-	ErrLaunch = errors.New("launch failed")
 	// ErrPhase: a checkpoint call came out of order ("cannot commit in idle").
 	ErrPhase = errors.New("checkpoint call out of order")
 	// ErrDuplicateRun: a run with the same rollout id and attempt is

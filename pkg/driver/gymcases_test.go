@@ -369,7 +369,7 @@ func TestGymRestartRunNeverBlocksAndIsRefusedInScope(t *testing.T) {
 	if len(rr.Launches) != 1 || rr.Launches[0].Pauses != 0 {
 		t.Errorf("the restart's launches %+v: want one, never paused", rr.Launches)
 	}
-	if n := len(drivertest.ForLaunch(e.Backend.Verbs("pause"), driver.LaunchID(restart, 1, 1))); n != 0 {
+	if n := len(drivertest.ForLaunch(e.Backend.Verbs("pause"), rr.Launches[0].ID)); n != 0 {
 		t.Errorf("the restart's launch was paused %d times", n)
 	}
 	checkVerified(t, e, restart, rr)

@@ -26,14 +26,14 @@ func TestLaunchIDsAreInjective(t *testing.T) {
 		{"a", "a\x00"},
 	}
 	for _, p := range pairs {
-		a, b := driver.LaunchID(p[0], 1, 1), driver.LaunchID(p[1], 1, 1)
+		a, b := driver.LaunchID(p[0], 1, 1, "sb"), driver.LaunchID(p[1], 1, 1, "sb")
 		if a == b {
 			t.Errorf("rollouts %q and %q share the launch id %s", p[0], p[1], a)
 		}
 	}
 	// The attempt and the launch number are part of what is hashed, so a
 	// rollout id that ends like another's prefix cannot meet it.
-	if a, b := driver.LaunchID("r-a1-l1", 2, 3), driver.LaunchID("r", 1, 1); a == b {
+	if a, b := driver.LaunchID("r-a1-l1", 2, 3, "sb"), driver.LaunchID("r", 1, 1, "sb"); a == b {
 		t.Errorf("launch ids of different launches collide: %s", a)
 	}
 
@@ -47,7 +47,7 @@ func TestLaunchIDsAreInjective(t *testing.T) {
 			b.WriteRune(alphabet[rng.IntN(len(alphabet))])
 		}
 		ro, attempt, launch := b.String(), rng.IntN(3)+1, rng.IntN(3)+1
-		id := driver.LaunchID(ro, attempt, launch)
+		id := driver.LaunchID(ro, attempt, launch, "sb")
 		if err := proto.ValidateID(id); err != nil {
 			t.Fatalf("LaunchID(%q, %d, %d) = %q: %v", ro, attempt, launch, id, err)
 		}
@@ -60,8 +60,19 @@ func TestLaunchIDsAreInjective(t *testing.T) {
 		}
 		seen[id] = key
 	}
-	if id := driver.LaunchID("rollout-7", 2, 3); !strings.HasPrefix(id, "rollout-7-a2-l3-") {
+	if id := driver.LaunchID("rollout-7", 2, 3, "sb-1"); !strings.HasPrefix(id, "rollout-7-a2-l3-") {
 		t.Errorf("LaunchID keeps no readable prefix: %s", id)
+	}
+	// The same launch of the same rollout in two sandboxes (two
+	// deployments on one host reusing Gym's "<task>-<rollout>" ids) gets two
+	// ids: a stop scanning for one never reaches the other's processes. The
+	// sandbox id is hashed with its length, so no split of the same bytes
+	// between sandbox and rollout id meets another.
+	if a, b := driver.LaunchID("1-0", 0, 1, "sb-aa-0"), driver.LaunchID("1-0", 0, 1, "sb-bb-0"); a == b {
+		t.Errorf("the same launch in two sandboxes shares the id %s", a)
+	}
+	if a, b := driver.LaunchID("x", 0, 1, "ab"), driver.LaunchID("bx", 0, 1, "a"); a == b {
+		t.Errorf("sandbox %q + rollout %q meets sandbox %q + rollout %q: %s", "ab", "x", "a", "bx", a)
 	}
 }
 

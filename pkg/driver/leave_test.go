@@ -151,7 +151,7 @@ func TestLeavingTheSandbox(t *testing.T) {
 				t.Errorf("the driver stopped the sandbox itself: %v, want %v", listed, c.stops)
 			}
 			if c.breakWait {
-				launch := driver.LaunchID(ro, 1, 1)
+				launch := driver.LaunchID(ro, 1, 1, sbID)
 				if stops := drivertest.ForLaunch(e.Backend.Verbs("stop"), launch); len(stops) == 0 {
 					t.Errorf("the driver did not kill the launch %s of the failed run", launch)
 				}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/proto"
@@ -131,8 +132,8 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 		t.Errorf("ngsup pause ran %d times, want 2", n)
 	}
 	for _, x := range append(e.Backend.Verbs("pause"), e.Backend.Verbs("continue")...) {
-		if x.Timeout != driver.ControlTimeout {
-			t.Errorf("%v got a budget of %s, want %s", x.Argv, x.Timeout, driver.ControlTimeout)
+		if x.Timeout != launch.ControlTimeout {
+			t.Errorf("%v got a budget of %s, want %s", x.Argv, x.Timeout, launch.ControlTimeout)
 		}
 	}
 	drivertest.CheckGone(t, "after verify", procs)
@@ -289,7 +290,7 @@ func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
 	h := e.Start(rn, ro, 1, drivertest.Task(ro, n, 0.1, nil))
 	await(t, held, "the driver waits on the launch", h)
 	sbID := e.Session(ro).SandboxID
-	launchID := driver.LaunchID(ro, 1, 1)
+	launchID := driver.LaunchID(ro, 1, 1, sbID)
 	drivertest.Eventually(t, "the harness has ended", func() (bool, string) {
 		r := e.Receipt(sbID, launchID)
 		return r != nil && r.Ended, "no ended receipt"
@@ -431,7 +432,7 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 	checkStates(t, "while parked", procs, "Tt")
 	// Every process the pause holds (its paused set, "pid start" lines),
 	// each killed only if it is still the one recorded.
-	held := heldByPause(t, e.LaunchDir(sbID, driver.LaunchID(ro, 1, 1)))
+	held := heldByPause(t, e.LaunchDir(sbID, driver.LaunchID(ro, 1, 1, sbID)))
 	for _, pr := range held {
 		pr.Kill()
 	}

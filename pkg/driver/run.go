@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -26,8 +27,11 @@ type Runner struct {
 	Owner owner.Owner
 	// Backends connect to sandboxes, by provider name.
 	Backends map[string]sandbox.Backend
-	// Ngsup uploads and drives ngsup.
-	Ngsup *Ngsup
+	// Launchers start and control the launches (a *launch.Ngsup): each
+	// launch is started by the supervised launcher, or by the tag-only one
+	// when Unsupervised is set or ngsup cannot supervise it, and that
+	// launcher controls it to its end.
+	Launchers launch.Launchers
 	// Participant registers runs for checkpoints.
 	Participant *Participant
 	// Log receives one line per stage, launch, pause, continue and stop,
@@ -93,13 +97,13 @@ type attemptState struct {
 	sb   *LentSandbox // the sandbox of the current launch
 	own  *LentSandbox // the driver's own sandbox, when none is lent
 	live *liveLaunch  // the launch running or paused now
-	gone *LaunchRef   // a paused launch the crash took, until the relaunch says what it does
+	gone *launch.Ref  // a paused launch the crash took, until the relaunch says what it does
 }
 
 type liveLaunch struct {
-	ref    LaunchRef
-	bin    string
-	record int // index in bm.Launches
+	ref    launch.Ref
+	l      launch.Launcher // the launcher that started it controls it
+	record int             // index in bm.Launches
 	begin  time.Time
 }
 
@@ -346,11 +350,10 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 		}
 	}
 	n := len(st.bm.Launches) + 1
-	rec.ID = LaunchID(st.req.RolloutID, st.req.Attempt, n)
-	ref := LaunchRef{ID: rec.ID, Dir: path.Join(lent.Root(), "launches", rec.ID), SandboxID: lent.ID(), Supervised: !rn.Unsupervised}
-	rec.Supervised = ref.Supervised
-	bin, err := rn.Ngsup.Ensure(ctx, lent)
-	if err != nil {
+	rec.ID = LaunchID(st.req.RolloutID, st.req.Attempt, n, lent.ID())
+	ref := launch.Ref{ID: rec.ID, Dir: path.Join(lent.Root(), "launches", rec.ID), SandboxID: lent.ID()}
+	l := rn.Launchers.Launcher(!rn.Unsupervised)
+	if err := l.Prepare(ctx, lent); err != nil {
 		return err
 	}
 	spec, err := rn.Adapter.Launch(ctx, LaunchContext{
@@ -363,18 +366,15 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 	if spec.Dir == "" {
 		spec.Dir = lent.Workdir()
 	}
-	if ref.Supervised {
-		err = rn.Ngsup.Start(ctx, lent, bin, ref, spec)
-		if err != nil && ctx.Err() == nil && !errors.Is(err, sandbox.ErrGone) {
-			// ngsup could not start as the supervisor: launch tagged only,
-			// found by its tag for pause, continue and stop from now on.
-			st.log.Warn("ngsup could not supervise the launch; running it unsupervised", "launch", ref.ID, "error", err.Error())
-			ref.Supervised, rec.Supervised = false, false
-			err = rn.Ngsup.StartUnsupervised(ctx, lent, ref, spec)
-		}
-	} else {
-		err = rn.Ngsup.StartUnsupervised(ctx, lent, ref, spec)
+	err = l.Start(ctx, lent, ref, spec)
+	if errors.Is(err, launch.ErrNoSupervisor) {
+		// Launch tagged only, found by its tag for pause, continue and
+		// stop from now on.
+		st.log.Warn("ngsup could not supervise the launch; running it unsupervised", "launch", ref.ID, "error", err.Error())
+		l = rn.Launchers.Launcher(false)
+		err = l.Start(ctx, lent, ref, spec)
 	}
+	ref.Supervised, rec.Supervised = l.Supervised(), l.Supervised()
 	if err != nil {
 		rec.Outcome, rec.Error = OutcomeFailed, err.Error()
 		st.bm.Launches = append(st.bm.Launches, rec)
@@ -384,7 +384,7 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 	if len(st.bm.Launches) > 1 {
 		rn.obs().Relaunched(rec.Resumed)
 	}
-	st.live = &liveLaunch{ref: ref, bin: bin, record: len(st.bm.Launches) - 1, begin: time.Now()}
+	st.live = &liveLaunch{ref: ref, l: l, record: len(st.bm.Launches) - 1, begin: time.Now()}
 	st.log.Info("launched", "launch", ref.ID, "sandbox", lent.ID(), "resumed", rec.Resumed, "reason", rec.Reason, "supervised", ref.Supervised)
 	return nil
 }
@@ -392,14 +392,18 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 // launchPrefixLen bounds the readable part of a launch id.
 const launchPrefixLen = 64
 
-// LaunchID names launch n of an attempt of a rollout, in ngsup's id
-// alphabet and length: a readable prefix (the rollout id with every
-// character outside [A-Za-z0-9._-] made '_', cut to 64 bytes, then
-// -a<attempt>-l<n>) and 12 hex digits of the SHA-256 of the exact rollout
-// id, attempt and launch number. Two launches that differ in any of the
-// three get different ids even when their prefixes are the same
-// ("dup:1" and "dup/1", or ids sharing their first 64 bytes).
-func LaunchID(rollout string, attempt, n int) string {
+// LaunchID names launch n of an attempt of a rollout in the sandbox
+// sandboxID, in ngsup's id alphabet and length: a readable prefix (the
+// rollout id with every character outside [A-Za-z0-9._-] made '_', cut to
+// 64 bytes, then -a<attempt>-l<n>) and 12 hex digits of the SHA-256 of the
+// exact rollout id, attempt, launch number and sandbox id. Two launches
+// that differ in any of the four get different ids even when their
+// prefixes are the same ("dup:1" and "dup/1", or ids sharing their first
+// 64 bytes). The sandbox id is in the hash because a launch id is also the
+// tag a stop scans processes for: two deployments on one host (the local
+// backend, no PID namespaces) running rollouts of the same id, as Gym's
+// "<task>-<rollout>" ids are from job to job, must never share one.
+func LaunchID(rollout string, attempt, n int, sandboxID string) string {
 	clean := strings.Map(func(r rune) rune {
 		switch {
 		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
@@ -414,7 +418,7 @@ func LaunchID(rollout string, attempt, n int) string {
 	if clean == "" {
 		clean = "launch"
 	}
-	sum := sha256.Sum256([]byte(fmt.Sprintf("%d\x00%d\x00%s", attempt, n, rollout)))
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%d\x00%d\x00%d\x00%s%s", attempt, n, len(sandboxID), sandboxID, rollout)))
 	return fmt.Sprintf("%s-a%d-l%d-%s", clean, attempt, n, hex.EncodeToString(sum[:6]))
 }
 
@@ -437,19 +441,10 @@ func (rn *Runner) follow(ctx context.Context, st *attemptState) (done bool, err 
 		}
 		ch := make(chan waited, 1)
 		go func() {
-			var w waited
-			if lv.ref.Supervised {
-				r, ended, err := rn.Ngsup.Wait(waitCtx, st.sb, lv.bin, lv.ref, WaitChunk)
-				w.ended, w.err = ended, err
-				if r != nil {
-					w.exitCode = r.ExitCode
-				}
-			} else {
-				r, ended, err := rn.Ngsup.WaitUnsupervised(waitCtx, st.sb, lv.ref, WaitChunk)
-				w.ended, w.err = ended, err
-				if r != nil {
-					w.exitCode = r.ExitCode
-				}
+			r, ended, err := lv.l.Wait(waitCtx, st.sb, lv.ref, launch.WaitChunk)
+			w := waited{ended: ended, err: err}
+			if r != nil {
+				w.exitCode = r.ExitCode
 			}
 			ch <- w
 		}()
@@ -494,7 +489,7 @@ func (rn *Runner) finished(ctx context.Context, st *attemptState, exitCode int) 
 	}
 	st.log.Info("launch ended", "launch", lv.ref.ID, "exit_code", exitCode, "outcome", rec.Outcome)
 	rn.obs().LaunchEnded(rec.Outcome)
-	stdout, stderr, err := Output(ctx, st.sb, lv.ref)
+	stdout, stderr, err := lv.l.Output(ctx, st.sb, lv.ref)
 	if err != nil {
 		return err
 	}
@@ -529,10 +524,10 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 	lv := st.live
 	rec := &st.bm.Launches[lv.record]
 	if rn.pauses() {
-		if !lv.ref.Supervised && !rn.Unsupervised {
+		if !lv.l.Supervised() && !rn.Unsupervised {
 			st.log.Warn("pausing a launch that should be supervised but is not: its processes are found by their tag", "launch", lv.ref.ID)
 		}
-		out := rn.Ngsup.Pause(ctx, st.sb, lv.bin, lv.ref, st.req.RolloutID)
+		out := lv.l.Pause(ctx, st.sb, lv.ref, st.req.RolloutID)
 		if err := context.Cause(ctx); err != nil {
 			return false, false, err // cancelled or crashed meanwhile
 		}
@@ -554,7 +549,7 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 			bm.Launches[lv.record].DurationS = time.Since(lv.begin).Seconds()
 			bm.Launches[lv.record].Error = "paused at a checkpoint; gone if the driver crashed"
 			stopper := func(ctx context.Context) error {
-				_, err := rn.Ngsup.Stop(ctx, st.sb, lv.bin, lv.ref, rn.grace())
+				_, err := lv.l.Stop(ctx, st.sb, lv.ref, rn.grace())
 				return err
 			}
 			killed, err := rn.Participant.park(ctx, st.r, bm, &ref, stopper)
@@ -568,7 +563,7 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 				return true, false, nil
 			}
 			began := time.Now()
-			res, err := rn.Ngsup.Continue(ctx, st.sb, lv.bin, lv.ref)
+			res, err := lv.l.Continue(ctx, st.sb, lv.ref)
 			rec.PausedS += time.Since(pausedAt).Seconds()
 			if cerr := context.Cause(ctx); cerr != nil {
 				return false, false, cerr // cancelled or crashed meanwhile
@@ -603,13 +598,10 @@ func (rn *Runner) parkLaunch(ctx context.Context, st *attemptState) (relaunch, e
 
 // endedWell reports whether the live launch's receipt says its harness
 // ended by itself with exit code 0 (it finished as the pause came: its
-// result is kept). An unsupervised launch has no receipt.
+// result is kept). A launch that runs tagged only has no receipt.
 func (rn *Runner) endedWell(ctx context.Context, st *attemptState) bool {
 	lv := st.live
-	if !lv.ref.Supervised {
-		return false
-	}
-	r, err := rn.Ngsup.Status(ctx, st.sb, lv.bin, lv.ref)
+	r, err := lv.l.Status(ctx, st.sb, lv.ref)
 	return err == nil && r.Ended && r.ExitCode == 0 && r.Signal == 0
 }
 
@@ -624,7 +616,7 @@ func (rn *Runner) grace() time.Duration {
 	if rn.StopGrace > 0 {
 		return rn.StopGrace
 	}
-	return StopGrace
+	return launch.StopGrace
 }
 
 // stopAndRelaunch stops the live launch, records it interrupted, and (when
@@ -633,7 +625,7 @@ func (rn *Runner) grace() time.Duration {
 // result: the caller's wait returns it.
 func (rn *Runner) stopAndRelaunch(ctx context.Context, st *attemptState, why string, park bool) error {
 	lv := st.live
-	res, err := rn.Ngsup.Stop(ctx, st.sb, lv.bin, lv.ref, rn.grace())
+	res, err := lv.l.Stop(ctx, st.sb, lv.ref, rn.grace())
 	if err != nil {
 		return fmt.Errorf("stop launch %s: %w", lv.ref.ID, err)
 	}
@@ -731,7 +723,7 @@ func (rn *Runner) leave(ctx context.Context, st *attemptState, runErr error) {
 	defer cancel()
 	if !verified && st.live != nil {
 		lv := st.live
-		res, err := rn.Ngsup.Stop(cctx, st.sb, lv.bin, lv.ref, min(rn.grace(), 2*time.Second))
+		res, err := lv.l.Stop(cctx, st.sb, lv.ref, min(rn.grace(), 2*time.Second))
 		if err != nil {
 			st.log.Warn("could not kill the launch of a failed run", "launch", lv.ref.ID, "error", err.Error())
 		} else {
@@ -750,7 +742,7 @@ func (rn *Runner) leave(ctx context.Context, st *attemptState, runErr error) {
 			}
 		}
 	case st.sb != nil:
-		if err := rn.Ngsup.StopSandbox(cctx, st.sb.Sandbox); err != nil {
+		if err := rn.Launchers.StopSandbox(cctx, st.sb.Sandbox); err != nil {
 			st.log.Warn("could not stop the sandbox of a restart run", "sandbox", st.sb.ID(), "error", err.Error())
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -46,7 +47,7 @@ type run struct {
 	restart  bool
 	// launch is the launch a park left paused (killed by a commit with
 	// stop); its stopper ends it.
-	launch  *LaunchRef
+	launch  *launch.Ref
 	stopper func(context.Context) error
 	killed  bool
 	// cancel ends the run (a retire); done is closed once it unregistered.
@@ -230,16 +231,16 @@ func (p *Participant) parking(r *run) bool {
 	return g.gate != nil && !r.restart
 }
 
-// park holds the run at bookmark b until the checkpoint opens. launch, if
+// park holds the run at bookmark b until the checkpoint opens. paused, if
 // not nil, is a launch left paused, which a commit with stop ends through
 // stopper. It reports whether that launch was killed meanwhile (the run
 // must then relaunch).
-func (p *Participant) park(ctx context.Context, r *run, b Bookmark, launch *LaunchRef, stopper func(context.Context) error) (killed bool, err error) {
+func (p *Participant) park(ctx context.Context, r *run, b Bookmark, paused *launch.Ref, stopper func(context.Context) error) (killed bool, err error) {
 	g := &p.reg
 	g.mu.Lock()
 	r.bookmark = b.Clone()
 	r.state = runParked
-	r.launch, r.stopper, r.killed = launch, stopper, false
+	r.launch, r.stopper, r.killed = paused, stopper, false
 	gt := g.gate
 	g.changedLocked()
 	g.mu.Unlock()

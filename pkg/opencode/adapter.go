@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
@@ -57,7 +58,7 @@ type Options struct {
 type Adapter struct {
 	opt     Options
 	timeout time.Duration
-	tools   driver.Tools
+	tools   launch.Tools
 }
 
 // New checks the options and returns the adapter.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
@@ -122,7 +123,7 @@ func TestNgsupForTheSandboxArchitecture(t *testing.T) {
 	if err := w.osb.SetMachine("aarch64"); err != nil {
 		t.Fatal(err)
 	}
-	p, err := (&driver.Ngsup{Binaries: bins, Log: w.log}).Ensure(ctx, sb)
+	p, err := (&launch.Ngsup{Binaries: bins, Log: w.log}).Ensure(ctx, sb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,13 +133,13 @@ func TestNgsupForTheSandboxArchitecture(t *testing.T) {
 	if err := w.osb.SetMachine("mips"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (&driver.Ngsup{Binaries: bins}).Ensure(ctx, sb); !errors.Is(err, driver.ErrNoNgsup) {
+	if _, err := (&launch.Ngsup{Binaries: bins}).Ensure(ctx, sb); !errors.Is(err, launch.ErrNoNgsup) {
 		t.Errorf("a mips sandbox: %v, want ErrNoNgsup", err)
 	}
 	if err := w.osb.SetMachine(""); err != nil {
 		t.Fatal(err)
 	}
-	p2, err := (&driver.Ngsup{Binaries: bins}).Ensure(ctx, sb)
+	p2, err := (&launch.Ngsup{Binaries: bins}).Ensure(ctx, sb)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
@@ -64,7 +65,7 @@ type world struct {
 	lender localowner.Sandboxes
 	owner  *trackingOwner
 	// ownerNgsup is the owner's ngsup (the owner is another process).
-	ownerNgsup *driver.Ngsup
+	ownerNgsup *launch.Ngsup
 	// del deletes a sandbox behind the owner's back, through the service.
 	del func(id string) error
 	// osb is the fake OpenSandbox (opensandbox only).
@@ -172,8 +173,8 @@ func (w *world) cli(name string, args ...string) error {
 
 // newNgsup is a fresh ngsup driver (a new driver process: nothing known of
 // earlier uploads).
-func (w *world) newNgsup() *driver.Ngsup {
-	return &driver.Ngsup{Binaries: driver.DefaultBinaries(binDir), Log: w.log}
+func (w *world) newNgsup() *launch.Ngsup {
+	return &launch.Ngsup{Binaries: launch.DefaultBinaries(binDir), Log: w.log}
 }
 
 // hostFolder is the folder on this machine that is the sandbox's
@@ -197,7 +198,7 @@ func fakeAdapter() *fake.Adapter { return &fake.Adapter{Pause: true} }
 
 // runner wires a Runner as `ngdriver serve` does, on the recording
 // backend, with ng (a fresh Ngsup when nil).
-func (w *world) runner(p *driver.Participant, ng *driver.Ngsup) *driver.Runner {
+func (w *world) runner(p *driver.Participant, ng *launch.Ngsup) *driver.Runner {
 	if ng == nil {
 		ng = w.newNgsup()
 	}
@@ -205,7 +206,7 @@ func (w *world) runner(p *driver.Participant, ng *driver.Ngsup) *driver.Runner {
 		Adapter:     fakeAdapter(),
 		Owner:       w.owner,
 		Backends:    map[string]sandbox.Backend{w.raw.Name(): w.rec},
-		Ngsup:       ng,
+		Launchers:   ng,
 		Participant: p,
 		Log:         w.log,
 		StopGrace:   500 * time.Millisecond,
@@ -484,8 +485,7 @@ func (w *world) cleanup() {
 		if err != nil {
 			continue
 		}
-		bin, err := ng.Ensure(ctx, sb)
-		if err != nil {
+		if _, err := ng.Ensure(ctx, sb); err != nil {
 			t.Errorf("cleanup: %v", err)
 			continue
 		}
@@ -493,8 +493,8 @@ func (w *world) cleanup() {
 			if proto.ValidateID(e.Name()) != nil {
 				continue
 			}
-			ref := driver.LaunchRef{ID: e.Name(), Dir: path.Join(sb.Root(), "launches", e.Name()), SandboxID: sb.ID()}
-			if _, err := ng.Stop(ctx, sb, bin, ref, time.Second); err != nil {
+			ref := launch.Ref{ID: e.Name(), Dir: path.Join(sb.Root(), "launches", e.Name()), SandboxID: sb.ID()}
+			if _, err := ng.Launcher(false).Stop(ctx, sb, ref, time.Second); err != nil {
 				t.Errorf("cleanup: stop %s in %s: %v", e.Name(), f, err)
 			}
 		}

@@ -400,8 +400,8 @@ func checkOneLaunchFresh(t *testing.T, id string, attempt int, res result, steps
 		t.Errorf("%s: %+v, want a fresh run: reward 1, one launch, steps 1..%d", id, res, steps)
 		return
 	}
-	if l := res.Launches[0]; l.ID != driver.LaunchID(id, attempt, 1) || l.Resumed || l.Reason != "first launch" {
-		t.Errorf("%s: launch %+v, want %s, a first launch", id, l, driver.LaunchID(id, attempt, 1))
+	if l := res.Launches[0]; l.ID != driver.LaunchID(id, attempt, 1, l.SandboxID) || l.Resumed || l.Reason != "first launch" {
+		t.Errorf("%s: launch %+v, want %s, a first launch", id, l, driver.LaunchID(id, attempt, 1, l.SandboxID))
 	}
 }
 
@@ -475,8 +475,12 @@ func TestRunIdentity(t *testing.T) {
 	}
 	for i, c := range cases {
 		res := await(t, chans[i]).result(t)
-		want := driver.LaunchID(c.rollout, c.attempt, 1)
-		if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].ID != want {
+		if len(res.Launches) != 1 {
+			t.Errorf("POST %s (body %v): launches %+v; want one", c.path, c.body, res.Launches)
+			continue
+		}
+		want := driver.LaunchID(c.rollout, c.attempt, 1, res.Launches[0].SandboxID)
+		if res.Reward != 1 || res.Launches[0].ID != want {
 			t.Errorf("POST %s (body %v): reward %v, launches %+v; want one launch %s", c.path, c.body, res.Reward, res.Launches, want)
 		}
 	}

@@ -53,7 +53,7 @@ func runCheckpointFlow(t *testing.T, e *env, n, steps int) flow {
 			f.pauses[id]++
 			b := r.bookmark(t)
 			last := b.Launches[len(b.Launches)-1]
-			if r.ID.Attempt != 0 || !b.Resume || last.Pauses != f.pauses[id] || last.ID != driver.LaunchID(id, 0, 1) {
+			if r.ID.Attempt != 0 || !b.Resume || last.Pauses != f.pauses[id] || last.ID != driver.LaunchID(id, 0, 1, last.SandboxID) {
 				t.Errorf("checkpoint %d: the record of paused %s: attempt %d, resume %v, last launch %+v; want attempt 0, resume and pauses %d",
 					k, id, r.ID.Attempt, b.Resume, last, f.pauses[id])
 			}
@@ -99,8 +99,8 @@ func checkOneLaunch(t *testing.T, e *env, id string, res result, steps, pauses i
 		return
 	}
 	l := res.Launches[0]
-	if l.ID != driver.LaunchID(id, 0, 1) || l.Outcome != "finished" || l.ExitCode != 0 || l.Resumed || l.Reason != "first launch" || !l.Supervised || l.Pauses != pauses {
-		t.Errorf("%s: launch %+v, want %s finished, supervised, first launch, pauses %d", id, l, driver.LaunchID(id, 0, 1), pauses)
+	if l.ID != driver.LaunchID(id, 0, 1, l.SandboxID) || l.Outcome != "finished" || l.ExitCode != 0 || l.Resumed || l.Reason != "first launch" || !l.Supervised || l.Pauses != pauses {
+		t.Errorf("%s: launch %+v, want %s finished, supervised, first launch, pauses %d", id, l, driver.LaunchID(id, 0, 1, l.SandboxID), pauses)
 	}
 	if res.Response.Steps != steps || res.Response.FirstStep != 1 {
 		t.Errorf("%s: response %+v, want %d steps from step 1", id, res.Response, steps)
@@ -236,12 +236,12 @@ func TestCommitStop(t *testing.T) {
 			continue
 		}
 		first, second := res.Launches[0], res.Launches[1]
-		if first.ID != driver.LaunchID(id, 0, 1) || first.Outcome != "interrupted" || first.Pauses != 1 || !strings.Contains(first.Error, "stopped at a checkpoint commit") {
+		if first.ID != driver.LaunchID(id, 0, 1, first.SandboxID) || first.Outcome != "interrupted" || first.Pauses != 1 || !strings.Contains(first.Error, "stopped at a checkpoint commit") {
 			t.Errorf("%s: first launch %+v, want interrupted after 1 pause, stopped by the commit", id, first)
 		}
 		reason := fmt.Sprintf("the saved session holds %d completed steps", done[id])
-		if second.ID != driver.LaunchID(id, 0, 2) || !second.Resumed || second.Reason != reason || second.Outcome != "finished" || second.SandboxID != first.SandboxID {
-			t.Errorf("%s: relaunch %+v, want %s resumed (%q) in the same sandbox", id, second, driver.LaunchID(id, 0, 2), reason)
+		if second.ID != driver.LaunchID(id, 0, 2, first.SandboxID) || !second.Resumed || second.Reason != reason || second.Outcome != "finished" || second.SandboxID != first.SandboxID {
+			t.Errorf("%s: relaunch %+v, want %s resumed (%q) in the same sandbox", id, second, driver.LaunchID(id, 0, 2, first.SandboxID), reason)
 		}
 		if res.Response.FirstStep != done[id]+1 || res.Response.Steps != steps {
 			t.Errorf("%s: response %+v, want steps %d..%d by the relaunch", id, res.Response, done[id]+1, steps)

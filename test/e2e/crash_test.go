@@ -188,14 +188,14 @@ func TestCrashRestore(t *testing.T) {
 	res := await(t, again[restart]).result(t)
 	if res.Reward != 1 || len(res.Launches) != 1 || res.Response.FirstStep != 1 || res.Response.Steps != steps {
 		t.Errorf("restart run: %+v, want reward 1, one launch, steps 1..%d", res, steps)
-	} else if l := res.Launches[0]; l.ID != driver.LaunchID(restart, 1, 1) || l.Resumed || l.Reason != "first launch" || l.Outcome != "finished" || l.Pauses != 0 {
-		t.Errorf("restart run: launch %+v, want %s, a first launch that finished, never paused", l, driver.LaunchID(restart, 1, 1))
+	} else if l := res.Launches[0]; l.ID != driver.LaunchID(restart, 1, 1, l.SandboxID) || l.Resumed || l.Reason != "first launch" || l.Outcome != "finished" || l.Pauses != 0 {
+		t.Errorf("restart run: launch %+v, want %s, a first launch that finished, never paused", l, driver.LaunchID(restart, 1, 1, l.SandboxID))
 	}
 	// The queued run continues from its seed bookmark: a first launch, as
 	// attempt 1.
 	res = await(t, again[queued]).result(t)
-	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].ID != driver.LaunchID(queued, 1, 1) || res.Launches[0].Resumed || res.Response.FirstStep != 1 {
-		t.Errorf("queued run: %+v, want reward 1 and one first launch %s", res, driver.LaunchID(queued, 1, 1))
+	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].ID != driver.LaunchID(queued, 1, 1, res.Launches[0].SandboxID) || res.Launches[0].Resumed || res.Response.FirstStep != 1 {
+		t.Errorf("queued run: %+v, want reward 1 and one first launch of %s", res, queued)
 	}
 	if h := e.health(); h.Runs != 0 {
 		t.Errorf("/healthz after every run returned: %+v", h)
@@ -227,12 +227,12 @@ func checkContinued(t *testing.T, e *env, id string, res result, steps, done int
 		return
 	}
 	first, second := res.Launches[0], res.Launches[1]
-	if first.ID != driver.LaunchID(id, 0, 1) || first.Outcome != "interrupted" || first.Pauses != 1 {
-		t.Errorf("%s: first launch %+v, want %s interrupted after 1 pause", id, first, driver.LaunchID(id, 0, 1))
+	if first.ID != driver.LaunchID(id, 0, 1, first.SandboxID) || first.Outcome != "interrupted" || first.Pauses != 1 {
+		t.Errorf("%s: first launch %+v, want %s interrupted after 1 pause", id, first, driver.LaunchID(id, 0, 1, first.SandboxID))
 	}
 	wantReason := fmt.Sprintf("the saved session holds %d completed steps", done)
-	if second.ID != driver.LaunchID(id, 1, 2) || !second.Resumed || second.Reason != wantReason || second.Outcome != "finished" || second.Pauses != 0 {
-		t.Errorf("%s: relaunch %+v, want %s resumed (%q), finished", id, second, driver.LaunchID(id, 1, 2), wantReason)
+	if second.ID != driver.LaunchID(id, 1, 2, second.SandboxID) || !second.Resumed || second.Reason != wantReason || second.Outcome != "finished" || second.Pauses != 0 {
+		t.Errorf("%s: relaunch %+v, want %s resumed (%q), finished", id, second, driver.LaunchID(id, 1, 2, second.SandboxID), wantReason)
 	}
 	if second.SandboxID == first.SandboxID || second.SandboxID == "" {
 		t.Errorf("%s: relaunched in sandbox %q, want a fork under a new id (was %q)", id, second.SandboxID, first.SandboxID)

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"io"
 	"net/http"
 	"os"
@@ -46,14 +47,14 @@ type env struct {
 	prefix string // every rollout id of the test starts with it
 	opts   options
 
-	owner    *proc
+	owner    *e2eproc.Proc
 	ownerURL string
 	cfgPath  string
 
 	mu        sync.Mutex
-	drivers   []*proc
+	drivers   []*e2eproc.Proc
 	driverURL string
-	orphans   orphans
+	orphans   e2eproc.Orphans
 
 	ctl   *controller
 	own   *controller // the owner's control plane
@@ -90,10 +91,10 @@ func newEnv(t *testing.T, o options) *env {
 		}
 	}
 	t.Cleanup(e.cleanup)
-	e.owner = startProc(t, "owner", e.logs, e.tokenEnv(), "owner", "serve",
+	e.owner = e2eproc.StartProc(t, ngdriverBin, "owner", e.logs, e.tokenEnv(), "owner", "serve",
 		"--listen", "127.0.0.1:0", "--base", e.base, "--ngsup-dir", binDir, "--log-format", "json")
-	e.since = e.owner.start
-	e.ownerURL = e.owner.url(t)
+	e.since = e.owner.Start
+	e.ownerURL = e.owner.URL(t)
 	e.own = &controller{name: "owner", url: e.ownerURL, token: e.token}
 	e.cfgPath = filepath.Join(dir, "ngdriver.yaml")
 	if err := os.WriteFile(e.cfgPath, []byte(e.config()), 0o644); err != nil {
@@ -149,16 +150,16 @@ fake:
 
 // startDriver starts `ngdriver serve` on the test's config and points the
 // controller at it.
-func (e *env) startDriver() *proc {
+func (e *env) startDriver() *e2eproc.Proc {
 	e.t.Helper()
 	e.mu.Lock()
 	n := len(e.drivers)
 	e.mu.Unlock()
-	p := startProc(e.t, fmt.Sprintf("driver%d", n), e.logs, e.tokenEnv(), "serve", "--config", e.cfgPath)
+	p := e2eproc.StartProc(e.t, ngdriverBin, fmt.Sprintf("driver%d", n), e.logs, e.tokenEnv(), "serve", "--config", e.cfgPath)
 	e.mu.Lock()
 	e.drivers = append(e.drivers, p)
 	e.mu.Unlock()
-	u := p.url(e.t)
+	u := p.URL(e.t)
 	e.mu.Lock()
 	e.driverURL = u
 	e.mu.Unlock()
@@ -167,7 +168,7 @@ func (e *env) startDriver() *proc {
 }
 
 // driver is the current driver process.
-func (e *env) driver() *proc {
+func (e *env) driver() *e2eproc.Proc {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.drivers[len(e.drivers)-1]
@@ -178,11 +179,11 @@ func (e *env) driver() *proc {
 func (e *env) crashDriver() {
 	e.t.Helper()
 	d := e.driver()
-	e.orphans.add(d.pid())
-	if err := syscall.Kill(d.pid(), syscall.SIGKILL); err != nil {
+	e.orphans.Add(d.PID())
+	if err := syscall.Kill(d.PID(), syscall.SIGKILL); err != nil {
 		e.t.Fatalf("kill the driver: %v", err)
 	}
-	if _, ok := d.waitExit(30 * time.Second); !ok {
+	if _, ok := d.WaitExit(30 * time.Second); !ok {
 		e.t.Fatal("the driver did not die from SIGKILL")
 	}
 }
@@ -191,18 +192,18 @@ func (e *env) crashDriver() {
 func (e *env) cleanup() {
 	t := e.t
 	e.mu.Lock()
-	procs := append([]*proc{}, e.drivers...)
+	procs := append([]*e2eproc.Proc{}, e.drivers...)
 	e.mu.Unlock()
 	if e.owner != nil {
 		procs = append(procs, e.owner)
 	}
 	for _, p := range procs {
-		p.killTree()
+		p.KillTree()
 	}
-	e.orphans.kill()
-	stopLaunches(t, e.base)
+	e.orphans.Kill()
+	e2eproc.StopLaunches(t, ngsupBin, e.base)
 	deadline := time.Now().Add(30 * time.Second)
-	var left []procInfo
+	var left []e2eproc.Info
 	for {
 		left = e.leftovers()
 		if len(left) == 0 || time.Now().After(deadline) {
@@ -214,28 +215,28 @@ func (e *env) cleanup() {
 		for _, p := range left {
 			t.Errorf("cleanup: a process of the test's sandboxes is left after ngsup stop: %s", p)
 		}
-		killLeftovers(left)
+		e2eproc.KillLeftovers(left)
 	}
 	for _, p := range procs {
-		if lines := errorsIn(p.errs.String()); len(lines) > 0 {
-			t.Errorf("%s reported: %s", p.name, strings.Join(lines, "; "))
+		if lines := e2eproc.ErrorsIn(p.Errs.String()); len(lines) > 0 {
+			t.Errorf("%s reported: %s", p.Name, strings.Join(lines, "; "))
 		}
 	}
 	if t.Failed() {
 		for _, p := range procs {
-			t.Logf("--- %s stderr (tail) ---\n%s", p.name, tail(p.errs.String(), 6000))
+			t.Logf("--- %s stderr (tail) ---\n%s", p.Name, e2eproc.Tail(p.Errs.String(), 6000))
 		}
 	}
 }
 
 // leftovers lists the live processes of the test's launches: found by
 // their tag or command line, or recorded by the fake harness.
-func (e *env) leftovers() []procInfo {
-	var out []procInfo
+func (e *env) leftovers() []e2eproc.Info {
+	var out []e2eproc.Info
 	seen := map[int]bool{}
-	for _, p := range append(ownProcesses(e.prefix), recordedLeftovers(e.base, e.since)...) {
-		if !seen[p.pid] {
-			seen[p.pid] = true
+	for _, p := range append(e2eproc.OwnProcesses(e.prefix), e2eproc.RecordedLeftovers(e.base, e.since)...) {
+		if !seen[p.PID] {
+			seen[p.PID] = true
 			out = append(out, p)
 		}
 	}
@@ -298,7 +299,7 @@ func (r runReply) String() string {
 	if r.err != nil {
 		return fmt.Sprintf("%s: %v", r.rollout, r.err)
 	}
-	return fmt.Sprintf("%s: HTTP %d %s", r.rollout, r.status, tail(string(r.body), 2000))
+	return fmt.Sprintf("%s: HTTP %d %s", r.rollout, r.status, e2eproc.Tail(string(r.body), 2000))
 }
 
 // result decodes a 200 reply, failing the test otherwise.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"net"
 	"net/http"
 	"net/url"
@@ -88,11 +89,11 @@ func TestGymConfigDict(t *testing.T) {
 		"NEMO_GYM_CONFIG_PATH=gym_e2e_agent",
 		"NG_CONTROL_TOKEN=not-the-gym-token",
 	}
-	p := startProc(t, "gymdriver", e.logs, env, "serve")
+	p := e2eproc.StartProc(t, ngdriverBin, "gymdriver", e.logs, env, "serve")
 	e.mu.Lock()
 	e.drivers = append(e.drivers, p)
 	e.mu.Unlock()
-	got := p.url(t)
+	got := p.URL(t)
 	if want := fmt.Sprintf("http://127.0.0.1:%d", port); got != want {
 		t.Fatalf("listening on %s, want %s (the entry's host and port)", got, want)
 	}
@@ -109,11 +110,11 @@ func TestGymConfigDict(t *testing.T) {
 		t.Errorf("run through the Gym-configured driver: reward %v (%s: %s)", res.Reward, res.FailureKind, res.FailureReason)
 	}
 
-	logs := p.errs.String()
+	logs := p.Errs.String()
 	for _, w := range []string{"configured from the Gym config", `"instance":"gym_e2e_agent"`, `"owner":"` + e.ownerURL,
 		`"lease_grace":"2m0s"`, "gym_e2e_agent.responses_api_agents.ngdriver_agent.num_workers"} {
 		if !strings.Contains(logs, w) {
-			t.Errorf("the driver's log does not say %q:\n%s", w, tail(logs, 3000))
+			t.Errorf("the driver's log does not say %q:\n%s", w, e2eproc.Tail(logs, 3000))
 		}
 	}
 }

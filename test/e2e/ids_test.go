@@ -79,7 +79,7 @@ func checkIDRefused(t *testing.T, id string, r runReply, status int, code, names
 // driverLogSize is how many bytes the current driver has logged.
 func driverLogSize(t *testing.T, e *env) int64 {
 	t.Helper()
-	fi, err := os.Stat(filepath.Join(e.logs, e.driver().name+".stderr"))
+	fi, err := os.Stat(filepath.Join(e.logs, e.driver().Name+".stderr"))
 	if err != nil {
 		t.Fatal(err)
 	}

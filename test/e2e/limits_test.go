@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"slices"
 	"strings"
 	"sync"
@@ -66,16 +67,16 @@ func (c *concurrency) finish() (procs, metrics int) {
 // liveHarnesses lists the rollouts whose harness script runs now.
 func (e *env) liveHarnesses() []string {
 	var out []string
-	for _, p := range ownProcesses(e.prefix) {
-		if !strings.Contains(p.cmdline, "fake-harness.sh") || strings.Contains(p.cmdline, "ngsup") {
+	for _, p := range e2eproc.OwnProcesses(e.prefix) {
+		if !strings.Contains(p.Cmdline, "fake-harness.sh") || strings.Contains(p.Cmdline, "ngsup") {
 			continue
 		}
 		// .../state/fake/<rollout>-a<N>-<n> names the rollout.
-		i := strings.Index(p.cmdline, "/state/fake/")
+		i := strings.Index(p.Cmdline, "/state/fake/")
 		if i < 0 {
 			continue
 		}
-		word := strings.Fields(p.cmdline[i+len("/state/fake/"):])[0]
+		word := strings.Fields(p.Cmdline[i+len("/state/fake/"):])[0]
 		if j := strings.LastIndex(word, "-a"); j > 0 {
 			word = word[:j]
 		}

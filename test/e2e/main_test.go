@@ -4,12 +4,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
-	"strings"
 	"testing"
-	"time"
+
+	"github.com/ngharness/ngharness/internal/e2eproc"
 )
 
 var (
@@ -23,10 +21,6 @@ var (
 	runTag string
 )
 
-// raceEnv, when "1", builds ngdriver with the race detector (the driver
-// then reports data races on its stderr, which every test checks).
-const raceEnv = "NGHARNESS_E2E_RACE"
-
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
@@ -35,70 +29,13 @@ func testMain(m *testing.M) int {
 		fmt.Println("e2e: skipped, these tests need Linux (/proc, process groups, mount namespaces)")
 		return 0
 	}
-	root, err := moduleRoot()
+	bins, err := e2eproc.Build("e2e")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	dir, err := os.MkdirTemp("", "ngharness-e2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	binDir = dir
-	ngdriverBin = filepath.Join(dir, "ngdriver")
-	ngsupBin = filepath.Join(dir, "ngsup-linux-"+runtime.GOARCH)
-	race := os.Getenv(raceEnv) == "1"
-	if err := build(root, ngdriverBin, "./cmd/ngdriver", race); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
-	if err := build(root, ngsupBin, "./cmd/ngsup", false); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
+	defer os.RemoveAll(bins.Dir)
+	binDir, ngdriverBin, ngsupBin = bins.Dir, bins.Ngdriver, bins.Ngsup
 	runTag = fmt.Sprintf("ngE2E%d", os.Getpid())
 	return m.Run()
-}
-
-// moduleRoot is the folder of go.mod, two levels above this package.
-func moduleRoot() (string, error) {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		return "", err
-	}
-	data, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil || !strings.Contains(string(data), "module github.com/ngharness/ngharness") {
-		return "", fmt.Errorf("cannot find the module root above %s", root)
-	}
-	return root, nil
-}
-
-// build builds pkg into out as the Makefile does: static (no cgo),
-// -trimpath; with race, ngdriver gets the race detector (which needs cgo).
-func build(root, out, pkg string, race bool) error {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	args := []string{"build", "-trimpath", "-o", out}
-	if race {
-		args = append(args, "-race")
-	}
-	args = append(args, pkg)
-	cmd := exec.Command(goBin, args...)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+runtime.GOARCH)
-	if !race {
-		cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
-	}
-	begin := time.Now()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	if testing.Verbose() {
-		fmt.Printf("e2e: built %s in %s\n", filepath.Base(out), time.Since(begin).Round(time.Millisecond))
-	}
-	return nil
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"net/http"
 	"strings"
 	"syscall"
@@ -24,11 +25,11 @@ func TestGracefulShutdown(t *testing.T) {
 
 	d := e.driver()
 	begin := time.Now()
-	if err := syscall.Kill(d.pid(), syscall.SIGTERM); err != nil {
+	if err := syscall.Kill(d.PID(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the driver logs that it is shutting down", func() (bool, string) {
-		return strings.Contains(d.errs.String(), `"msg":"shutting down"`), "no log line yet"
+		return strings.Contains(d.Errs.String(), `"msg":"shutting down"`), "no log line yet"
 	})
 	late := e.rollout("late")
 	r := postRun(t.Context(), e.ctl.url, "/run", late, e.body(late, 2, 0.1))
@@ -47,19 +48,19 @@ func TestGracefulShutdown(t *testing.T) {
 	} else {
 		t.Logf("the run left to the checkpoint was answered: %s", lr)
 	}
-	code, ok := d.waitExit(bound + 30*time.Second)
+	code, ok := d.WaitExit(bound + 30*time.Second)
 	if !ok {
 		t.Fatalf("the driver did not exit within %s of SIGTERM", bound+30*time.Second)
 	}
 	took := time.Since(begin)
 	t.Logf("the driver exited %d, %s after SIGTERM (bound %s)", code, took.Round(time.Millisecond), bound)
 	if code != 0 {
-		t.Errorf("the driver exited %d after SIGTERM, want 0; stderr:\n%s", code, tail(d.errs.String(), 3000))
+		t.Errorf("the driver exited %d after SIGTERM, want 0; stderr:\n%s", code, e2eproc.Tail(d.Errs.String(), 3000))
 	}
 	if took < bound/2 {
 		t.Errorf("the driver exited %s after SIGTERM, before half the bound %s let the runs finish", took, bound)
 	}
-	if !strings.Contains(d.errs.String(), "runs parked for the shutdown") {
+	if !strings.Contains(d.Errs.String(), "runs parked for the shutdown") {
 		t.Errorf("the driver did not log that it parked the run in flight for the checkpoint")
 	}
 	// The long run's harness was parked (paused in place) for the

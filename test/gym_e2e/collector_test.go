@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"io"
 	"math"
 	"net/http"
@@ -105,7 +106,7 @@ func (r runResult) String() string {
 	if r.err != nil {
 		return fmt.Sprintf("/run %s: %v", r.key, r.err)
 	}
-	return fmt.Sprintf("/run %s: HTTP %d %s", r.key, r.status, tail(string(bytes.TrimSpace(r.body)), 1500))
+	return fmt.Sprintf("/run %s: HTTP %d %s", r.key, r.status, e2eproc.Tail(string(bytes.TrimSpace(r.body)), 1500))
 }
 
 // post sends a row to /run and waits for the reply.

@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"io"
 	"net/http"
 	"reflect"
@@ -62,7 +63,7 @@ type reply struct {
 }
 
 func (r reply) String() string {
-	return fmt.Sprintf("%s: HTTP %d %s", r.who, r.status, tail(string(bytes.TrimSpace(r.body)), 1500))
+	return fmt.Sprintf("%s: HTTP %d %s", r.who, r.status, e2eproc.Tail(string(bytes.TrimSpace(r.body)), 1500))
 }
 
 // bearer is the Authorization header of the deployment's control token.

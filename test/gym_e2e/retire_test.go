@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"io"
 	"math"
 	"net/http"
@@ -75,9 +76,9 @@ func TestRetireForget(t *testing.T) {
 
 // harnessProcs lists the live processes the fake harness of a rollout's
 // sessions recorded (any attempt).
-func (w *world) harnessProcs(rollout string) []procInfo {
+func (w *world) harnessProcs(rollout string) []e2eproc.Info {
 	files, _ := filepath.Glob(filepath.Join(w.base, "sandboxes", "*", ".ngharness", "state", "fake", rollout+"-a*", "pids"))
-	var out []procInfo
+	var out []e2eproc.Info
 	for _, f := range files {
 		data, _ := os.ReadFile(f)
 		for _, line := range strings.Split(string(data), "\n") {
@@ -89,7 +90,7 @@ func (w *world) harnessProcs(rollout string) []procInfo {
 			if err != nil {
 				continue
 			}
-			if info, ok := readProc(pid); ok && info.state != "Z" && info.start >= w.since {
+			if info, ok := e2eproc.ReadProc(pid); ok && info.State != "Z" && info.Start >= w.since {
 				out = append(out, info)
 			}
 		}
@@ -99,11 +100,11 @@ func (w *world) harnessProcs(rollout string) []procInfo {
 
 // stillRunning lists the processes of ps that still run (same pid and
 // start time, not a zombie).
-func stillRunning(ps []procInfo) []procInfo {
-	var out []procInfo
+func stillRunning(ps []e2eproc.Info) []e2eproc.Info {
+	var out []e2eproc.Info
 	for _, p := range ps {
-		if info, ok := readProc(p.pid); ok && info.start == p.start && info.state != "Z" && info.state != "X" {
-			out = append(out, info)
+		if p.Alive() {
+			out = append(out, p)
 		}
 	}
 	return out

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"slices"
 	"sort"
 	"strings"
@@ -46,7 +47,7 @@ const anyExtra = "*"
 func checkShape(what string, raw []byte, s shape, extras ...string) (map[string]json.RawMessage, error) {
 	var fields map[string]json.RawMessage
 	if t := bytes.TrimSpace(raw); len(t) == 0 || t[0] != '{' || json.Unmarshal(t, &fields) != nil {
-		return nil, fmt.Errorf("%s is not a JSON object: %s", what, tail(string(raw), 400))
+		return nil, fmt.Errorf("%s is not a JSON object: %s", what, e2eproc.Tail(string(raw), 400))
 	}
 	var problems []string
 	names := make([]string, 0, len(s))
@@ -71,7 +72,7 @@ func checkShape(what string, raw []byte, s shape, extras ...string) (map[string]
 	}
 	if len(problems) > 0 {
 		sort.Strings(problems)
-		return fields, fmt.Errorf("%s: %s; got %s", what, strings.Join(problems, "; "), tail(string(raw), 600))
+		return fields, fmt.Errorf("%s: %s; got %s", what, strings.Join(problems, "; "), e2eproc.Tail(string(raw), 600))
 	}
 	return fields, nil
 }
@@ -114,12 +115,12 @@ func checkType(raw json.RawMessage, w want) error {
 	case wStrings:
 		var l []string
 		if len(t) == 0 || t[0] != '[' || json.Unmarshal(t, &l) != nil {
-			err = fmt.Errorf("want %s, got %s", w, tail(string(t), 200))
+			err = fmt.Errorf("want %s, got %s", w, e2eproc.Tail(string(t), 200))
 		}
 	case wObject, wIntMap:
 		var m map[string]json.RawMessage
 		if len(t) == 0 || t[0] != '{' || json.Unmarshal(t, &m) != nil {
-			err = fmt.Errorf("want %s, got %s", w, tail(string(t), 200))
+			err = fmt.Errorf("want %s, got %s", w, e2eproc.Tail(string(t), 200))
 		} else if w == wIntMap {
 			for k, v := range m {
 				if checkType(v, wInt) != nil {

@@ -1,6 +1,7 @@
 package gyme2e
 
 import (
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -43,7 +44,7 @@ func TestCommitStop(t *testing.T) {
 		t.Fatalf("prepare: %+v", prep.replies)
 	}
 	atSnapshot := map[string]int{}
-	var live []procInfo
+	var live []e2eproc.Info
 	sandboxes := map[string]bool{}
 	for _, r := range ids {
 		atSnapshot[r] = len(w.sessionSteps(r))

@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"net"
 	"os"
 	"path/filepath"
@@ -55,10 +56,10 @@ type world struct {
 	cfgPath              string
 
 	mu      sync.Mutex
-	procs   []*proc
-	agent   *proc
-	owner   *proc
-	orphans orphans
+	procs   []*e2eproc.Proc
+	agent   *e2eproc.Proc
+	owner   *e2eproc.Proc
+	orphans e2eproc.Orphans
 	since   uint64 // start time of the test's first process
 
 	coord *coordinator
@@ -205,19 +206,19 @@ func (w *world) ownerArgs() []string {
 }
 
 // start starts one server and waits until it listens at url.
-func (w *world) start(role, url string, args ...string) *proc {
+func (w *world) start(role, url string, args ...string) *e2eproc.Proc {
 	w.t.Helper()
 	w.mu.Lock()
 	name := fmt.Sprintf("%s%d", role, len(w.procs))
 	w.mu.Unlock()
-	p := startProc(w.t, name, w.logs, []string{"NG_CONTROL_TOKEN=" + w.token}, args...)
+	p := e2eproc.StartProc(w.t, ngdriverBin, name, w.logs, []string{"NG_CONTROL_TOKEN=" + w.token}, args...)
 	w.mu.Lock()
 	w.procs = append(w.procs, p)
 	if w.since == 0 {
-		w.since = p.start
+		w.since = p.Start
 	}
 	w.mu.Unlock()
-	if got := p.url(w.t); got != url {
+	if got := p.URL(w.t); got != url {
 		w.t.Fatalf("%s listens on %s, want %s (its entry's host and port)", name, got, url)
 	}
 	return p
@@ -228,15 +229,13 @@ func (w *world) start(role, url string, args ...string) *proc {
 // cleanup.
 func (w *world) crash() {
 	w.t.Helper()
-	for _, p := range []*proc{w.agent, w.owner} {
-		w.orphans.add(p.pid())
-		if err := syscall.Kill(p.pid(), syscall.SIGKILL); err != nil {
-			w.t.Fatalf("kill %s: %v", p.name, err)
+	for _, p := range []*e2eproc.Proc{w.agent, w.owner} {
+		w.orphans.Add(p.PID())
+		if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil {
+			w.t.Fatalf("kill %s: %v", p.Name, err)
 		}
-		select {
-		case <-p.done:
-		case <-time.After(30 * time.Second):
-			w.t.Fatalf("%s did not die from SIGKILL", p.name)
+		if _, ok := p.WaitExit(30 * time.Second); !ok {
+			w.t.Fatalf("%s did not die from SIGKILL", p.Name)
 		}
 	}
 }
@@ -245,16 +244,16 @@ func (w *world) crash() {
 func (w *world) cleanup() {
 	t := w.t
 	w.mu.Lock()
-	procs := append([]*proc{}, w.procs...)
+	procs := append([]*e2eproc.Proc{}, w.procs...)
 	w.mu.Unlock()
 	for _, p := range procs {
-		p.killTree()
+		p.KillTree()
 	}
-	w.orphans.kill()
-	stopLaunches(t, w.base)
-	var left []procInfo
+	w.orphans.Kill()
+	e2eproc.StopLaunches(t, ngsupBin, w.base)
+	var left []e2eproc.Info
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		left = recordedLeftovers(w.base, w.since)
+		left = e2eproc.RecordedLeftovers(w.base, w.since)
 		if len(left) == 0 || time.Now().After(deadline) {
 			break
 		}
@@ -262,15 +261,15 @@ func (w *world) cleanup() {
 	for _, p := range left {
 		t.Errorf("cleanup: a process of the test's sandboxes is left after ngsup stop: %s", p)
 	}
-	killLeftovers(left)
+	e2eproc.KillLeftovers(left)
 	for _, p := range procs {
-		if lines := errorsIn(p.errs.String()); len(lines) > 0 {
-			t.Errorf("%s reported: %s", p.name, strings.Join(lines, "; "))
+		if lines := e2eproc.ErrorsIn(p.Errs.String()); len(lines) > 0 {
+			t.Errorf("%s reported: %s", p.Name, strings.Join(lines, "; "))
 		}
 	}
 	if t.Failed() {
 		for _, p := range procs {
-			t.Logf("--- %s stderr (tail) ---\n%s", p.name, tail(p.errs.String(), 5000))
+			t.Logf("--- %s stderr (tail) ---\n%s", p.Name, e2eproc.Tail(p.Errs.String(), 5000))
 		}
 	}
 }

@@ -43,7 +43,7 @@ func (w *world) crashAfterSnapshot(env map[string]string, ready, lasts func(sand
 	p1 := newParticipant()
 	h1 := w.start(w.runner(w.adapter(env), p1), 1)
 	c.old = w.waitSandbox(1)
-	l1 := w.launchID(1, 1)
+	l1 := w.launchID(1, 1, c.old)
 	ready(c.old, l1)
 
 	w.prepare(p1, "ck-1")
@@ -105,11 +105,11 @@ func (w *world) relaunch(c crashed, env map[string]string, during func()) result
 		w.t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
 	}
 	l1, l2 := r.Launches[0], r.Launches[1]
-	if l1.ID != w.launchID(1, 1) || l1.SandboxID != c.old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
-		w.t.Errorf("launch 1: %+v; want %s in %s, interrupted (the crash), pauses 1", l1, w.launchID(1, 1), c.old)
+	if l1.ID != w.launchID(1, 1, c.old) || l1.SandboxID != c.old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
+		w.t.Errorf("launch 1: %+v; want %s in %s, interrupted (the crash), pauses 1", l1, w.launchID(1, 1, c.old), c.old)
 	}
-	if l2.ID != w.launchID(2, 2) || l2.SandboxID != c.fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || !l2.Supervised {
-		w.t.Errorf("launch 2: %+v; want %s in the fork %s, finished, exit code 0, supervised", l2, w.launchID(2, 2), c.fork)
+	if l2.ID != w.launchID(2, 2, c.fork) || l2.SandboxID != c.fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || !l2.Supervised {
+		w.t.Errorf("launch 2: %+v; want %s in the fork %s, finished, exit code 0, supervised", l2, w.launchID(2, 2, c.fork), c.fork)
 	}
 	return r
 }
@@ -342,7 +342,7 @@ func TestCrashResumeWithOldPython(t *testing.T) {
 
 	var helperPath string
 	during := func() {
-		l2 := w.launchID(2, 2)
+		l2 := w.launchID(2, 2, c.fork)
 		w.eventually("ngresume running in the relaunch", func() (bool, string) {
 			tr, err := tree(w.launchDir(c.fork, l2))
 			if err != nil {

@@ -32,7 +32,7 @@ var (
 	// moduleRoot is the folder of go.mod.
 	moduleRoot string
 	// binDir holds ngsup-linux-<GOARCH> and ngresume-linux-<GOARCH>, the
-	// names driver.FindBinaries looks for.
+	// names launch.FindBinaries looks for.
 	binDir string
 	// ngsupHost is the built ngsup, run on the host for `ngsup tree`.
 	ngsupHost string

@@ -97,7 +97,7 @@ func TestPauseMidTool(t *testing.T) {
 	p := newParticipant()
 	h := w.start(w.runner(w.adapter(nil), p), 1)
 	sb := w.waitSandbox(1)
-	l1 := w.launchID(1, 1)
+	l1 := w.launchID(1, 1, sb)
 	w.waitProc(sb, l1, "sleep")
 	oc := w.harness(sb, l1)
 
@@ -148,7 +148,7 @@ func TestPauseHeldReply(t *testing.T) {
 		return n >= 2, fmt.Sprintf("%d requests", n)
 	})
 	sb := w.waitSandbox(1)
-	l1 := w.launchID(1, 1)
+	l1 := w.launchID(1, 1, sb)
 	oc := w.harness(sb, l1)
 	port := w.modelPort()
 
@@ -213,7 +213,7 @@ func TestPauseFourTimes(t *testing.T) {
 	h := w.start(w.runner(w.adapter(nil), p), 1)
 	w.waitHeld(1)
 	sb := w.waitSandbox(1)
-	l1 := w.launchID(1, 1)
+	l1 := w.launchID(1, 1, sb)
 	oc := w.harness(sb, l1)
 
 	// 1: on the held main turn, released while paused.

@@ -62,7 +62,7 @@ func TestPausedTimeCountsTowardToolTimeout(t *testing.T) {
 	p := newParticipant()
 	h := w.start(w.runner(w.adapter(nil), p), 1)
 	sb := w.waitSandbox(1)
-	l1 := w.launchID(1, 1)
+	l1 := w.launchID(1, 1, sb)
 	w.waitProc(sb, l1, "sleep")
 	seen := time.Now()
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
@@ -85,7 +86,7 @@ type world struct {
 	local   *local.Backend
 	owner   *localowner.Owner
 	ownerCk *gym.Control // the owner's control plane (kind resources)
-	ng      *driver.Ngsup
+	ng      *launch.Ngsup
 	log     *slog.Logger
 	logs    *syncbuf.Buffer
 	obs     *observer
@@ -127,11 +128,11 @@ func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	binaries := driver.FindBinaries(binDir, "ngsup")
+	binaries := launch.FindBinaries(binDir, "ngsup")
 	if len(binaries) == 0 {
 		t.Fatalf("no ngsup in %s", binDir)
 	}
-	w.ng = &driver.Ngsup{Binaries: binaries, Log: w.log}
+	w.ng = &launch.Ngsup{Binaries: binaries, Log: w.log}
 	w.owner = localowner.New(localowner.Options{
 		Backend:     w.local,
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return w.ng.StopSandbox(ctx, sb) },
@@ -155,7 +156,7 @@ func (w *world) adapter(env map[string]string) *opencode.Adapter {
 		OpenCode:       w.oc,
 		ModelURL:       w.model.URL(),
 		Env:            env,
-		ResumeBinaries: driver.FindBinaries(binDir, "ngresume"),
+		ResumeBinaries: launch.FindBinaries(binDir, "ngresume"),
 	})
 	if err != nil {
 		w.t.Fatal(err)
@@ -169,7 +170,7 @@ func (w *world) runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
 		Adapter:     rawResponses{a},
 		Owner:       w.owner,
 		Backends:    map[string]sandbox.Backend{w.local.Name(): w.local},
-		Ngsup:       w.ng,
+		Launchers:   w.ng,
 		Participant: p,
 		Log:         w.log,
 		StopGrace:   2 * time.Second,
@@ -400,9 +401,9 @@ func (w *world) sandboxes() []string {
 	return out
 }
 
-// launchID is the id the driver gives launch n of an attempt.
-func (w *world) launchID(attempt, n int) string {
-	return driver.LaunchID(w.rollout, attempt, n)
+// launchID is the id the driver gives launch n of an attempt in a sandbox.
+func (w *world) launchID(attempt, n int, sandboxID string) string {
+	return driver.LaunchID(w.rollout, attempt, n, sandboxID)
 }
 
 // launchDir is the host path of a launch's folder.

@@ -22,6 +22,10 @@ var (
 	ErrUnauthorized = errors.New("unauthorized")
 	// ErrGone: the sandbox itself does not exist any more.
 	ErrGone = errors.New("sandbox gone")
+	// ErrSetup: the sandbox could not set the command up (the local
+	// backend's mount namespace was not ready), so it never ran. Safe to
+	// retry for idempotent calls.
+	ErrSetup = errors.New("exec could not be set up")
 )
 
 // Retryable reports whether an operation that failed with err may be sent

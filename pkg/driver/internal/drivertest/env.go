@@ -26,6 +26,7 @@ import (
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
+	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
@@ -60,7 +61,7 @@ func Main(m *testing.M) {
 
 // BuildNgsup builds ./cmd/ngsup, static (CGO_ENABLED=0), for this machine's
 // architecture, into a new temporary folder as ngsup-linux-<GOARCH>, the
-// name driver.DefaultBinaries looks for. It returns the folder.
+// name launch.DefaultBinaries looks for. It returns the folder.
 func BuildNgsup() (string, error) {
 	dir, err := os.MkdirTemp("", "drivertest-ngsup-")
 	if err != nil {
@@ -97,7 +98,7 @@ type Env struct {
 	// resources, instance OwnerInstance).
 	OwnerControl *gym.Control
 	// Ngsup is the driver's ngsup (the owner's StopSandbox uses it too).
-	Ngsup *driver.Ngsup
+	Ngsup *launch.Ngsup
 	Log   *slog.Logger
 	// Tag is this Env's unique word; rollout ids from Rollout carry it.
 	Tag string
@@ -139,11 +140,11 @@ func New(t *testing.T) *Env {
 		w = io.MultiWriter(e.logs, os.Stderr)
 	}
 	e.Log = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
-	binaries := driver.DefaultBinaries(ngsupDir)
+	binaries := launch.DefaultBinaries(ngsupDir)
 	if len(binaries) == 0 {
 		t.Fatalf("no ngsup in %s", ngsupDir)
 	}
-	e.Ngsup = &driver.Ngsup{Binaries: binaries, Log: e.Log}
+	e.Ngsup = &launch.Ngsup{Binaries: binaries, Log: e.Log}
 	e.LocalOwner = localowner.New(localowner.Options{
 		Backend:     lb,
 		Sandboxes:   lender,
@@ -181,7 +182,7 @@ func (e *Env) Runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
 		Adapter:     a,
 		Owner:       e.Owner,
 		Backends:    map[string]sandbox.Backend{e.Backend.Name(): e.Backend},
-		Ngsup:       e.Ngsup,
+		Launchers:   e.Ngsup,
 		Participant: p,
 		Log:         e.Log,
 		StopGrace:   StopGrace,
@@ -574,8 +575,7 @@ func (e *Env) StopEverything(ctx context.Context) error {
 		if err != nil {
 			continue
 		}
-		bin, err := e.Ngsup.Ensure(ctx, sb)
-		if err != nil {
+		if _, err := e.Ngsup.Ensure(ctx, sb); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -583,8 +583,8 @@ func (e *Env) StopEverything(ctx context.Context) error {
 			if proto.ValidateID(en.Name()) != nil {
 				continue
 			}
-			ref := driver.LaunchRef{ID: en.Name(), Dir: path.Join(sb.Root(), "launches", en.Name()), SandboxID: id}
-			if _, err := e.Ngsup.Stop(ctx, sb, bin, ref, time.Second); err != nil {
+			ref := launch.Ref{ID: en.Name(), Dir: path.Join(sb.Root(), "launches", en.Name()), SandboxID: id}
+			if _, err := e.Ngsup.Launcher(false).Stop(ctx, sb, ref, time.Second); err != nil {
 				errs = append(errs, fmt.Errorf("stop %s in %s: %w", en.Name(), id, err))
 			}
 		}

@@ -314,8 +314,8 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 			if err := s.b.exists(s.id); err != nil {
 				return res, fmt.Errorf("exec in %s: %w", s.id, err)
 			}
-			return res, fmt.Errorf("exec in %s: the sandbox's mount namespace could not be set up (exit code %d): %s",
-				s.id, res.ExitCode, tail(res.Stderr, 2048))
+			return res, fmt.Errorf("exec in %s: %w: the sandbox's mount namespace was not ready (exit code %d): %s",
+				s.id, sandbox.ErrSetup, res.ExitCode, tail(res.Stderr, 2048))
 		}
 	}
 	return res, nil
