@@ -79,7 +79,7 @@ func withBackend(t *testing.T, lb *local.Backend) (sandbox.Backend, localowner.S
 		if err != nil {
 			t.Fatal(err)
 		}
-		v := &dockerView{eng: eng, b: b, mountPoint: lb.MountPoint()}
+		v := &dockerView{eng: eng, b: b, mountPoint: lb.MountPoint(), local: localView{lb}}
 		realMu.Lock()
 		realViews[v] = true
 		realMu.Unlock()

@@ -366,6 +366,11 @@ func (e *Env) Session(rollout string) localowner.SessionInfo {
 // root and workdir) is on this machine.
 func (e *Env) HostPath(sandboxID string) string { return e.view.folder(sandboxID) }
 
+// Open connects to one of the Env's sandboxes, through its backend.
+func (e *Env) Open(sandboxID string) (sandbox.Sandbox, error) {
+	return e.view.open(context.Background(), sandboxID)
+}
+
 // HostOf maps a path inside sandboxID to its host path.
 func (e *Env) HostOf(sandboxID, inside string) string {
 	e.T.Helper()

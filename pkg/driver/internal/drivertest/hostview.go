@@ -83,14 +83,26 @@ func (v localView) open(_ context.Context, id string) (sandbox.Sandbox, error) {
 // dockerView: the sandboxes are containers of a real engine. Their files
 // are below the container's merged folder (overlay2) on the host; their
 // processes are those of the container's pid namespace but its first (the
-// one that keeps it running), whose own pids the host reads in NSpid.
+// one that keeps it running), whose own pids the host reads in NSpid. A
+// sandbox of the Env's local backend (Env.OwnSandbox) is seen as localView
+// sees it.
 type dockerView struct {
 	eng        *dockertest.Engine
 	b          *docker.Backend
 	mountPoint string
+	local      localView
+}
+
+// isLocal reports whether id is a sandbox of the Env's local backend.
+func (v dockerView) isLocal(id string) bool {
+	_, err := os.Stat(v.local.folder(id))
+	return err == nil
 }
 
 func (v dockerView) folder(id string) string {
+	if v.isLocal(id) {
+		return v.local.folder(id)
+	}
 	c, err := v.eng.Inspect(id)
 	if err != nil {
 		// Gone: a folder that does not exist, named for messages.
@@ -99,14 +111,21 @@ func (v dockerView) folder(id string) string {
 	return c.MergedDir + v.mountPoint
 }
 
-func (v dockerView) sandboxes() []string { return v.eng.Containers() }
+func (v dockerView) sandboxes() []string {
+	return append(v.eng.Containers(), v.local.sandboxes()...)
+}
 
 func (v dockerView) procs(ids ...string) []int {
-	if len(ids) == 0 {
-		ids = v.sandboxes()
-	}
 	var out []int
+	if len(ids) == 0 {
+		ids = v.eng.Containers()
+		out = v.local.procs()
+	}
 	for _, id := range ids {
+		if v.isLocal(id) {
+			out = append(out, v.local.procs(id)...)
+			continue
+		}
 		c, err := v.eng.Inspect(id)
 		if err != nil {
 			continue
@@ -120,6 +139,9 @@ func (v dockerView) procs(ids ...string) []int {
 }
 
 func (v dockerView) hostPids(hostPath string) func(int) int {
+	if strings.HasPrefix(hostPath, v.local.lb.Base()+"/") {
+		return v.local.hostPids(hostPath)
+	}
 	if f, ok := v.pidMap(hostPath); ok {
 		return f
 	}
@@ -129,7 +151,10 @@ func (v dockerView) hostPids(hostPath string) func(int) int {
 // pidMap is hostPids of the Env's container that holds hostPath; ok is
 // false when none does.
 func (v dockerView) pidMap(hostPath string) (func(int) int, bool) {
-	for _, id := range v.sandboxes() {
+	if strings.HasPrefix(hostPath, v.local.lb.Base()+"/") {
+		return v.local.hostPids(hostPath), true
+	}
+	for _, id := range v.eng.Containers() {
 		c, err := v.eng.Inspect(id)
 		if err == nil && strings.HasPrefix(hostPath, c.MergedDir+"/") {
 			m := c.Procs()
@@ -167,6 +192,9 @@ func pidsOf(hostPath string) func(int) int {
 }
 
 func (v dockerView) open(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	if v.isLocal(id) {
+		return v.local.open(ctx, id)
+	}
 	return v.b.Open(ctx, id)
 }
 
