@@ -386,12 +386,18 @@ func (e *Env) LaunchDir(sandboxID, launchID string) string {
 	return filepath.Join(e.HostPath(sandboxID), local.RootFolder, "launches", launchID)
 }
 
-// Receipt reads a launch's receipt on the host (nil when there is none yet).
+// Receipt reads a launch's receipt on the host (nil when there is none
+// yet). Its pids are host pids: in a container of a real engine the
+// receipt's own (the container's) are mapped, and one whose process is gone
+// reads 0.
 func (e *Env) Receipt(sandboxID, launchID string) *proto.Receipt {
-	r, err := proto.ReadReceipt(e.LaunchDir(sandboxID, launchID))
+	dir := e.LaunchDir(sandboxID, launchID)
+	r, err := proto.ReadReceipt(dir)
 	if err != nil {
 		return nil
 	}
+	host := e.view.hostPids(dir)
+	r.SupervisorPID, r.HarnessPID, r.HarnessPGID = host(r.SupervisorPID), host(r.HarnessPID), host(r.HarnessPGID)
 	return r
 }
 
