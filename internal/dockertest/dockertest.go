@@ -45,10 +45,13 @@ const LabelKey = "io.ngharness.test"
 // RunLabelKey carries RunEnv.
 const RunLabelKey = "io.ngharness.test.run"
 
-// RunArgs are what every test container needs on these machines: all
-// capabilities but CAP_SYS_RESOURCE (--privileged fails: the machine's root
-// lacks it).
-var RunArgs = []string{"--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE"}
+// RunArgs are added to every test container's `docker run`: none, so the
+// containers have docker's default capabilities, as a user's would (ngsup
+// needs no more there: a subreaper, signals and /proc; cgroups are
+// read-only in a container either way, so it runs on signals). Where more
+// is wanted, `--cap-add ALL --cap-drop SYS_RESOURCE` works on these
+// machines; --privileged fails (their root lacks CAP_SYS_RESOURCE).
+var RunArgs []string
 
 // client is the real docker client, looked up before any TestMain runs.
 var client = func() string {
