@@ -24,6 +24,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // Options configures the adapter (the `opencode:` part of the config).
@@ -564,7 +565,7 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 		Params json.RawMessage `json:"responses_create_params"`
 	}
 	_ = json.Unmarshal(body, &b) // the body was checked to be an object
-	opt, err := GymResponseOptionsFrom(b.Params, a.opt.Model)
+	opt, err := gym.ResponseOptionsFrom(b.Params, a.opt.Model)
 	if err != nil {
 		return nil, nil, err
 	}

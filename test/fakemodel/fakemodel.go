@@ -1,23 +1,65 @@
-// Package fakemodel is a scripted, OpenAI-compatible chat-completions server
-// on the loopback interface, for end-to-end tests that run a real harness
-// (OpenCode) with no network and no real model.
+// Package fakemodel is a scripted model server on the loopback interface,
+// for end-to-end tests that run a real harness with no network and no real
+// model. It speaks three wires: OpenAI chat completions (OpenCode), the
+// OpenAI Responses API (Codex CLI) and the Anthropic Messages API (Claude
+// Code).
 //
-// Every request is parsed into a [Request] and recorded; a script (a plain
-// function of the request) decides the [Reply]: a text answer or one tool
-// call. Replies stream as real server-sent events when the client asks for a
-// stream, and are a chat.completion object otherwise. Tests can hold replies
-// ([Server.Hold]) to freeze the harness mid-turn, and release them later.
+// Every request, whatever its API, is parsed into one [Request] (its
+// conversation normalised into the same [Message] shape, so that a test
+// counts model calls per distinct history with [Request.HistoryKey] and sees
+// each user turn's text parts byte for byte) and recorded; one script (a
+// plain function of the request) decides the [Reply]: a text answer, one
+// tool call, or both. Replies stream as server-sent events when the client
+// asks for a stream, and are one JSON object otherwise. Tests can hold
+// replies ([Server.Hold]) to freeze the harness mid-turn and release them
+// later, delay them ([Reply.Delay]) and slow their streams ([Reply.Pace]).
 //
 // Routes:
 //
 //	POST /v1/chat/completions
 //	POST /ng-rollout/{rollout}/v1/chat/completions
+//	POST /v1/responses
+//	POST /ng-rollout/{rollout}/v1/responses
+//	POST /v1/messages                        (any query, e.g. ?beta=true)
+//	POST /ng-rollout/{rollout}/v1/messages
 //	GET  /v1/models
 //	GET  /ng-rollout/{rollout}/v1/models
 //
 // The /ng-rollout/<id>[-a<attempt>] prefix is how the rollout framework tells
 // the model server which rollout a request belongs to; it is parsed into
-// [Request.Rollout] and [Request.Attempt].
+// [Request.Rollout] and [Request.Attempt]. No route checks a key: any
+// Authorization or x-api-key header is accepted (and recorded).
+//
+// What each wire follows (and was run against, see the tests):
+//
+//   - Chat completions: OpenAI's chunk stream (data lines only, [DONE] at
+//     the end, usage chunk if stream_options.include_usage), as OpenCode
+//     1.17.11's @ai-sdk/openai-compatible reads it.
+//   - Responses, as Codex CLI 0.171.0 reads it (openai/codex
+//     codex-rs/codex-api/src/sse/responses.rs, process_sse): named events
+//     whose data carries type and sequence_number: response.created,
+//     response.in_progress, response.output_item.added / .done around each
+//     output item (a "message" with one output_text part, streamed as
+//     response.output_text.delta; a "function_call" with name, call_id and
+//     arguments, a JSON string, streamed as
+//     response.function_call_arguments.delta), then response.completed with
+//     response.id, the output and usage (input, output, total tokens and
+//     their details); Codex takes the turn as done at the end of the stream
+//     after response.completed. Input items: messages (roles developer,
+//     user, assistant; input_text / output_text parts), function_call and
+//     function_call_output (output a string or text parts), and their
+//     custom_tool_call forms; "instructions", if sent, is a system message.
+//   - Messages, as Claude Code 2.1.332 reads it (Anthropic's streaming
+//     docs, docs.claude.com/en/docs/build-with-claude/streaming): named
+//     events message_start (usage.input_tokens), ping, content_block_start
+//     / content_block_delta / content_block_stop per block (text with
+//     text_delta; tool_use with input {} then input_json_delta pieces of
+//     partial_json), message_delta (stop_reason tool_use or end_turn,
+//     usage.output_tokens), message_stop. Requests: "system" as a string or
+//     text blocks; messages of role user, assistant, or system (Claude Code
+//     sends one after the first user message), content a string or blocks:
+//     text, tool_use, tool_result (is_error, content a string or text
+//     blocks). Errors are Anthropic-shaped ({"type":"error","error":...}).
 package fakemodel
 
 import (
@@ -159,8 +201,8 @@ func (s *Server) Close() {
 	})
 }
 
-// Requests returns every chat-completions request so far, in arrival order.
-// Requests that could not be parsed are answered 400 and are not recorded.
+// Requests returns every model request so far (of every API), in arrival
+// order. Requests that could not be parsed are answered 400 and are not recorded.
 func (s *Server) Requests() []Request {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -217,8 +259,10 @@ func (s *Server) WaitRequests(ctx context.Context, n int) error {
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
-	mux.HandleFunc("POST /ng-rollout/{rollout}/v1/chat/completions", s.handleChat)
+	for _, a := range []*api{chatAPI, responsesAPI, messagesAPI} {
+		mux.HandleFunc("POST "+a.path, s.handle(a))
+		mux.HandleFunc("POST /ng-rollout/{rollout}"+a.path, s.handle(a))
+	}
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("GET /ng-rollout/{rollout}/v1/models", s.handleModels)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -245,77 +289,95 @@ func (s *Server) track(next http.Handler) http.Handler {
 	})
 }
 
-func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	req, opts, err := parseRequest(r)
-	if err != nil {
-		s.logf("fakemodel: %s %s: bad request: %v", r.Method, r.URL.Path, err)
-		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
-		return
-	}
-	holdable := s.opt.Holdable == nil || s.opt.Holdable(req)
-
-	s.mu.Lock()
-	s.reqs = append(s.reqs, req)
-	num := len(s.reqs)
-	close(s.arrived)
-	s.arrived = make(chan struct{})
-	var rel chan struct{}
-	if holdable && s.holdLeft > 0 {
-		s.holdLeft--
-		s.held++
-		rel = s.release
-	}
-	s.mu.Unlock()
-
-	s.logf("fakemodel: #%d %s", num, req.summary())
-	if rel != nil {
-		s.logf("fakemodel: #%d held", num)
-		select {
-		case <-rel:
-			s.logf("fakemodel: #%d released", num)
-		case <-r.Context().Done():
-			s.unhold(rel)
-			s.logf("fakemodel: #%d: client went away while held (%v)", num, context.Cause(r.Context()))
+// handle is the one handler of every model API: it parses the request into
+// a Request with a's decoder, records and logs it, holds it if a hold is
+// on, asks the script for the reply, and writes the reply in a's wire
+// format, streamed if the request asked for a stream.
+func (s *Server) handle(a *api) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		req, opts, err := parseRequest(r, a)
+		if err != nil {
+			s.logf("fakemodel: %s %s: bad request: %v", r.Method, r.URL.Path, err)
+			a.fail(w, http.StatusBadRequest, err.Error())
 			return
-		case <-s.done:
-			s.unhold(rel)
-			panic(http.ErrAbortHandler) // no reply: the connection is cut
 		}
-	}
+		holdable := s.opt.Holdable == nil || s.opt.Holdable(req)
 
-	reply := s.script(req)
-	if reply.Delay > 0 {
-		t := time.NewTimer(reply.Delay)
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
-			s.logf("fakemodel: #%d: client went away during the reply's delay", num)
-			return
-		case <-s.done:
-			t.Stop()
-			panic(http.ErrAbortHandler)
+		s.mu.Lock()
+		s.reqs = append(s.reqs, req)
+		num := len(s.reqs)
+		close(s.arrived)
+		s.arrived = make(chan struct{})
+		var rel chan struct{}
+		if holdable && s.holdLeft > 0 {
+			s.holdLeft--
+			s.held++
+			rel = s.release
 		}
-	}
-	id := s.seq.Add(1)
-	if reply.ToolCall != nil && reply.ToolCall.ID == "" {
-		tc := *reply.ToolCall
-		tc.ID = fmt.Sprintf("call_fake%d", id)
-		reply.ToolCall = &tc
-	}
-	s.logf("fakemodel: #%d reply %s", num, reply.summary())
-	model := req.Model
-	if model == "" {
-		model = s.opt.Model
-	}
-	c := completion{id: fmt.Sprintf("chatcmpl-fake%d", id), model: model, created: time.Now().Unix(), reply: reply, promptTokens: len(req.Body)/4 + 1}
-	if req.Stream {
-		if err := c.writeStream(w, opts.includeUsage); err != nil {
+		s.mu.Unlock()
+
+		s.logf("fakemodel: #%d %s", num, req.summary())
+		if rel != nil {
+			s.logf("fakemodel: #%d held", num)
+			select {
+			case <-rel:
+				s.logf("fakemodel: #%d released", num)
+			case <-r.Context().Done():
+				s.unhold(rel)
+				s.logf("fakemodel: #%d: client went away while held (%v)", num, context.Cause(r.Context()))
+				return
+			case <-s.done:
+				s.unhold(rel)
+				panic(http.ErrAbortHandler) // no reply: the connection is cut
+			}
+		}
+
+		reply := s.script(req)
+		if reply.Delay > 0 {
+			if err := s.wait(r, reply.Delay); err != nil {
+				s.logf("fakemodel: #%d: %v during the reply's delay", num, err)
+				return
+			}
+		}
+		id := s.seq.Add(1)
+		if reply.ToolCall != nil && reply.ToolCall.ID == "" {
+			tc := *reply.ToolCall
+			tc.ID = fmt.Sprintf("%sfake%d", a.callPrefix, id)
+			reply.ToolCall = &tc
+		}
+		s.logf("fakemodel: #%d reply %s", num, reply.summary())
+		model := req.Model
+		if model == "" {
+			model = s.opt.Model
+		}
+		c := completion{id: id, model: model, created: time.Now().Unix(), reply: reply, promptTokens: len(req.Body)/4 + 1}
+		if !req.Stream {
+			a.writeJSON(c, w)
+			return
+		}
+		es := s.startEvents(w, r, reply.Pace)
+		if err := a.writeStream(c, es, opts); err != nil {
 			s.logf("fakemodel: #%d: stream: %v", num, err)
 		}
-		return
 	}
-	c.writeJSON(w)
+}
+
+// errClientGone is a wait or a stream cut short by the client going away.
+var errClientGone = errors.New("the client went away")
+
+// wait waits d, or until r's client goes away (errClientGone); if the
+// server closes first, it cuts the connection (the handler ends at once).
+func (s *Server) wait(r *http.Request, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-r.Context().Done():
+		return errClientGone
+	case <-s.done:
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // unhold ends one hold that Release has not ended already.

@@ -98,12 +98,21 @@ func mustPost(t *testing.T, url string, body []byte) (*http.Response, []byte) {
 	return res, data
 }
 
-// readSSE reads server-sent events: "data: ..." lines, each event ended by
-// a blank line. It fails on any other line and on an unended event.
-func readSSE(t *testing.T, r io.Reader) []string {
+// sseEvent is one server-sent event: its name ("" with no event line) and
+// its data.
+type sseEvent struct {
+	name, data string
+}
+
+// readEvents reads server-sent events: an optional "event: NAME" line,
+// then "data: ..." lines, each event ended by a blank line. It fails on any
+// other line, on an event with no data and on an unended event.
+func readEvents(t *testing.T, r io.Reader) []sseEvent {
 	t.Helper()
 	br := bufio.NewReader(r)
-	var events, data []string
+	var events []sseEvent
+	var name string
+	var data []string
 	for {
 		line, err := br.ReadString('\n')
 		if err == io.EOF && line == "" {
@@ -116,20 +125,36 @@ func readSSE(t *testing.T, r io.Reader) []string {
 		switch {
 		case line == "":
 			if data == nil {
-				t.Fatalf("SSE: blank line with no event before it (after %d events)", len(events))
+				t.Fatalf("SSE: blank line with no data before it (after %d events)", len(events))
 			}
-			events = append(events, strings.Join(data, "\n"))
-			data = nil
+			events = append(events, sseEvent{name, strings.Join(data, "\n")})
+			name, data = "", nil
+		case strings.HasPrefix(line, "event: ") && name == "" && data == nil:
+			name = strings.TrimPrefix(line, "event: ")
 		case strings.HasPrefix(line, "data: "):
 			data = append(data, strings.TrimPrefix(line, "data: "))
 		default:
 			t.Fatalf("SSE: unexpected line %q", line)
 		}
 	}
-	if data != nil {
-		t.Fatalf("SSE: the stream ended inside an event: %q", data)
+	if data != nil || name != "" {
+		t.Fatalf("SSE: the stream ended inside an event: %q %q", name, data)
 	}
 	return events
+}
+
+// readSSE reads server-sent events with no names (chat completions') and
+// returns their data.
+func readSSE(t *testing.T, r io.Reader) []string {
+	t.Helper()
+	var out []string
+	for i, ev := range readEvents(t, r) {
+		if ev.name != "" {
+			t.Fatalf("SSE: event %d is named %q", i, ev.name)
+		}
+		out = append(out, ev.data)
+	}
+	return out
 }
 
 // chunk is a chat.completion.chunk as a client decodes it.

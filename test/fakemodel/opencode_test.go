@@ -9,86 +9,30 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
 
-const (
-	// openCodeVersion is the OpenCode these tests run.
-	openCodeVersion = "1.17.11"
-	// openCodeLimit bounds one OpenCode run.
-	openCodeLimit = 120 * time.Second
-	// toolMarker is what the scripted tool call prints.
-	toolMarker = "hello-from-tool"
-	// prompt is the task, passed as one argv element.
-	prompt = "say hi then run the tool"
-)
+// openCodeVersion is the OpenCode these tests run.
+const openCodeVersion = "1.17.11"
 
 // openCodeBin is the installed OpenCode binary. Missing, it fails the test
 // under CI and skips it elsewhere, naming the install script.
 func openCodeBin(t *testing.T) string {
 	t.Helper()
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	root := wd
-	for {
-		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(root)
-		if parent == root {
-			t.Fatalf("no go.mod above %s", wd)
-		}
-		root = parent
-	}
-	arch := "x64"
-	if runtime.GOARCH == "arm64" {
-		arch = "arm64"
-	}
-	bin := filepath.Join(root, ".tools", "opencode-"+openCodeVersion, "node_modules", "opencode-linux-"+arch, "bin", "opencode")
-	if st, err := os.Stat(bin); err != nil || st.Mode()&0o111 == 0 {
-		msg := fmt.Sprintf("real OpenCode %s is not installed at %s (%v): run scripts/install-opencode.sh %s", openCodeVersion, bin, err, openCodeVersion)
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return bin
-}
-
-// openCodeRun is one `opencode run` in its own process group.
-type openCodeRun struct {
-	cmd    *exec.Cmd
-	stdout bytes.Buffer
-	stderr bytes.Buffer
-	done   chan struct{} // closed when it has exited
-	err    error         // its exit, once done
+	return installedBin(t, "real OpenCode "+openCodeVersion,
+		filepath.Join("opencode-"+openCodeVersion, "node_modules", "opencode-linux-"+npmArch(), "bin", "opencode"),
+		"scripts/install-opencode.sh "+openCodeVersion, true)
 }
 
 // startOpenCode starts `opencode run --format json <prompt>` against srv,
-// with a scratch HOME and XDG folders, the local-only environment, and a
-// process group of its own that the test's cleanup kills if it still runs.
-func startOpenCode(t *testing.T, bin string, srv *Server) *openCodeRun {
+// with a scratch HOME and XDG folders and the local-only environment.
+func startOpenCode(t *testing.T, bin string, srv *Server) *cliRun {
 	t.Helper()
-	dir := t.TempDir()
-	sub := func(name string) string {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	sub := scratch(t, "work", "home", "tmp", "data", "config", "cache", "state")
 	config, err := json.Marshal(map[string]any{
 		"model": "fake/fake-model", "small_model": "fake/fake-model",
 		"autoupdate": false, "share": "disabled", "enabled_providers": []string{"fake"},
@@ -105,10 +49,7 @@ func startOpenCode(t *testing.T, bin string, srv *Server) *openCodeRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &openCodeRun{done: make(chan struct{})}
-	r.cmd = exec.Command(bin, "run", "--format", "json", prompt)
-	r.cmd.Dir = sub("work")
-	r.cmd.Env = []string{
+	return startCLI(t, "opencode", bin, []string{"run", "--format", "json", prompt}, sub("work"), []string{
 		"PATH=" + os.Getenv("PATH"),
 		"HOME=" + sub("home"),
 		"TMPDIR=" + sub("tmp"),
@@ -125,133 +66,13 @@ func startOpenCode(t *testing.T, bin string, srv *Server) *openCodeRun {
 		"OPENCODE_DISABLE_CLAUDE_CODE=1",
 		"OPENCODE_DISABLE_EXTERNAL_SKILLS=1",
 		"npm_config_registry=http://127.0.0.1:9/",
-	}
-	r.cmd.Stdout = &r.stdout
-	r.cmd.Stderr = &r.stderr
-	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	r.cmd.WaitDelay = 5 * time.Second // the output pipes must not outlive it
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("started opencode pid %d (its own process group)", r.cmd.Process.Pid)
-	go func() {
-		r.err = r.cmd.Wait()
-		close(r.done)
-	}()
-	t.Cleanup(func() {
-		if r.exited() {
-			return
-		}
-		r.kill(t)
-		<-r.done
 	})
-	return r
-}
-
-func (r *openCodeRun) exited() bool {
-	select {
-	case <-r.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// kill kills OpenCode's process group, and the tool processes it started
-// in process groups of their own (found through /proc before the kill,
-// while they are still its descendants).
-func (r *openCodeRun) kill(t *testing.T) {
-	pid := r.cmd.Process.Pid
-	desc := descendants(pid)
-	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		t.Errorf("kill process group %d: %v", pid, err)
-	}
-	for _, d := range desc {
-		if err := syscall.Kill(d, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			t.Errorf("kill %d (started under opencode %d): %v", d, pid, err)
-		}
-	}
-	t.Logf("killed opencode process group %d and its descendants %v", pid, desc)
-}
-
-// descendants lists the processes below pid, from /proc.
-func descendants(pid int) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	children := map[int][]int{}
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(stat[i+1:]))
-		if len(fields) < 2 {
-			continue
-		}
-		if ppid, err := strconv.Atoi(fields[1]); err == nil {
-			children[ppid] = append(children[ppid], p)
-		}
-	}
-	var out []int
-	queue := []int{pid}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			out = append(out, c)
-			queue = append(queue, c)
-		}
-	}
-	return out
-}
-
-// wait waits for OpenCode to exit before deadline; past it, it kills it and
-// fails the test.
-func (r *openCodeRun) wait(t *testing.T, deadline time.Time, srv *Server) {
-	t.Helper()
-	select {
-	case <-r.done:
-	case <-time.After(time.Until(deadline)):
-		r.kill(t)
-		<-r.done
-		r.dump(t, srv)
-		t.Fatalf("opencode did not finish within %v", openCodeLimit)
-	}
-	if r.err != nil {
-		r.dump(t, srv)
-		t.Fatalf("opencode: %v", r.err)
-	}
-}
-
-// dump logs what helps to see why a run failed.
-func (r *openCodeRun) dump(t *testing.T, srv *Server) {
-	t.Helper()
-	t.Logf("opencode stdout:\n%s", r.stdout.Bytes())
-	stderr := r.stderr.String()
-	if len(stderr) > 8000 {
-		stderr = "..." + stderr[len(stderr)-8000:]
-	}
-	t.Logf("opencode stderr:\n%s", stderr)
-	for i, req := range srv.Requests() {
-		t.Logf("request %d: %s", i+1, req.summary())
-	}
 }
 
 // checkEvents checks OpenCode's JSON events: one JSON object a line, every
 // one naming the same session, a completed bash tool use whose output holds
 // the marker, and the final text.
-func (r *openCodeRun) checkEvents(t *testing.T) {
+func checkOpenCodeEvents(t *testing.T, r *cliRun) {
 	t.Helper()
 	var session string
 	var toolOutput, texts []string
@@ -369,11 +190,11 @@ func checkRequests(t *testing.T, srv *Server) {
 func TestOpenCodeRun(t *testing.T) {
 	bin := openCodeBin(t)
 	srv := start(t, Options{Script: DefaultScript("echo " + toolMarker)})
-	deadline := time.Now().Add(openCodeLimit)
+	deadline := time.Now().Add(cliLimit)
 	run := startOpenCode(t, bin, srv)
 	run.wait(t, deadline, srv)
 	checkRequests(t, srv)
-	run.checkEvents(t)
+	checkOpenCodeEvents(t, run)
 }
 
 // TestOpenCodeHeld: with the main turn held, real OpenCode waits (it does not
@@ -386,7 +207,7 @@ func TestOpenCodeHeld(t *testing.T) {
 		Holdable: func(r Request) bool { return r.HasTools },
 	})
 	srv.Hold(1)
-	deadline := time.Now().Add(openCodeLimit)
+	deadline := time.Now().Add(cliLimit)
 	run := startOpenCode(t, bin, srv)
 
 	for srv.Held() == 0 {
@@ -428,5 +249,5 @@ func TestOpenCodeHeld(t *testing.T) {
 	srv.Release()
 	run.wait(t, deadline, srv)
 	checkRequests(t, srv)
-	run.checkEvents(t)
+	checkOpenCodeEvents(t, run)
 }

@@ -9,17 +9,23 @@ import (
 	"unicode/utf8"
 )
 
-// Reply is what the server answers to one request: Text, ToolCall, or both
-// (the text first). A reply with a tool call finishes with reason
-// "tool_calls", any other with "stop".
+// Reply is what the server answers to one request, in the request's API:
+// Text, ToolCall, or both (the text first). A reply with a tool call
+// finishes as a tool call turn (chat "tool_calls", Messages "tool_use"),
+// any other as a finished turn ("stop", "end_turn").
 type Reply struct {
 	// Text is a text answer.
 	Text string
 	// ToolCall is one tool call, e.g. Name "bash" with Arguments
-	// `{"command": ..., "description": ...}`.
+	// `{"command": ..., "description": ...}`; Request.ShellCall makes the
+	// shell call of the request's harness.
 	ToolCall *ToolCall
 	// Delay is how long to wait before answering (after any hold ends).
 	Delay time.Duration
+	// Pace, in a streamed reply, is the pause before each event after the
+	// first: the headers and the first event go out at once, the rest
+	// trickle, so a test can catch the harness mid-stream.
+	Pace time.Duration
 }
 
 // DefaultTitle is the text DefaultScript answers a request with no tools
@@ -30,20 +36,16 @@ const DefaultTitle = "Fake session"
 const DefaultFinal = "done"
 
 // DefaultScript is the script of one single-tool turn, decided from the
-// request alone:
+// request alone, for any API:
 //   - a request with no tools (OpenCode's title request) gets the short text
 //     DefaultTitle;
-//   - a request whose last message has role "tool" gets the final text
-//     DefaultFinal ("done");
-//   - any other gets one bash tool call running cmd.
+//   - a request whose last message has role "tool" (a tool result) gets the
+//     final text DefaultFinal ("done");
+//   - any other gets one shell tool call running cmd (Request.ShellCall).
 //
-// A completed OpenCode run against it makes 3 requests: title, tool call,
-// final.
+// A completed OpenCode run against it makes 3 requests (title, tool call,
+// final); Codex CLI and Claude Code runs make 2 (tool call, final).
 func DefaultScript(cmd string) func(Request) Reply {
-	args, err := json.Marshal(map[string]string{"command": cmd, "description": "Runs the scripted command"})
-	if err != nil {
-		panic(err) // a map of strings always marshals
-	}
 	return func(r Request) Reply {
 		switch {
 		case !r.HasTools:
@@ -51,9 +53,29 @@ func DefaultScript(cmd string) func(Request) Reply {
 		case r.LastMessage().Role == "tool":
 			return Reply{Text: DefaultFinal}
 		default:
-			return Reply{ToolCall: &ToolCall{Name: "bash", Arguments: string(args)}}
+			return Reply{ToolCall: r.ShellCall(cmd)}
 		}
 	}
+}
+
+// ShellCall is a call of the shell tool of the harness that speaks r's API,
+// running cmd:
+//   - chat completions (OpenCode): "bash" with {"command", "description"};
+//   - Responses (Codex CLI): "exec_command" with {"cmd"};
+//   - Messages (Claude Code): "Bash" with {"command", "description"}.
+func (r Request) ShellCall(cmd string) *ToolCall {
+	name, args := "bash", map[string]string{"command": cmd, "description": "Runs the scripted command"}
+	switch r.API {
+	case APIResponses:
+		name, args = "exec_command", map[string]string{"cmd": cmd}
+	case APIMessages:
+		name = "Bash"
+	}
+	data, err := json.Marshal(args)
+	if err != nil {
+		panic(err) // a map of strings always marshals
+	}
+	return &ToolCall{Name: name, Arguments: string(data)}
 }
 
 func (r Reply) summary() string {
@@ -67,28 +89,22 @@ func (r Reply) summary() string {
 	return strings.Join(parts, " + ")
 }
 
-func (r Reply) finishReason() string {
-	if r.ToolCall != nil {
-		return "tool_calls"
-	}
-	return "stop"
-}
-
-// completion is one reply on its way out.
+// completion is one reply on its way out, in any API.
 type completion struct {
-	id           string
+	id           int64 // unique in the server: ids of the reply and its items derive from it
 	model        string
 	created      int64
 	reply        Reply
 	promptTokens int
 }
 
-func (c completion) usage() map[string]any {
-	out := 1 + len(c.reply.Text)/4
+// tokens is the reply's made-up usage: input and output tokens.
+func (c completion) tokens() (in, out int) {
+	out = 1 + len(c.reply.Text)/4
 	if c.reply.ToolCall != nil {
 		out += 1 + (len(c.reply.ToolCall.Name)+len(c.reply.ToolCall.Arguments))/4
 	}
-	return map[string]any{"prompt_tokens": c.promptTokens, "completion_tokens": out, "total_tokens": c.promptTokens + out}
+	return c.promptTokens, out
 }
 
 // arguments is the tool call's arguments; none is "{}".
@@ -99,97 +115,57 @@ func (c completion) arguments() string {
 	return c.reply.ToolCall.Arguments
 }
 
-// writeJSON answers with one chat.completion object.
-func (c completion) writeJSON(w http.ResponseWriter) {
-	msg := map[string]any{"role": "assistant", "content": nil}
-	if c.reply.Text != "" || c.reply.ToolCall == nil {
-		msg["content"] = c.reply.Text
-	}
-	if tc := c.reply.ToolCall; tc != nil {
-		msg["tool_calls"] = []map[string]any{{
-			"id": tc.ID, "type": "function",
-			"function": map[string]any{"name": tc.Name, "arguments": c.arguments()},
-		}}
-	}
-	writeJSONBody(w, http.StatusOK, map[string]any{
-		"id": c.id, "object": "chat.completion", "created": c.created, "model": c.model,
-		"choices": []map[string]any{{
-			"index": 0, "message": msg, "logprobs": nil, "finish_reason": c.reply.finishReason(),
-		}},
-		"usage": c.usage(),
-	})
+// eventStream writes server-sent events, flushing after each, at the
+// reply's pace.
+type eventStream struct {
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	r    *http.Request
+	s    *Server
+	pace time.Duration
+	sent int
 }
 
-// writeStream answers with server-sent events as OpenAI streams: a chunk
-// naming the role, content deltas, a tool_calls delta (id, type and name
-// first, then the arguments in pieces), a chunk with the finish reason, a
-// usage chunk with no choices if includeUsage, then [DONE]. It flushes after
-// every event.
-func (c completion) writeStream(w http.ResponseWriter, includeUsage bool) error {
+// startEvents sends the headers of an event stream.
+func (s *Server) startEvents(w http.ResponseWriter, r *http.Request, pace time.Duration) *eventStream {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("Connection", "keep-alive")
 	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	send := func(data []byte) error {
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", data); err != nil {
-			return err
-		}
-		return rc.Flush()
-	}
-	chunk := func(choices []map[string]any, usage map[string]any) error {
-		obj := map[string]any{
-			"id": c.id, "object": "chat.completion.chunk", "created": c.created, "model": c.model,
-			"system_fingerprint": nil, "choices": choices,
-		}
-		if includeUsage {
-			obj["usage"] = usage // null on every chunk but the last, as OpenAI does
-		}
-		data, err := json.Marshal(obj)
-		if err != nil {
-			return err
-		}
-		return send(data)
-	}
-	delta := func(d map[string]any, finish any) error {
-		return chunk([]map[string]any{{"index": 0, "delta": d, "logprobs": nil, "finish_reason": finish}}, nil)
-	}
+	return &eventStream{w: w, rc: http.NewResponseController(w), r: r, s: s, pace: pace}
+}
 
-	if err := delta(map[string]any{"role": "assistant", "content": ""}, nil); err != nil {
+// send sends one event whose data is v as JSON, named event unless event
+// is "".
+func (es *eventStream) send(event string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
 		return err
 	}
-	for _, piece := range pieces(c.reply.Text, 8) {
-		if err := delta(map[string]any{"content": piece}, nil); err != nil {
-			return err
+	return es.sendRaw(event, data)
+}
+
+// sendRaw sends one event whose data is data (one line), named event
+// unless event is "". Past the first event it waits the pace first.
+func (es *eventStream) sendRaw(event string, data []byte) error {
+	if es.sent > 0 && es.pace > 0 {
+		if err := es.s.wait(es.r, es.pace); err != nil {
+			return fmt.Errorf("after %d events: %w", es.sent, err)
 		}
 	}
-	if tc := c.reply.ToolCall; tc != nil {
-		first := map[string]any{"tool_calls": []map[string]any{{
-			"index": 0, "id": tc.ID, "type": "function",
-			"function": map[string]any{"name": tc.Name, "arguments": ""},
-		}}}
-		if err := delta(first, nil); err != nil {
-			return err
-		}
-		for _, piece := range pieces(c.arguments(), 16) {
-			d := map[string]any{"tool_calls": []map[string]any{{
-				"index": 0, "function": map[string]any{"arguments": piece},
-			}}}
-			if err := delta(d, nil); err != nil {
-				return err
-			}
-		}
+	var b strings.Builder
+	if event != "" {
+		b.WriteString("event: " + event + "\n")
 	}
-	if err := delta(map[string]any{}, c.reply.finishReason()); err != nil {
+	b.WriteString("data: ")
+	b.Write(data)
+	b.WriteString("\n\n")
+	if _, err := es.w.Write([]byte(b.String())); err != nil {
 		return err
 	}
-	if includeUsage {
-		if err := chunk([]map[string]any{}, c.usage()); err != nil {
-			return err
-		}
-	}
-	return send([]byte("[DONE]"))
+	es.sent++
+	return es.rc.Flush()
 }
 
 // pieces cuts s into pieces of about n bytes, never inside a UTF-8
@@ -216,9 +192,4 @@ func writeJSONBody(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	w.Write(append(data, '\n'))
-}
-
-// writeError answers with an OpenAI-shaped error object.
-func writeError(w http.ResponseWriter, status int, kind, msg string) {
-	writeJSONBody(w, status, map[string]any{"error": map[string]any{"message": msg, "type": kind}})
 }

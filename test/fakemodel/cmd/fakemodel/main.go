@@ -1,7 +1,9 @@
-// Command fakemodel runs the fake OpenAI-compatible model server of package
-// fakemodel by hand, for trying a harness against it: it prints the server's
-// URL, logs every request to stderr, and on SIGINT or SIGTERM writes the
-// requests it saw (one JSON object a line) to the -requests file if given.
+// Command fakemodel runs the fake model server of package fakemodel by hand
+// (chat completions, Responses and Messages APIs, scripted by
+// fakemodel.DefaultScript), for trying a harness against it: it prints the
+// server's URL, logs every request to stderr, and on SIGINT or SIGTERM
+// writes the requests it saw (one JSON object a line) to the -requests file
+// if given.
 //
 //	fakemodel [-cmd 'echo hi'] [-requests FILE]
 package main
@@ -20,7 +22,7 @@ import (
 )
 
 func main() {
-	cmd := flag.String("cmd", "echo hello-from-fakemodel", "the command the scripted bash tool call runs")
+	cmd := flag.String("cmd", "echo hello-from-fakemodel", "the command the scripted shell tool call runs")
 	out := flag.String("requests", "", "write the requests seen to this file (JSON lines) on exit")
 	flag.Parse()
 	logger := log.New(os.Stderr, "", log.Ltime|log.Lmicroseconds)
