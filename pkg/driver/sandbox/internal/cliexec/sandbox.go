@@ -146,11 +146,36 @@ func (s *Sandbox) run(ctx context.Context, line string, timeout time.Duration, s
 	if s.shape.Exists != nil {
 		ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer ecancel()
-		if gerr := s.shape.Exists(ectx); errors.Is(gerr, sandbox.ErrGone) {
-			return out, fmt.Errorf("exec in %s: sandbox %s: %w (%v)", s.id, s.id, sandbox.ErrGone, why)
+		// A container removed under the command can still show as running
+		// for a moment after its exec died (seen with dockerd 20.10: 1 of
+		// 6 times right after `docker rm -f`): ask again for goneSettle
+		// before taking it for a broken connection.
+		settle := time.Now().Add(goneSettle)
+		for {
+			if gerr := s.shape.Exists(ectx); errors.Is(gerr, sandbox.ErrGone) {
+				return out, fmt.Errorf("exec in %s: sandbox %s: %w (%v)", s.id, s.id, sandbox.ErrGone, why)
+			}
+			if time.Now().After(settle) || sleepCtx(ectx, 200*time.Millisecond) != nil {
+				break
+			}
 		}
 	}
 	return out, why
+}
+
+// goneSettle is how long a sandbox that still shows as there after an exec
+// broke is asked again whether it is gone.
+const goneSettle = 2 * time.Second
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // kill ends the command of the Script run with nonce in the sandbox (see
