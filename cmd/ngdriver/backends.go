@@ -69,6 +69,9 @@ type dockerConfig struct {
 	RunArgs            []string `json:"run_args"`
 	Command            []string `json:"command"`
 	SnapshotRepository string   `json:"snapshot_repository"`
+	// Owner names this owner on the images it commits (label
+	// io.ngharness.snapshot); it removes only unused images of its name.
+	Owner string `json:"owner"`
 }
 
 // kubectlConfig is backends.kubectl.
@@ -121,6 +124,7 @@ func newDocker(section map[string]any) (*docker.Backend, error) {
 	return docker.New(docker.Options{
 		Binary: c.Binary, Args: c.Args, Env: c.Env, User: c.User, Root: c.Root, Workdir: c.Workdir,
 		Image: c.Image, RunArgs: c.RunArgs, Command: c.Command, SnapshotRepository: c.SnapshotRepository,
+		Owner: c.Owner,
 	})
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/pkg/codex"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/config"
 	"github.com/ngharness/ngharness/pkg/driver/config/gymconfig"
@@ -206,6 +207,17 @@ var adapters = map[string]func(cfg config.Config) (driver.Adapter, error){
 			return nil, fmt.Errorf("no ngresume binary found in %q (build with `make build`, or set ngsup_dir)", cfg.NgsupDir)
 		}
 		a, err := opencode.New(opt)
+		if err != nil {
+			return nil, usageError{err.Error()}
+		}
+		return a, nil
+	},
+	"codex": func(cfg config.Config) (driver.Adapter, error) {
+		var opt codex.Options
+		if err := remarshal(cfg.Codex, &opt); err != nil {
+			return nil, usagef("codex: %v", err)
+		}
+		a, err := codex.New(opt)
 		if err != nil {
 			return nil, usageError{err.Error()}
 		}

@@ -3,6 +3,9 @@ package driver
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"path"
+	"strings"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/launch"
@@ -146,4 +149,20 @@ type GymResulter interface {
 // launch and the run relaunches after it.
 type PausesAtCheckpoints interface {
 	PausesAtCheckpoints() bool
+}
+
+// StateDir is a new folder for one attempt's harness state (its HOME, its
+// session files) under the sandbox's ngharness root, so the sandbox's
+// snapshot carries it: <root>/state/<adapter>/<rollout>-a<attempt>-<ns>,
+// the rollout id with every character outside [A-Za-z0-9_-] made '_'. The
+// nanosecond suffix keeps a relaunch that starts over apart from the
+// folder it left.
+func StateDir(sb LentSandbox, adapter, rollout string, attempt int) string {
+	clean := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, rollout)
+	return path.Join(sb.Root(), "state", adapter, fmt.Sprintf("%s-a%d-%d", clean, attempt, time.Now().UnixNano()))
 }

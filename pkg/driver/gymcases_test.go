@@ -882,7 +882,7 @@ func inVerify(t *testing.T, e *drivertest.Env, rn *driver.Runner, p *driver.Part
 	if len(sbs) != 1 {
 		t.Fatalf("want the run's one sandbox, got %v", sbs)
 	}
-	sb, err := e.Local.Open(sbs[0])
+	sb, err := e.Open(sbs[0])
 	if err != nil {
 		t.Fatal(err)
 	}

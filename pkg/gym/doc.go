@@ -1,7 +1,9 @@
-// Package gym is NeMo Gym's checkpoint wire, and nothing else: what a Gym
-// coordinator sends a participating server and what it expects back, the
-// records a checkpoint leaves on disk, and a control plane that answers the
-// coordinator for any participant. It imports nothing of ngharness; the
+// Package gym is NeMo Gym's wire, and nothing else: what a Gym coordinator
+// sends a participating server and what it expects back, the records a
+// checkpoint leaves on disk, a control plane that answers the coordinator
+// for any participant, and the NeMoGymResponse an agent's /run reply
+// carries (response.go: Response and its items, which every harness
+// adapter builds from its own session). It imports nothing of ngharness; the
 // driver's agent participant and the owner's resources participant each
 // implement Participant and serve a Control through NewHandler.
 //

@@ -24,6 +24,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // Options configures the adapter (the `opencode:` part of the config).
@@ -113,19 +114,9 @@ func (a *Adapter) PausesAtCheckpoints() bool {
 	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
 }
 
-func stateDir(sb driver.LentSandbox, rollout string, attempt int) string {
-	clean := strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-			return r
-		}
-		return '_'
-	}, rollout)
-	return path.Join(sb.Root(), "state", "opencode", fmt.Sprintf("%s-a%d-%d", clean, attempt, time.Now().UnixNano()))
-}
-
 // NewState implements driver.Adapter.
 func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
-	return json.Marshal(State{Home: stateDir(sb, rollout, attempt)})
+	return json.Marshal(State{Home: driver.StateDir(sb, "opencode", rollout, attempt)})
 }
 
 func parseState(raw json.RawMessage) (State, error) {
@@ -417,7 +408,7 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 		return driver.Decision{}, err
 	}
 	fresh := func(why string) (driver.Decision, error) {
-		s, _ := json.Marshal(State{Home: stateDir(sb, rollout, attempt)})
+		s, _ := json.Marshal(State{Home: driver.StateDir(sb, "opencode", rollout, attempt)})
 		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh data folder", State: s}, nil
 	}
 	e, _, err := a.export(ctx, sb, st, rollout, attempt)
@@ -560,11 +551,7 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 	if err := json.Unmarshal(response, &r); err != nil {
 		return nil, nil, fmt.Errorf("opencode: the stored response is not the adapter's: %w", err)
 	}
-	var b struct {
-		Params json.RawMessage `json:"responses_create_params"`
-	}
-	_ = json.Unmarshal(body, &b) // the body was checked to be an object
-	opt, err := GymResponseOptionsFrom(b.Params, a.opt.Model)
+	opt, err := gym.ResponseOptionsFromBody(body, a.opt.Model)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -32,152 +32,9 @@ import (
 	"strings"
 	"time"
 	"unicode/utf16"
+
+	"github.com/ngharness/ngharness/pkg/gym"
 )
-
-// GymResponse is Gym's NeMoGymResponse (OpenAI's Responses API Response),
-// field for field in the order Gym serialises it. The fields OpenCode's
-// agent never sets are null.
-type GymResponse struct {
-	ID                 string          `json:"id"`
-	CreatedAt          int64           `json:"created_at"`
-	Error              json.RawMessage `json:"error"`
-	IncompleteDetails  json.RawMessage `json:"incomplete_details"`
-	Instructions       json.RawMessage `json:"instructions"`
-	Metadata           json.RawMessage `json:"metadata"`
-	Model              string          `json:"model"`
-	Object             string          `json:"object"`
-	Output             []GymItem       `json:"output"`
-	ParallelToolCalls  bool            `json:"parallel_tool_calls"`
-	Temperature        json.RawMessage `json:"temperature"`
-	ToolChoice         json.RawMessage `json:"tool_choice"`
-	Tools              json.RawMessage `json:"tools"`
-	TopP               json.RawMessage `json:"top_p"`
-	Background         json.RawMessage `json:"background"`
-	Conversation       json.RawMessage `json:"conversation"`
-	MaxOutputTokens    json.RawMessage `json:"max_output_tokens"`
-	MaxToolCalls       json.RawMessage `json:"max_tool_calls"`
-	PreviousResponseID json.RawMessage `json:"previous_response_id"`
-	Prompt             json.RawMessage `json:"prompt"`
-	PromptCacheKey     json.RawMessage `json:"prompt_cache_key"`
-	Reasoning          json.RawMessage `json:"reasoning"`
-	SafetyIdentifier   json.RawMessage `json:"safety_identifier"`
-	ServiceTier        json.RawMessage `json:"service_tier"`
-	Status             json.RawMessage `json:"status"`
-	Text               json.RawMessage `json:"text"`
-	TopLogprobs        json.RawMessage `json:"top_logprobs"`
-	Truncation         json.RawMessage `json:"truncation"`
-	// Usage is nil (null) when no export was found.
-	Usage *GymUsage       `json:"usage"`
-	User  json.RawMessage `json:"user"`
-}
-
-// GymItem is one output item: *GymInputMessage, *GymOutputMessage,
-// *GymReasoning, *GymFunctionCall or *GymFunctionCallOutput.
-type GymItem interface {
-	// ItemType is the item's "type" field.
-	ItemType() string
-}
-
-// GymInputMessage is Gym's NeMoGymEasyInputMessage: a user message of the
-// session after the first (the task is the request's, not the output's).
-type GymInputMessage struct {
-	Content []GymInputText `json:"content"`
-	Role    string         `json:"role"`
-	Type    string         `json:"type"`
-}
-
-// GymInputText is one input_text part of a GymInputMessage.
-type GymInputText struct {
-	Text string `json:"text"`
-	Type string `json:"type"`
-}
-
-// GymOutputMessage is Gym's NeMoGymResponseOutputMessage: assistant text.
-type GymOutputMessage struct {
-	ID      string          `json:"id"`
-	Content []GymOutputText `json:"content"`
-	Role    string          `json:"role"`
-	Status  string          `json:"status"`
-	Type    string          `json:"type"`
-}
-
-// GymOutputText is Gym's NeMoGymResponseOutputText.
-type GymOutputText struct {
-	Annotations []json.RawMessage `json:"annotations"`
-	Text        string            `json:"text"`
-	Type        string            `json:"type"`
-	Logprobs    json.RawMessage   `json:"logprobs"`
-}
-
-// GymReasoning is Gym's NeMoGymResponseReasoningItem (Gym's model has no
-// status field, so none is sent).
-type GymReasoning struct {
-	ID               string          `json:"id"`
-	Summary          []GymSummary    `json:"summary"`
-	Type             string          `json:"type"`
-	EncryptedContent json.RawMessage `json:"encrypted_content"`
-}
-
-// GymSummary is one summary_text of a GymReasoning.
-type GymSummary struct {
-	Text string `json:"text"`
-	Type string `json:"type"`
-}
-
-// GymFunctionCall is Gym's NeMoGymResponseFunctionToolCall: an OpenCode
-// tool call, its arguments the tool input as Python's json.dumps writes it.
-type GymFunctionCall struct {
-	Arguments string          `json:"arguments"`
-	CallID    string          `json:"call_id"`
-	Name      string          `json:"name"`
-	Type      string          `json:"type"`
-	ID        json.RawMessage `json:"id"`
-	Status    json.RawMessage `json:"status"`
-}
-
-// GymFunctionCallOutput is Gym's NeMoGymFunctionCallOutput: the tool's
-// output ("" when the tool has none, e.g. still running or failed).
-type GymFunctionCallOutput struct {
-	CallID string          `json:"call_id"`
-	Output string          `json:"output"`
-	Type   string          `json:"type"`
-	ID     json.RawMessage `json:"id"`
-	Status json.RawMessage `json:"status"`
-}
-
-// ItemType implements GymItem.
-func (*GymInputMessage) ItemType() string { return "message" }
-
-// ItemType implements GymItem.
-func (*GymOutputMessage) ItemType() string { return "message" }
-
-// ItemType implements GymItem.
-func (*GymReasoning) ItemType() string { return "reasoning" }
-
-// ItemType implements GymItem.
-func (*GymFunctionCall) ItemType() string { return "function_call" }
-
-// ItemType implements GymItem.
-func (*GymFunctionCallOutput) ItemType() string { return "function_call_output" }
-
-// GymUsage is Gym's NeMoGymResponseUsage.
-type GymUsage struct {
-	InputTokens         int64                  `json:"input_tokens"`
-	InputTokensDetails  GymInputTokensDetails  `json:"input_tokens_details"`
-	OutputTokens        int64                  `json:"output_tokens"`
-	OutputTokensDetails GymOutputTokensDetails `json:"output_tokens_details"`
-	TotalTokens         int64                  `json:"total_tokens"`
-}
-
-// GymInputTokensDetails is the usage's input_tokens_details.
-type GymInputTokensDetails struct {
-	CachedTokens int64 `json:"cached_tokens"`
-}
-
-// GymOutputTokensDetails is the usage's output_tokens_details.
-type GymOutputTokensDetails struct {
-	ReasoningTokens int64 `json:"reasoning_tokens"`
-}
 
 // GymRunFields are the fields Gym's OpenCode agent adds to the verify reply
 // in its /run reply.
@@ -193,49 +50,6 @@ type GymRunFields struct {
 	// Finished: the OpenCode run ran to its end (Gym echoes a marker after
 	// `opencode run` exits 0 and looks for it).
 	Finished bool `json:"opencode_finished"`
-}
-
-// GymResponseOptions are the parts of the response that come from the
-// request rather than the export.
-type GymResponseOptions struct {
-	// ID is the response id; "" makes "resp_" and a random hex id.
-	ID string
-	// CreatedAt is in Unix seconds; 0 means now.
-	CreatedAt int64
-	// Model is the request's model, else the model server's name.
-	Model string
-	// ToolChoice, Tools and ParallelToolCalls are the request's (nil: Gym's
-	// defaults "auto", [] and true).
-	ToolChoice        json.RawMessage
-	Tools             json.RawMessage
-	ParallelToolCalls *bool
-	// NewHex makes the hex part of each generated id (nil: 32 random hex
-	// digits, as uuid4().hex).
-	NewHex func() string
-}
-
-// GymResponseOptionsFrom reads a run's responses_create_params for the
-// request-side fields: model (else modelServer), tool_choice, tools and
-// parallel_tool_calls. Empty params give the defaults.
-func GymResponseOptionsFrom(params json.RawMessage, modelServer string) (GymResponseOptions, error) {
-	opt := GymResponseOptions{Model: modelServer}
-	if len(bytes.TrimSpace(params)) == 0 {
-		return opt, nil
-	}
-	var p struct {
-		Model             *string         `json:"model"`
-		ToolChoice        json.RawMessage `json:"tool_choice"`
-		Tools             json.RawMessage `json:"tools"`
-		ParallelToolCalls *bool           `json:"parallel_tool_calls"`
-	}
-	if err := json.Unmarshal(params, &p); err != nil {
-		return opt, fmt.Errorf("opencode: responses_create_params: %w", err)
-	}
-	if p.Model != nil && *p.Model != "" {
-		opt.Model = *p.Model
-	}
-	opt.ToolChoice, opt.Tools, opt.ParallelToolCalls = nonNull(p.ToolChoice), nonNull(p.Tools), p.ParallelToolCalls
-	return opt, nil
 }
 
 func deref(s *string) string {
@@ -261,13 +75,13 @@ func nonNull(raw json.RawMessage) json.RawMessage {
 // part type, a tool part without callID, tool or state.input, a token count
 // missing) is an error naming the message and what is wrong; a text part
 // without text counts as empty.
-func BuildGymResponse(export json.RawMessage, opt GymResponseOptions) (GymResponse, bool, error) {
+func BuildGymResponse(export json.RawMessage, opt gym.ResponseOptions) (gym.Response, bool, error) {
 	if opt.NewHex == nil {
 		opt.NewHex = randomHex
 	}
-	r := GymResponse{
+	r := gym.Response{
 		ID: opt.ID, CreatedAt: opt.CreatedAt, Model: opt.Model, Object: "response",
-		Output: []GymItem{}, ToolChoice: opt.ToolChoice, Tools: opt.Tools, ParallelToolCalls: true,
+		Output: []gym.Item{}, ToolChoice: opt.ToolChoice, Tools: opt.Tools, ParallelToolCalls: true,
 	}
 	if r.ID == "" {
 		r.ID = "resp_" + opt.NewHex()
@@ -355,8 +169,8 @@ func parseGymExport(export json.RawMessage) (*gymExport, bool, error) {
 // Gym's converter (reasoning from <think> spans, then the rest as a
 // message), reasoning the same once wrapped in <think>, a tool into its
 // call and its output; step-start, step-finish and patch parts are skipped.
-func gymItems(e *gymExport, newHex func() string) ([]GymItem, error) {
-	var items []GymItem
+func gymItems(e *gymExport, newHex func() string) ([]gym.Item, error) {
+	var items []gym.Item
 	for i, m := range *e.Messages {
 		where := fmt.Sprintf("opencode: the session export's message %d (%s)", i, m.Info.ID)
 		if m.Info.Role == nil {
@@ -364,12 +178,12 @@ func gymItems(e *gymExport, newHex func() string) ([]GymItem, error) {
 		}
 		switch *m.Info.Role {
 		case "user":
-			in := &GymInputMessage{Content: []GymInputText{}, Role: "user", Type: "message"}
+			in := &gym.InputMessage{Content: []gym.InputText{}, Role: "user", Type: "message"}
 			for _, p := range m.Parts {
 				if p.Type != "text" {
 					continue
 				}
-				in.Content = append(in.Content, GymInputText{Text: deref(p.Text), Type: "input_text"})
+				in.Content = append(in.Content, gym.InputText{Text: deref(p.Text), Type: "input_text"})
 			}
 			items = append(items, in)
 		case "assistant":
@@ -406,20 +220,20 @@ var thinkSpan = regexp.MustCompile(`(?s)<think>(.*?)</think>`)
 // of text alone: one reasoning item of the <think> spans, if any, then the
 // text left once they are cut out, as a message, if any is left or there
 // was no reasoning (so an empty text still gives an empty message).
-func assistantItems(text string, newHex func() string) []GymItem {
-	var items []GymItem
+func assistantItems(text string, newHex func() string) []gym.Item {
+	var items []gym.Item
 	if spans := thinkSpan.FindAllStringSubmatch(text, -1); len(spans) > 0 {
-		rs := &GymReasoning{ID: "rs_" + newHex(), Summary: make([]GymSummary, 0, len(spans)), Type: "reasoning"}
+		rs := &gym.Reasoning{ID: "rs_" + newHex(), Summary: make([]gym.Summary, 0, len(spans)), Type: "reasoning"}
 		for _, s := range spans {
-			rs.Summary = append(rs.Summary, GymSummary{Text: s[1], Type: "summary_text"})
+			rs.Summary = append(rs.Summary, gym.Summary{Text: s[1], Type: "summary_text"})
 		}
 		items = append(items, rs)
 		text = thinkSpan.ReplaceAllLiteralString(text, "")
 	}
 	if text != "" || len(items) == 0 {
-		items = append(items, &GymOutputMessage{
+		items = append(items, &gym.OutputMessage{
 			ID:      "msg_" + newHex(),
-			Content: []GymOutputText{{Annotations: []json.RawMessage{}, Text: text, Type: "output_text"}},
+			Content: []gym.OutputText{{Annotations: []json.RawMessage{}, Text: text, Type: "output_text"}},
 			Role:    "assistant", Status: "completed", Type: "message",
 		})
 	}
@@ -427,7 +241,7 @@ func assistantItems(text string, newHex func() string) []GymItem {
 }
 
 // toolItems is a tool part's call and output.
-func toolItems(p gymPart) (*GymFunctionCall, *GymFunctionCallOutput, error) {
+func toolItems(p gymPart) (*gym.FunctionCall, *gym.FunctionCallOutput, error) {
 	switch {
 	case p.CallID == nil:
 		return nil, nil, fmt.Errorf("tool part %s has no callID", p.ID)
@@ -446,15 +260,15 @@ func toolItems(p gymPart) (*GymFunctionCall, *GymFunctionCallOutput, error) {
 			return nil, nil, fmt.Errorf("tool part %s: state.output is not a string", p.ID)
 		}
 	}
-	return &GymFunctionCall{Arguments: args, CallID: *p.CallID, Name: *p.Tool, Type: "function_call"},
-		&GymFunctionCallOutput{CallID: *p.CallID, Output: output, Type: "function_call_output"}, nil
+	return &gym.FunctionCall{Arguments: args, CallID: *p.CallID, Name: *p.Tool, Type: "function_call"},
+		&gym.FunctionCallOutput{CallID: *p.CallID, Output: output, Type: "function_call_output"}, nil
 }
 
 // gymUsage sums the token counts of the assistant messages that have any:
 // input, cache.read, output and reasoning are required, total is 0 when
 // missing.
-func gymUsage(e *gymExport) (GymUsage, error) {
-	var u GymUsage
+func gymUsage(e *gymExport) (gym.Usage, error) {
+	var u gym.Usage
 	for i, m := range *e.Messages {
 		if m.Info.Role == nil || *m.Info.Role != "assistant" {
 			continue

@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // gymSample is an export shaped as Gym's opencode_export_test_data.json
@@ -36,18 +38,18 @@ const gymSample = `{"info": {"id": "ses_a", "version": "1.17.11"},
 func zeroHex() string { return "" }
 
 // gymSampleItems is every item of gymSample, the task's message first.
-func gymSampleItems() []GymItem {
-	return []GymItem{
-		&GymInputMessage{Content: []GymInputText{{Text: "hi there", Type: "input_text"}}, Role: "user", Type: "message"},
+func gymSampleItems() []gym.Item {
+	return []gym.Item{
+		&gym.InputMessage{Content: []gym.InputText{{Text: "hi there", Type: "input_text"}}, Role: "user", Type: "message"},
 		outMsg("msg_", "Hi! What shall we work on?"),
-		&GymReasoning{ID: "rs_", Summary: []GymSummary{{Text: "First read the module that defines the parser.", Type: "summary_text"}}, Type: "reasoning"},
-		&GymFunctionCall{Arguments: `{"filePath": "/work/src/parser.py"}`, CallID: "call-read-1", Name: "read", Type: "function_call"},
-		&GymFunctionCallOutput{CallID: "call-read-1", Output: "<path>/work/src/parser.py</path>\n<content>\n(End of file - total 90 lines)\n</content>", Type: "function_call_output"},
+		&gym.Reasoning{ID: "rs_", Summary: []gym.Summary{{Text: "First read the module that defines the parser.", Type: "summary_text"}}, Type: "reasoning"},
+		&gym.FunctionCall{Arguments: `{"filePath": "/work/src/parser.py"}`, CallID: "call-read-1", Name: "read", Type: "function_call"},
+		&gym.FunctionCallOutput{CallID: "call-read-1", Output: "<path>/work/src/parser.py</path>\n<content>\n(End of file - total 90 lines)\n</content>", Type: "function_call_output"},
 	}
 }
 
-func outMsg(id, text string) *GymOutputMessage {
-	return &GymOutputMessage{ID: id, Content: []GymOutputText{{Annotations: []json.RawMessage{}, Text: text, Type: "output_text"}},
+func outMsg(id, text string) *gym.OutputMessage {
+	return &gym.OutputMessage{ID: id, Content: []gym.OutputText{{Annotations: []json.RawMessage{}, Text: text, Type: "output_text"}},
 		Role: "assistant", Status: "completed", Type: "message"}
 }
 
@@ -87,7 +89,7 @@ func TestGymUsageOfSample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := GymUsage{InputTokens: 40 + 6050, InputTokensDetails: GymInputTokensDetails{CachedTokens: 4960},
+	want := gym.Usage{InputTokens: 40 + 6050, InputTokensDetails: gym.InputTokensDetails{CachedTokens: 4960},
 		OutputTokens: 12 + 50, TotalTokens: 5012 + 6100}
 	if u != want {
 		t.Errorf("usage %+v, want %+v", u, want)
@@ -97,7 +99,7 @@ func TestGymUsageOfSample(t *testing.T) {
 // Ports test_app.py's test_responses_sanity: the whole response, its
 // output without the task's message, on the wire as Gym writes it.
 func TestGymResponseOfSample(t *testing.T) {
-	r, found, err := BuildGymResponse(json.RawMessage(gymSample), GymResponseOptions{CreatedAt: 1, NewHex: zeroHex})
+	r, found, err := BuildGymResponse(json.RawMessage(gymSample), gym.ResponseOptions{CreatedAt: 1, NewHex: zeroHex})
 	if err != nil || !found {
 		t.Fatalf("found %v, error %v", found, err)
 	}
@@ -144,30 +146,30 @@ func TestGymOutputCases(t *testing.T) {
 	}
 	cases := []struct {
 		name, parts string
-		want        []GymItem
+		want        []gym.Item
 	}{
 		{"a reasoning part becomes a reasoning item", `{"type":"reasoning","text":"weigh it"}`,
-			[]GymItem{&GymReasoning{ID: "rs_" + strings.Repeat("0", 31) + "1", Summary: []GymSummary{{Text: "weigh it", Type: "summary_text"}}, Type: "reasoning"}}},
+			[]gym.Item{&gym.Reasoning{ID: "rs_" + strings.Repeat("0", 31) + "1", Summary: []gym.Summary{{Text: "weigh it", Type: "summary_text"}}, Type: "reasoning"}}},
 		{"an empty reasoning part becomes an empty message", `{"type":"reasoning","text":""}`,
-			[]GymItem{outMsg("msg_"+strings.Repeat("0", 31)+"1", "")}},
+			[]gym.Item{outMsg("msg_"+strings.Repeat("0", 31)+"1", "")}},
 		{"an empty text part becomes an empty message", `{"type":"text","text":""}`,
-			[]GymItem{outMsg("msg_"+strings.Repeat("0", 31)+"1", "")}},
+			[]gym.Item{outMsg("msg_"+strings.Repeat("0", 31)+"1", "")}},
 		{"think spans split out, the rest kept as written", `{"type":"text","text":"<think>a</think>\n\nDone.<think>b\nc</think>"}`,
-			[]GymItem{&GymReasoning{ID: "rs_" + strings.Repeat("0", 31) + "1", Summary: []GymSummary{{Text: "a", Type: "summary_text"}, {Text: "b\nc", Type: "summary_text"}}, Type: "reasoning"},
+			[]gym.Item{&gym.Reasoning{ID: "rs_" + strings.Repeat("0", 31) + "1", Summary: []gym.Summary{{Text: "a", Type: "summary_text"}, {Text: "b\nc", Type: "summary_text"}}, Type: "reasoning"},
 				outMsg("msg_"+strings.Repeat("0", 31)+"2", "\n\nDone.")}},
 		{"an unclosed think is text", `{"type":"text","text":"<think>open"}`,
-			[]GymItem{outMsg("msg_"+strings.Repeat("0", 31)+"1", "<think>open")}},
+			[]gym.Item{outMsg("msg_"+strings.Repeat("0", 31)+"1", "<think>open")}},
 		{"a tool with no output yet has an empty output", `{"type":"tool","tool":"bash","callID":"c1","state":{"status":"running","input":{"command":"sleep 9"}}}`,
-			[]GymItem{&GymFunctionCall{Arguments: `{"command": "sleep 9"}`, CallID: "c1", Name: "bash", Type: "function_call"},
-				&GymFunctionCallOutput{CallID: "c1", Type: "function_call_output"}}},
+			[]gym.Item{&gym.FunctionCall{Arguments: `{"command": "sleep 9"}`, CallID: "c1", Name: "bash", Type: "function_call"},
+				&gym.FunctionCallOutput{CallID: "c1", Type: "function_call_output"}}},
 		{"a failed tool has an empty output", `{"type":"tool","tool":"bash","callID":"c2","state":{"status":"error","input":{},"error":"boom"}}`,
-			[]GymItem{&GymFunctionCall{Arguments: `{}`, CallID: "c2", Name: "bash", Type: "function_call"},
-				&GymFunctionCallOutput{CallID: "c2", Type: "function_call_output"}}},
-		{"step and patch parts are skipped", `{"type":"step-start"},{"type":"step-finish"},{"type":"patch"}`, []GymItem{}},
+			[]gym.Item{&gym.FunctionCall{Arguments: `{}`, CallID: "c2", Name: "bash", Type: "function_call"},
+				&gym.FunctionCallOutput{CallID: "c2", Type: "function_call_output"}}},
+		{"step and patch parts are skipped", `{"type":"step-start"},{"type":"step-finish"},{"type":"patch"}`, []gym.Item{}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r, _, err := BuildGymResponse(export(c.parts, ""), GymResponseOptions{ID: "resp_t", NewHex: counter()})
+			r, _, err := BuildGymResponse(export(c.parts, ""), gym.ResponseOptions{ID: "resp_t", NewHex: counter()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -184,11 +186,11 @@ func TestGymOutputKeepsLaterUserMessages(t *testing.T) {
 	raw := json.RawMessage(`{"messages":[{"info":{"role":"user"},"parts":[{"type":"text","text":"one"}]},` +
 		`{"info":{"role":"assistant"},"parts":[{"type":"text","text":"ok"}]},` +
 		`{"info":{"role":"user"},"parts":[{"type":"file","url":"x"},{"type":"text","text":"two"}]}]}`)
-	r, _, err := BuildGymResponse(raw, GymResponseOptions{NewHex: zeroHex})
+	r, _, err := BuildGymResponse(raw, gym.ResponseOptions{NewHex: zeroHex})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []GymItem{outMsg("msg_", "ok"), &GymInputMessage{Content: []GymInputText{{Text: "two", Type: "input_text"}}, Role: "user", Type: "message"}}
+	want := []gym.Item{outMsg("msg_", "ok"), &gym.InputMessage{Content: []gym.InputText{{Text: "two", Type: "input_text"}}, Role: "user", Type: "message"}}
 	if got, w := mustJSON(t, r.Output), mustJSON(t, want); got != w {
 		t.Errorf("output:\n got %s\nwant %s", got, w)
 	}
@@ -197,23 +199,23 @@ func TestGymOutputKeepsLaterUserMessages(t *testing.T) {
 func TestGymUsageCases(t *testing.T) {
 	cases := []struct {
 		name, tokens string
-		want         *GymUsage
+		want         *gym.Usage
 		err          string
 	}{
-		{"no tokens: not counted", "", &GymUsage{}, ""},
-		{"empty tokens: not counted", "{ }", &GymUsage{}, ""},
+		{"no tokens: not counted", "", &gym.Usage{}, ""},
+		{"empty tokens: not counted", "{ }", &gym.Usage{}, ""},
 		{"tokens not an object", "7", nil, "message 1 (msg_a): tokens:"},
 		{"total missing counts 0", `{"input":3,"output":4,"reasoning":1,"cache":{"read":2}}`,
-			&GymUsage{InputTokens: 3, InputTokensDetails: GymInputTokensDetails{CachedTokens: 2}, OutputTokens: 4, OutputTokensDetails: GymOutputTokensDetails{ReasoningTokens: 1}}, ""},
+			&gym.Usage{InputTokens: 3, InputTokensDetails: gym.InputTokensDetails{CachedTokens: 2}, OutputTokens: 4, OutputTokensDetails: gym.OutputTokensDetails{ReasoningTokens: 1}}, ""},
 		{"whole floats are counts", `{"input":3.0,"output":4,"reasoning":0,"total":7,"cache":{"read":0}}`,
-			&GymUsage{InputTokens: 3, OutputTokens: 4, TotalTokens: 7}, ""},
+			&gym.Usage{InputTokens: 3, OutputTokens: 4, TotalTokens: 7}, ""},
 		{"cache.read missing", `{"input":3,"output":4,"reasoning":0,"cache":{}}`, nil, "message 1 (msg_a) has no tokens.cache.read"},
 		{"reasoning missing", `{"input":3,"output":4,"cache":{"read":0}}`, nil, "message 1 (msg_a) has no tokens.reasoning"},
 		{"a fraction", `{"input":3.5,"output":4,"reasoning":0,"cache":{"read":0}}`, nil, "tokens.input: 3.5 is not a whole number"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r, found, err := BuildGymResponse(export(`{"type":"text","text":"x"}`, c.tokens), GymResponseOptions{})
+			r, found, err := BuildGymResponse(export(`{"type":"text","text":"x"}`, c.tokens), gym.ResponseOptions{})
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("error %v, want one naming %q", err, c.err)
@@ -245,7 +247,7 @@ func TestGymExportErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, _, err := BuildGymResponse(json.RawMessage(c.export), GymResponseOptions{})
+			_, _, err := BuildGymResponse(json.RawMessage(c.export), gym.ResponseOptions{})
 			if err == nil || !strings.Contains(err.Error(), c.err) || strings.Contains(err.Error(), "\n") {
 				t.Errorf("error %v, want one line naming %q", err, c.err)
 			}
@@ -257,7 +259,7 @@ func TestGymExportErrors(t *testing.T) {
 // a null usage, as app.py replies when the export is missing.
 func TestGymResponseWithoutExport(t *testing.T) {
 	for _, raw := range []string{"", " \n", "null", "{}"} {
-		r, found, err := BuildGymResponse(json.RawMessage(raw), GymResponseOptions{ID: "resp_x", CreatedAt: 9, Model: "policy"})
+		r, found, err := BuildGymResponse(json.RawMessage(raw), gym.ResponseOptions{ID: "resp_x", CreatedAt: 9, Model: "policy"})
 		if err != nil || found {
 			t.Errorf("%q: found %v, error %v; want not found", raw, found, err)
 			continue
@@ -272,7 +274,7 @@ func TestGymResponseWithoutExport(t *testing.T) {
 
 // Generated ids are resp_, msg_ and rs_ with 32 hex digits, as uuid4().hex.
 func TestGymResponseIDs(t *testing.T) {
-	r, _, err := BuildGymResponse(export(`{"type":"text","text":"<think>t</think>x"}`, ""), GymResponseOptions{})
+	r, _, err := BuildGymResponse(export(`{"type":"text","text":"<think>t</think>x"}`, ""), gym.ResponseOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +282,7 @@ func TestGymResponseIDs(t *testing.T) {
 		h, ok := strings.CutPrefix(s, prefix)
 		return ok && len(h) == 32 && strings.Trim(h, "0123456789abcdef") == ""
 	}
-	if !hex32(r.ID, "resp_") || len(r.Output) != 2 || !hex32(r.Output[0].(*GymReasoning).ID, "rs_") || !hex32(r.Output[1].(*GymOutputMessage).ID, "msg_") {
+	if !hex32(r.ID, "resp_") || len(r.Output) != 2 || !hex32(r.Output[0].(*gym.Reasoning).ID, "rs_") || !hex32(r.Output[1].(*gym.OutputMessage).ID, "msg_") {
 		t.Errorf("ids: %s", mustJSON(t, r))
 	}
 	if r.CreatedAt <= 0 {
@@ -291,7 +293,7 @@ func TestGymResponseIDs(t *testing.T) {
 // The request's model, tool_choice, tools and parallel_tool_calls are
 // copied; without them, the model server's name and Gym's defaults.
 func TestGymResponseOptionsFrom(t *testing.T) {
-	opt, err := GymResponseOptionsFrom(json.RawMessage(`{"input":"x","model":"m1","tool_choice":"none",`+
+	opt, err := gym.ResponseOptionsFrom(json.RawMessage(`{"input":"x","model":"m1","tool_choice":"none",`+
 		`"tools":[{"type":"function","name":"f"}],"parallel_tool_calls":false}`), "policy_model")
 	if err != nil {
 		t.Fatal(err)
@@ -303,7 +305,7 @@ func TestGymResponseOptionsFrom(t *testing.T) {
 			t.Errorf("response %s lacks %s", got, w)
 		}
 	}
-	opt, err = GymResponseOptionsFrom(json.RawMessage(`{"input":"x","model":null,"tools":null}`), "policy_model")
+	opt, err = gym.ResponseOptionsFrom(json.RawMessage(`{"input":"x","model":null,"tools":null}`), "policy_model")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +316,7 @@ func TestGymResponseOptionsFrom(t *testing.T) {
 			t.Errorf("response %s lacks %s", got, w)
 		}
 	}
-	if _, err := GymResponseOptionsFrom(json.RawMessage(`[1]`), "p"); err == nil || !strings.Contains(err.Error(), "responses_create_params") {
+	if _, err := gym.ResponseOptionsFrom(json.RawMessage(`[1]`), "p"); err == nil || !strings.Contains(err.Error(), "responses_create_params") {
 		t.Errorf("a params list: error %v, want one naming responses_create_params", err)
 	}
 }
@@ -361,7 +363,7 @@ func testGymResponseOfRealExport(t *testing.T, file string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, found, err := BuildGymResponse(raw, GymResponseOptions{CreatedAt: 1, NewHex: zeroHex, Model: "policy"})
+	r, found, err := BuildGymResponse(raw, gym.ResponseOptions{CreatedAt: 1, NewHex: zeroHex, Model: "policy"})
 	if err != nil || !found {
 		t.Fatalf("found %v, error %v", found, err)
 	}
@@ -372,8 +374,8 @@ func testGymResponseOfRealExport(t *testing.T, file string) {
 	if got := strings.Join(types, " "); got != "function_call function_call_output reasoning message" {
 		t.Fatalf("output item types %q, want a call, its output, reasoning, the final message: %s", got, mustJSON(t, r.Output))
 	}
-	call := r.Output[0].(*GymFunctionCall)
-	out := r.Output[1].(*GymFunctionCallOutput)
+	call := r.Output[0].(*gym.FunctionCall)
+	out := r.Output[1].(*gym.FunctionCallOutput)
 	if call.Name != "bash" || call.CallID == "" || out.CallID != call.CallID ||
 		call.Arguments != `{"command": "printf 'caf\\303\\251 ok\\n'", "description": "Runs the scripted command"}` {
 		t.Errorf("the call %+v", call)
@@ -381,10 +383,10 @@ func testGymResponseOfRealExport(t *testing.T, file string) {
 	if !strings.Contains(out.Output, "café ok") {
 		t.Errorf("the tool output %q, want the printed line", out.Output)
 	}
-	if rs := r.Output[2].(*GymReasoning); rs.Summary[0].Text != "The tool printed its line." {
+	if rs := r.Output[2].(*gym.Reasoning); rs.Summary[0].Text != "The tool printed its line." {
 		t.Errorf("reasoning %+v", rs)
 	}
-	if m := r.Output[3].(*GymOutputMessage); m.Content[0].Text != "All done." {
+	if m := r.Output[3].(*gym.OutputMessage); m.Content[0].Text != "All done." {
 		t.Errorf("final message %+v", m)
 	}
 	if r.Usage == nil || r.Usage.InputTokens <= 0 || r.Usage.OutputTokens <= 0 {

@@ -56,6 +56,7 @@ func modeRun(t *testing.T, w *world, disturb func(sandboxID string)) {
 // sandbox's disk).
 func TestExecdLateCompletion(t *testing.T) {
 	t.Parallel()
+	skipIfReal(t)
 	w := newWorld(t, "opensandbox")
 	w.osb.SetLateCompletion(30 * time.Second)
 	modeRun(t, w, func(string) {})
@@ -69,6 +70,7 @@ func TestExecdLateCompletion(t *testing.T) {
 // with the same launch.
 func TestExecdRestartsAndForgetsIDs(t *testing.T) {
 	t.Parallel()
+	skipIfReal(t)
 	w := newWorld(t, "opensandbox")
 	modeRun(t, w, func(sb string) {
 		if err := w.osb.RestartExecd(sb, time.Second); err != nil {
@@ -85,6 +87,7 @@ func TestExecdRestartsAndForgetsIDs(t *testing.T) {
 // continue` whose reply is lost after it ran (sent again, harmlessly).
 func TestExecdDropsConnections(t *testing.T) {
 	t.Parallel()
+	skipIfReal(t)
 	w := newWorld(t, "opensandbox")
 	has := func(word string) func(string) bool {
 		return func(c string) bool { return strings.Contains(c, " "+word+" --dir ") }
@@ -105,6 +108,7 @@ func TestExecdDropsConnections(t *testing.T) {
 // hash; a machine with no build is ErrNoNgsup.
 func TestNgsupForTheSandboxArchitecture(t *testing.T) {
 	t.Parallel()
+	skipIfReal(t)
 	w := newWorld(t, "opensandbox")
 	ctx := context.Background()
 	sb, err := w.lender.Create(ctx, "arch")
@@ -157,6 +161,7 @@ func TestNgsupForTheSandboxArchitecture(t *testing.T) {
 // lifecycle server, the expiration of the sandboxes of open sessions only.
 func TestOwnerRenewsOpenSessions(t *testing.T) {
 	t.Parallel()
+	skipIfReal(t)
 	w := newWorld(t, "opensandbox")
 	ctx := context.Background()
 	open, err := w.owner.SeedSession(ctx, "", json.RawMessage(`{"rollout_id":"renew-open"}`))
@@ -180,5 +185,15 @@ func TestOwnerRenewsOpenSessions(t *testing.T) {
 	}
 	if r := w.osb.Renewals(ci.SandboxID); len(r) != 0 {
 		t.Errorf("the closed session's sandbox was renewed: %v", r)
+	}
+}
+
+// skipIfReal skips a test of the fake's fault modes, or of what only the
+// fake lets this machine see, when the OpenSandbox tests run against a
+// real server (opensandbox_real_test.go has those).
+func skipIfReal(t *testing.T) {
+	t.Helper()
+	if why := fakeexecd.SkipIfReal(); why != "" {
+		t.Skip(why)
 	}
 }

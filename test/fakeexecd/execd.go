@@ -1,7 +1,6 @@
 package fakeexecd
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,7 +11,9 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -48,12 +49,13 @@ type command struct {
 	background bool
 	pgid       int
 	started    time.Time
+	// output is the background command's merged output file.
+	output string
 
 	mu       sync.Mutex
 	finished time.Time
 	exitCode *int
 	errText  string
-	output   bytes.Buffer // background: stdout and stderr merged
 	done     chan struct{}
 }
 
@@ -110,13 +112,21 @@ func (e *execd) forget() {
 	e.mu.Unlock()
 }
 
+// restart drops every connection, kills the foreground commands (their
+// execd is gone), forgets every id, and serves again after down.
 func (e *execd) restart(down time.Duration) error {
 	e.mu.Lock()
 	hs, addr := e.hs, e.addr
 	e.down = true
+	cmds := e.cmds
 	e.cmds = map[string]*command{}
 	e.mu.Unlock()
-	hs.Close() // every connection dropped; their commands are killed
+	hs.Close()
+	for _, cm := range cmds {
+		if !cm.background && !cm.isDone() {
+			_ = unix.Kill(-cm.pgid, unix.SIGKILL)
+		}
+	}
 	time.Sleep(down)
 	return e.listen(addr)
 }
@@ -145,10 +155,21 @@ func (e *execd) handler() http.Handler {
 	})
 	mux.HandleFunc("POST /files/upload", e.upload)
 	mux.HandleFunc("GET /files/download", e.download)
+	proxy := "/proxy/" + strconv.Itoa(ExecdPort)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(AccessTokenHeader) != e.token {
-			apiError(w, http.StatusUnauthorized, "UNAUTHORIZED", "missing or wrong %s", AccessTokenHeader)
+		if e.s.opt.Runtime == RuntimeKubernetes && r.Header.Get(SecureAccessHeader) != e.token {
+			// As execd's token filter: a body of {"error": ...}.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "Unauthorized: invalid or missing header " + SecureAccessHeader})
 			return
+		}
+		// execd's own reverse proxy: /proxy/44772/... is execd itself.
+		if rest, ok := strings.CutPrefix(r.URL.Path, proxy); ok && (rest == "" || rest[0] == '/') {
+			r2 := r.Clone(r.Context())
+			r2.URL.Path = rest
+			r2.URL.RawPath = ""
+			r = r2
 		}
 		mux.ServeHTTP(w, r)
 	})
@@ -166,8 +187,9 @@ type commandRequest struct {
 
 // start starts the command in the sandbox's namespace: unshare, bind
 // mount of the sandbox's folder at the mount point, cd, bash -c, in a
-// process group of its own.
-func (e *execd) start(req commandRequest, stdout, stderr io.Writer) (*exec.Cmd, error) {
+// process group of its own, with execd's whole environment (plus envs)
+// and its output written to files, as execd does.
+func (e *execd) start(req commandRequest, stdout, stderr *os.File) (*exec.Cmd, error) {
 	s := e.s
 	mp := s.store.MountPoint()
 	cwd := req.Cwd
@@ -178,52 +200,61 @@ func (e *execd) start(req commandRequest, stdout, stderr io.Writer) (*exec.Cmd, 
 		sandbox.Quote(s.store.HostPath(e.id)), sandbox.Quote(mp), sandbox.Quote(cwd), sandbox.Quote(req.Command))
 	c := exec.Command("unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script)
 	c.Dir = "/"
-	pathEnv := os.Getenv("PATH")
-	if pathEnv == "" {
-		pathEnv = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	env := s.opt.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	vars := map[string]string{}
+	var order []string
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if _, ok := vars[k]; !ok {
+			order = append(order, k)
+		}
+		vars[k] = v
 	}
 	s.mu.Lock()
 	if s.shimDir != "" {
-		pathEnv = s.shimDir + ":" + pathEnv
+		p := vars["PATH"]
+		if p == "" {
+			p = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+		}
+		if _, ok := vars["PATH"]; !ok {
+			order = append(order, "PATH")
+		}
+		vars["PATH"] = s.shimDir + ":" + p
 	}
 	s.mu.Unlock()
-	env := map[string]string{"PATH": pathEnv, "LANG": "C.UTF-8", "HOME": path.Join(mp, "home")}
 	for k, v := range req.Envs {
-		env[k] = v
+		if _, ok := vars[k]; !ok {
+			order = append(order, k)
+		}
+		vars[k] = v
 	}
-	for k, v := range env {
-		c.Env = append(c.Env, k+"="+v)
+	for _, k := range order {
+		c.Env = append(c.Env, k+"="+vars[k])
 	}
 	c.Stdin = nil
 	c.Stdout, c.Stderr = stdout, stderr
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	c.WaitDelay = 2 * time.Second
 	if err := c.Start(); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-func exitCodeOf(err error, c *exec.Cmd) int {
-	if c.ProcessState == nil {
-		return -1
+// outcome is what execd reports of a command that ended: the exit code
+// as Go's ExitCode (-1 for a signal), the error text ("exit status 3",
+// "signal: killed"), ok for a zero exit.
+func outcome(werr error) (code int, text string, ok bool) {
+	if werr == nil {
+		return 0, "", true
 	}
-	if ws, ok := c.ProcessState.Sys().(syscall.WaitStatus); ok {
-		switch {
-		case ws.Signaled():
-			return 128 + int(ws.Signal())
-		case ws.Exited():
-			return ws.ExitStatus()
-		}
+	var ee *exec.ExitError
+	if errors.As(werr, &ee) {
+		return ee.ExitCode(), werr.Error(), false
 	}
-	return -1
-}
-
-// eventWriter turns a command's output into events.
-type eventWriter struct {
-	kind string
-	ch   chan<- event
-	done <-chan struct{}
+	return 1, werr.Error(), false
 }
 
 type event struct {
@@ -234,18 +265,76 @@ type event struct {
 	Error         map[string]any `json:"error,omitempty"`
 }
 
-func (w eventWriter) Write(p []byte) (int, error) {
-	select {
-	case w.ch <- event{Type: w.kind, Text: string(p), Timestamp: time.Now().UnixMilli()}:
-	case <-w.done:
-	}
-	return len(p), nil
+// Event types.
+const (
+	EventInit     = "init"
+	EventStdout   = "stdout"
+	EventStderr   = "stderr"
+	EventError    = "error"
+	EventComplete = "execution_complete"
+	EventPing     = "ping"
+)
+
+// stream writes a command's events to its response while the client
+// reads it: a write that fails marks it dead, and once the handler is done
+// with the response (close) nothing is written any more.
+type stream struct {
+	mu   sync.Mutex
+	w    http.ResponseWriter
+	dead bool
 }
 
+func (st *stream) send(ev event) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.dead {
+		return
+	}
+	ev.Timestamp = time.Now().UnixMilli()
+	b, _ := json.Marshal(ev) // invalid UTF-8 becomes U+FFFD, as in execd
+	if _, err := st.w.Write(append(b, '\n', '\n')); err != nil {
+		st.dead = true
+		return
+	}
+	if f, ok := st.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (st *stream) close() {
+	st.mu.Lock()
+	st.dead = true
+	st.mu.Unlock()
+}
+
+// ping sends a ping right away and every PingInterval until stop.
+func (e *execd) ping(st *stream, stop <-chan struct{}) {
+	t := time.NewTicker(e.s.opt.PingInterval)
+	defer t.Stop()
+	for {
+		st.send(event{Type: EventPing, Text: "pong"})
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// linger is execd's graceful-shutdown sleep after a command's final event.
+func (e *execd) linger() {
+	if d := e.s.opt.GracefulDelay; d > 0 {
+		select {
+		case <-time.After(d):
+		case <-e.s.quit:
+		}
+	}
+}
+
+// register logs a command and makes its record; enroll makes its id known.
 func (e *execd) register(req commandRequest) *command {
 	cm := &command{id: newID("cmd-"), content: req.Command, background: req.Background, started: time.Now().UTC(), done: make(chan struct{})}
 	e.mu.Lock()
-	e.cmds[cm.id] = cm
 	e.log = append(e.log, req.Command)
 	if req.Background {
 		e.background++
@@ -254,6 +343,27 @@ func (e *execd) register(req commandRequest) *command {
 	}
 	e.mu.Unlock()
 	return cm
+}
+
+// logFiles makes the files a command's output goes to (outside the
+// sandbox, as execd's are in its own temp folder).
+func (e *execd) logFiles(cm *command, names ...string) ([]*os.File, error) {
+	dir := filepath.Join(e.s.opt.Base, ".execd-logs", e.id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var out []*os.File
+	for _, n := range names {
+		f, err := os.OpenFile(filepath.Join(dir, cm.id+"."+n), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			for _, o := range out {
+				o.Close()
+			}
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	return out, nil
 }
 
 func (e *execd) runCommand(w http.ResponseWriter, r *http.Request) {
@@ -266,103 +376,89 @@ func (e *execd) runCommand(w http.ResponseWriter, r *http.Request) {
 		e.runBackground(w, req)
 		return
 	}
-	flusher, _ := w.(http.Flusher)
-	enc := json.NewEncoder(w)
-	send := func(ev event) {
-		ev.Timestamp = time.Now().UnixMilli()
-		_ = enc.Encode(ev)           // one line of JSON...
-		_, _ = w.Write([]byte("\n")) // ...and a blank line
-		if flusher != nil {
-			flusher.Flush()
-		}
-	}
 	cm := e.register(req)
 	drop, when := e.s.takeDrop(req.Command)
-	stop := make(chan struct{})
-	ch := make(chan event, 64)
-	c, err := e.start(req, eventWriter{EventStdout, ch, stop}, eventWriter{EventStderr, ch, stop})
+	files, err := e.logFiles(cm, "stdout", "stderr")
 	if err != nil {
-		close(stop)
+		apiError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "the output files: %v", err)
+		return
+	}
+	c, err := e.start(req, files[0], files[1])
+	if err != nil {
+		files[0].Close()
+		files[1].Close()
 		apiError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "start the command: %v", err)
 		return
 	}
 	cm.pgid = c.Process.Pid
+	e.enroll(cm) // a foreground command is known at once
 	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	send(event{Type: EventInit, Text: cm.id})
-	killGroup := func() { _ = unix.Kill(-cm.pgid, unix.SIGKILL) }
-	waited := make(chan error, 1)
-	go func() { waited <- c.Wait() }()
-	if drop && when == DropAfterInit {
-		killGroup()
-		close(stop)
-		<-waited
-		e.finish(cm, -1, "dropped")
-		panic(http.ErrAbortHandler)
-	}
-	var timer <-chan time.Time
-	if req.Timeout > 0 {
-		t := time.NewTimer(time.Duration(req.Timeout) * time.Millisecond)
-		defer t.Stop()
-		timer = t.C
-	}
-	timedOut := false
-	var werr error
-loop:
-	for {
-		select {
-		case ev := <-ch:
-			send(ev)
-		case werr = <-waited:
-			break loop
-		case <-timer:
-			timedOut = true
-			killGroup()
-			timer = nil
-		case <-r.Context().Done():
-			// The client went away: execd kills the command's group.
-			killGroup()
-			close(stop)
-			<-waited
-			e.finish(cm, -1, "request cancelled")
+	st := &stream{w: w}
+	st.send(event{Type: EventInit, Text: cm.id})
+	stopPing := make(chan struct{})
+	go e.ping(st, stopPing)
+	stop := sync.OnceFunc(func() { close(stopPing) })
+	defer stop()
+
+	// The command is followed apart from the request: a client that goes
+	// away does not end it (execd runs it under a background context).
+	final := make(chan event, 1)
+	e.s.wg.Add(1)
+	go func() {
+		defer e.s.wg.Done()
+		defer files[0].Close()
+		defer files[1].Close()
+		exited := make(chan struct{})
+		var tails sync.WaitGroup
+		for _, f := range []struct{ kind, path string }{{EventStdout, files[0].Name()}, {EventStderr, files[1].Name()}} {
+			tails.Add(1)
+			go func() {
+				defer tails.Done()
+				tailFile(f.path, e.s.opt.PollInterval, func(text string) { st.send(event{Type: f.kind, Text: text}) }, exited)
+			}()
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- c.Wait() }()
+		var werr error
+		if req.Timeout > 0 {
+			t := time.NewTimer(time.Duration(req.Timeout) * time.Millisecond)
+			select {
+			case werr = <-waited:
+			case <-t.C:
+				// As exec.CommandContext: the bash process alone is killed.
+				_ = c.Process.Kill()
+				werr = <-waited
+			}
+			t.Stop()
+		} else {
+			werr = <-waited
+		}
+		close(exited)
+		tails.Wait()
+		code, text, ok := outcome(werr)
+		e.finish(cm, code, text)
+		if ok {
+			final <- event{Type: EventComplete, ExecutionTime: time.Since(cm.started).Milliseconds()}
 			return
 		}
-	}
-	close(stop)
-	for {
-		select {
-		case ev := <-ch:
-			send(ev)
-			continue
-		default:
-		}
-		break
-	}
-	code := exitCodeOf(werr, c)
-	e.finish(cm, code, "")
-	if drop && when == DropBeforeEnd {
+		final <- event{Type: EventError, Error: map[string]any{"ename": "CommandExecError", "evalue": strconv.Itoa(code), "traceback": []string{text}}}
+	}()
+	if drop && when == DropAfterInit {
+		st.close()
 		panic(http.ErrAbortHandler)
 	}
-	elapsed := time.Since(cm.started).Milliseconds()
-	switch {
-	case timedOut:
-		send(event{Type: EventError, Error: map[string]any{"ename": "TimeoutError", "evalue": strconv.Itoa(code),
-			"traceback": []string{fmt.Sprintf("the command ran out of its %d ms", req.Timeout)}}})
-	case code != 0:
-		send(event{Type: EventError, Error: map[string]any{"ename": "CommandExecError", "evalue": strconv.Itoa(code), "traceback": []string{}}})
-	default:
-		send(event{Type: EventComplete, ExecutionTime: elapsed})
+	ev := <-final
+	if drop && when == DropBeforeEnd {
+		st.close()
+		panic(http.ErrAbortHandler)
 	}
+	st.send(ev)
+	stop()
+	e.linger()
+	st.close()
 }
-
-// Event types.
-const (
-	EventInit     = "init"
-	EventStdout   = "stdout"
-	EventStderr   = "stderr"
-	EventError    = "error"
-	EventComplete = "execution_complete"
-)
 
 func (e *execd) finish(cm *command, code int, why string) {
 	cm.mu.Lock()
@@ -376,47 +472,81 @@ func (e *execd) finish(cm *command, code int, why string) {
 	close(cm.done)
 }
 
-// lockedWriter appends to a command's merged output.
-type lockedWriter struct{ cm *command }
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.cm.mu.Lock()
-	defer w.cm.mu.Unlock()
-	return w.cm.output.Write(p)
+func (cm *command) isDone() bool {
+	select {
+	case <-cm.done:
+		return true
+	default:
+		return false
+	}
 }
 
+// runBackground answers init before the command is registered (its status
+// is 404 for RegisterDelay), then execution_complete at once, then lingers
+// as a foreground stream does.
 func (e *execd) runBackground(w http.ResponseWriter, req commandRequest) {
 	cm := e.register(req)
-	c, err := e.start(req, lockedWriter{cm}, lockedWriter{cm})
+	files, err := e.logFiles(cm, "output")
 	if err != nil {
-		apiError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "start the command: %v", err)
+		apiError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "the output file: %v", err)
+		return
+	}
+	cm.output = files[0].Name()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	st := &stream{w: w}
+	st.send(event{Type: EventInit, Text: cm.id})
+	c, err := e.start(req, files[0], files[0])
+	if err != nil {
+		files[0].Close()
+		e.finish(cm, 255, err.Error())
+		e.enroll(cm)
+		st.send(event{Type: EventComplete})
 		return
 	}
 	cm.pgid = c.Process.Pid
 	e.s.wg.Add(1)
 	go func() {
 		defer e.s.wg.Done()
-		var timer <-chan time.Time
-		if req.Timeout > 0 {
-			t := time.NewTimer(time.Duration(req.Timeout) * time.Millisecond)
-			defer t.Stop()
-			timer = t.C
+		defer files[0].Close()
+		if d := e.s.opt.RegisterDelay; d > 0 {
+			time.Sleep(d)
 		}
+		e.enroll(cm)
+	}()
+	e.s.wg.Add(1)
+	go func() {
+		defer e.s.wg.Done()
 		waited := make(chan error, 1)
 		go func() { waited <- c.Wait() }()
 		var werr error
-		select {
-		case werr = <-waited:
-		case <-timer:
-			_ = unix.Kill(-cm.pgid, unix.SIGKILL)
+		if req.Timeout > 0 {
+			t := time.NewTimer(time.Duration(req.Timeout) * time.Millisecond)
+			select {
+			case werr = <-waited:
+			case <-t.C:
+				_ = unix.Kill(-cm.pgid, unix.SIGKILL)
+				werr = <-waited
+			}
+			t.Stop()
+		} else {
 			werr = <-waited
 		}
-		e.finish(cm, exitCodeOf(werr, c), "")
+		code, text, _ := outcome(werr)
+		e.finish(cm, code, text)
 	}()
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.WriteHeader(http.StatusOK)
-	b, _ := json.Marshal(event{Type: EventInit, Text: cm.id, Timestamp: time.Now().UnixMilli()})
-	_, _ = w.Write(append(b, '\n', '\n'))
+	st.send(event{Type: EventComplete})
+	e.linger()
+	st.close()
+}
+
+// enroll registers a background command (its status known from now on).
+func (e *execd) enroll(cm *command) {
+	e.mu.Lock()
+	if !e.down {
+		e.cmds[cm.id] = cm
+	}
+	e.mu.Unlock()
 }
 
 func (e *execd) lookup(id string) *command {
@@ -428,13 +558,13 @@ func (e *execd) lookup(id string) *command {
 func (e *execd) status(w http.ResponseWriter, r *http.Request, id string) {
 	cm := e.lookup(id)
 	if cm == nil {
-		apiError(w, http.StatusNotFound, "NOT_FOUND", "command %s not found", id)
+		apiError(w, http.StatusNotFound, "INVALID_REQUEST", "command not found: %s", id)
 		return
 	}
 	late := e.s.lateBy()
 	cm.mu.Lock()
 	defer cm.mu.Unlock()
-	out := map[string]any{"id": cm.id, "content": cm.content, "running": true, "exit_code": nil,
+	out := map[string]any{"id": cm.id, "session": cm.id, "content": cm.content, "running": true, "exit_code": nil,
 		"started_at": cm.started, "finished_at": nil}
 	if !cm.finished.IsZero() && time.Since(cm.finished) >= late {
 		out["running"] = false
@@ -449,48 +579,44 @@ func (e *execd) status(w http.ResponseWriter, r *http.Request, id string) {
 
 func (e *execd) logs(w http.ResponseWriter, r *http.Request, id string) {
 	cm := e.lookup(id)
-	if cm == nil {
+	if cm == nil || cm.output == "" {
 		// As execd: an unknown id on the logs endpoint is a bad request.
 		apiError(w, http.StatusBadRequest, "INVALID_REQUEST", "no command %s", id)
 		return
 	}
 	cursor, _ := strconv.ParseInt(r.URL.Query().Get("cursor"), 10, 64)
-	cm.mu.Lock()
-	data := cm.output.Bytes()
+	data, _ := os.ReadFile(cm.output)
 	if cursor < 0 || cursor > int64(len(data)) {
 		cursor = int64(len(data))
 	}
-	out := append([]byte(nil), data[cursor:]...)
-	next := len(data)
-	cm.mu.Unlock()
-	w.Header().Set(TailCursorHeader, strconv.Itoa(next))
+	w.Header().Set(TailCursorHeader, strconv.Itoa(len(data)))
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(out)
+	_, _ = w.Write(data[cursor:])
 }
 
+// interrupt is DELETE /command?id=: an unknown or finished id is 500 "no
+// such session"; otherwise SIGTERM to the command's group, and, inside the
+// request, SIGKILL InterruptGrace later.
 func (e *execd) interrupt(w http.ResponseWriter, r *http.Request) {
-	cm := e.lookup(r.URL.Query().Get("id"))
-	if cm == nil {
-		apiError(w, http.StatusNotFound, "NOT_FOUND", "command %s not found", r.URL.Query().Get("id"))
+	id := r.URL.Query().Get("id")
+	if id == "" {
+		apiError(w, http.StatusBadRequest, "MISSING_QUERY", "missing query parameter 'id'")
 		return
 	}
-	select {
-	case <-cm.done:
-		apiError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "command %s is not running", cm.id)
+	cm := e.lookup(id)
+	if cm == nil || cm.isDone() {
+		apiError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "error interruptting code context. no such session")
 		return
-	default:
 	}
 	_ = unix.Kill(-cm.pgid, unix.SIGTERM)
-	e.s.wg.Add(1)
-	go func() {
-		defer e.s.wg.Done()
-		select {
-		case <-cm.done:
-		case <-time.After(3 * time.Second):
-			_ = unix.Kill(-cm.pgid, unix.SIGKILL)
-		}
-	}()
+	select {
+	case <-time.After(e.s.opt.InterruptGrace):
+	case <-e.s.quit:
+	}
+	if !cm.isDone() {
+		_ = unix.Kill(-cm.pgid, unix.SIGKILL)
+	}
 	w.WriteHeader(http.StatusOK)
 }
 

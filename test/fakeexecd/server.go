@@ -12,7 +12,23 @@
 // snapshot has the same paths. Deleting a sandbox kills every process
 // running in it, as a container's processes end with the container.
 //
-// Modes reproduce what execd does that a client must survive: a finished
+// By default it behaves as real execd was measured to (OpenSandbox commit
+// 4db3a993, see shared/notes/sandbox-backends.md): a command's output is
+// written to files that are polled every 100 ms and sent one event per
+// line with its "\n" or "\r" dropped (a blank line as "\n", invalid UTF-8
+// as U+FFFD); a non-zero exit is an error event with the code as evalue,
+// a signal or execd's own timeout "-1" with the traceback "signal:
+// killed"; a client that goes away does not end its command; the stream
+// closes GracefulDelay (1 s) after the final event, with a ping every 3
+// s from init on; a background command's init comes before it is
+// registered (its status is 404 for a moment); an interrupt of an unknown
+// or finished id is 500 "no such session" and otherwise blocks 3 s (TERM,
+// then KILL); commands inherit execd's whole environment. The endpoint
+// lookup answers as the server's Docker runtime (host:port/proxy/44772,
+// no header) or its Kubernetes one (the header OpenSandbox-Secure-Access,
+// which execd then requires; a refusal is 401 {"error": ...}).
+//
+// Fault modes reproduce what else a client must survive: a finished
 // background command reported as running for a while (SetLateCompletion),
 // command ids forgotten (ForgetCommandIDs) or execd restarting, which also
 // drops its connections and refuses new ones for a while (RestartExecd),
@@ -44,9 +60,11 @@ import (
 
 // Headers of the API.
 const (
-	APIKeyHeader      = "OPEN-SANDBOX-API-KEY"
-	AccessTokenHeader = "X-EXECD-ACCESS-TOKEN"
-	TailCursorHeader  = "EXECD-COMMANDS-TAIL-CURSOR"
+	APIKeyHeader = "OPEN-SANDBOX-API-KEY"
+	// SecureAccessHeader is the header the Kubernetes runtime's endpoint
+	// names (with the sandbox's token).
+	SecureAccessHeader = "OpenSandbox-Secure-Access"
+	TailCursorHeader   = "EXECD-COMMANDS-TAIL-CURSOR"
 	// ExecdPort is the port the endpoint lookup answers for.
 	ExecdPort = 44772
 )
@@ -70,15 +88,49 @@ type Options struct {
 	SnapshotAfter time.Duration
 	// Log receives a line per request that failed (nil: discarded).
 	Log *slog.Logger
+
+	// Runtime is the shape of the endpoint lookup's answer (default
+	// RuntimeDocker).
+	Runtime Runtime
+	// GracefulDelay is how long execd keeps a command's stream open after
+	// its final event (0: 1 s, as execd's default; negative: none).
+	GracefulDelay time.Duration
+	// PingInterval is the interval of ping events (default 3 s).
+	PingInterval time.Duration
+	// PollInterval is how often a command's output files are read
+	// (default 100 ms).
+	PollInterval time.Duration
+	// RegisterDelay is how long after its init a background command is
+	// unknown to the status endpoint (0: 20 ms; negative: none).
+	RegisterDelay time.Duration
+	// InterruptGrace is how long an interrupt waits between SIGTERM and
+	// SIGKILL, inside the request (default 3 s).
+	InterruptGrace time.Duration
+	// Env is execd's environment, which every command inherits (nil: this
+	// process's).
+	Env []string
 }
+
+// Runtime is the lifecycle server's runtime, which decides how the
+// endpoint lookup says to reach execd.
+type Runtime int
+
+const (
+	// RuntimeDocker answers host:port/proxy/44772 (execd's own reverse
+	// proxy) and names no header; execd checks no token.
+	RuntimeDocker Runtime = iota
+	// RuntimeKubernetes answers host:port with the header
+	// OpenSandbox-Secure-Access, which execd requires (401 without it).
+	RuntimeKubernetes
+)
 
 // DropPoint says when a dropped stream is cut.
 type DropPoint int
 
 const (
 	// DropAfterInit cuts the connection once the init event is sent: the
-	// command is killed (as execd kills a foreground command whose request
-	// ends), its outcome unknown to the client.
+	// command goes on (execd does not end a command whose client went
+	// away), its outcome unknown to the client.
 	DropAfterInit DropPoint = iota
 	// DropBeforeEnd lets the command finish and cuts the connection just
 	// before its end is reported: it ran, and the client cannot know.
@@ -101,6 +153,7 @@ type Server struct {
 	machine   string
 	shimDir   string
 	closed    bool
+	quit      chan struct{} // closed by Close
 	wg        sync.WaitGroup
 }
 
@@ -152,6 +205,21 @@ func Start(opt Options) (*Server, error) {
 	if opt.Log == nil {
 		opt.Log = slog.New(slog.DiscardHandler)
 	}
+	if opt.GracefulDelay == 0 {
+		opt.GracefulDelay = time.Second
+	}
+	if opt.PingInterval <= 0 {
+		opt.PingInterval = 3 * time.Second
+	}
+	if opt.PollInterval <= 0 {
+		opt.PollInterval = 100 * time.Millisecond
+	}
+	if opt.RegisterDelay == 0 {
+		opt.RegisterDelay = 20 * time.Millisecond
+	}
+	if opt.InterruptGrace <= 0 {
+		opt.InterruptGrace = 3 * time.Second
+	}
 	store := opt.Store
 	if store == nil {
 		var err error
@@ -165,7 +233,7 @@ func Start(opt Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opt: opt, store: store, ln: ln, url: "http://" + ln.Addr().String(),
-		sandboxes: map[string]*fakeSandbox{}, snapshots: map[string]*snapshot{}}
+		sandboxes: map[string]*fakeSandbox{}, snapshots: map[string]*snapshot{}, quit: make(chan struct{})}
 	s.hs = &http.Server{Handler: s.lifecycleHandler(), ReadHeaderTimeout: 30 * time.Second}
 	go s.hs.Serve(ln)
 	return s, nil
@@ -183,6 +251,9 @@ func (s *Server) HostPath(id string) string { return s.store.HostPath(id) }
 // Close stops every server and kills every process of every sandbox.
 func (s *Server) Close() {
 	s.mu.Lock()
+	if !s.closed {
+		close(s.quit)
+	}
 	s.closed = true
 	boxes := make([]*fakeSandbox, 0, len(s.sandboxes))
 	for _, sb := range s.sandboxes {
@@ -263,10 +334,11 @@ func (s *Server) ForgetCommandIDs() {
 }
 
 // RestartExecd restarts the sandbox's execd: it forgets every command id,
-// drops every connection (a foreground command whose stream is cut is
-// killed; background commands and what commands left running go on),
-// refuses connections for down, then serves again at the same address
-// (or, if that cannot be had, a new one that the endpoint lookup names).
+// drops every connection and kills the foreground commands (their process
+// groups; background commands, and what commands left in groups of their
+// own, go on), refuses connections for down, then serves again at the same
+// address (or, if that cannot be had, a new one that the endpoint lookup
+// names).
 // It returns once execd is back.
 func (s *Server) RestartExecd(id string, down time.Duration) error {
 	sb := s.get(id)
@@ -596,10 +668,14 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// As the real server: host:port, no scheme.
-	reply(w, http.StatusOK, map[string]any{
-		"endpoint": sb.execd.address(),
-		"headers":  map[string]string{AccessTokenHeader: sb.execd.token},
-	})
+	if s.opt.Runtime == RuntimeKubernetes {
+		reply(w, http.StatusOK, map[string]any{
+			"endpoint": sb.execd.address(),
+			"headers":  map[string]string{SecureAccessHeader: sb.execd.token},
+		})
+		return
+	}
+	reply(w, http.StatusOK, map[string]any{"endpoint": sb.execd.address() + "/proxy/" + strconv.Itoa(ExecdPort)})
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {

@@ -24,7 +24,7 @@ func claudeBin(t *testing.T) string {
 	t.Helper()
 	return installedBin(t, "Claude Code "+claudeVersion,
 		filepath.Join("claude-"+claudeVersion, "node_modules", "@anthropic-ai", "claude-code-linux-"+npmArch(), "claude"),
-		"scripts/install-harnesses.sh claude", false)
+		"scripts/install-harnesses.sh claude", true)
 }
 
 // claudeRun is one `claude -p` run and its CLAUDE_CONFIG_DIR.

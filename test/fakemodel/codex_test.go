@@ -32,7 +32,7 @@ func codexBin(t *testing.T) string {
 	}
 	return installedBin(t, "Codex CLI "+codexVersion,
 		filepath.Join("codex-"+codexVersion, "node_modules", "@openai", "codex-linux-"+npmArch(), "vendor", triple, "bin", "codex"),
-		"scripts/install-harnesses.sh codex", false)
+		"scripts/install-harnesses.sh codex", true)
 }
 
 // codexConfig is $CODEX_HOME/config.toml pointing Codex at the Responses

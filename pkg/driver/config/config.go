@@ -32,7 +32,7 @@ type Config struct {
 	LeaseGrace Duration `yaml:"lease_grace"`
 	// MaxRuns bounds the runs in flight (0: no limit).
 	MaxRuns int `yaml:"max_runs"`
-	// Adapter names the harness adapter: fake or opencode.
+	// Adapter names the harness adapter: fake, opencode or codex.
 	Adapter string `yaml:"adapter"`
 	// PauseAtCheckpoints: false stops and relaunches at every checkpoint
 	// instead of pausing in place. Unset: the adapter's own default.
@@ -53,6 +53,8 @@ type Config struct {
 	Fake map[string]any `yaml:"fake"`
 	// OpenCode configures the OpenCode adapter.
 	OpenCode map[string]any `yaml:"opencode"`
+	// Codex configures the Codex CLI adapter.
+	Codex map[string]any `yaml:"codex"`
 }
 
 // Owner is the sandbox owner's address and call budgets.

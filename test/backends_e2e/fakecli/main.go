@@ -3,37 +3,38 @@
 // sandbox backends use, run for real on this machine. A container or pod
 // is a folder (a local sandbox under $FAKECLI_BASE) that every command
 // run in it sees at one fixed path ($FAKECLI_MOUNT, default /sandbox)
-// through a mount namespace of its own, as root; a docker snapshot image
-// is a copy of such a folder. Removing a container or pod kills every
-// process running in it.
+// through a mount namespace of its own, as root; a docker image is a copy
+// of such a folder. Removing a container or pod kills every process
+// running in it. As with the real clients, killing the client does not
+// end what it started, and stdin reaches the command only with -i.
 //
 // The messages and exit codes of failures are the real clients' ("Error
 // response from daemon: No such container: NAME", `Error from server
-// (NotFound): pods "NAME" not found`). With $FAKECLI_BASE/down present,
-// every call fails as when the daemon or API server cannot be reached.
+// (NotFound): pods "NAME" not found`, "error: unknown flag: --x"). With
+// $FAKECLI_BASE/down present, every call fails as when the daemon or API
+// server cannot be reached. A command line the real client would take but
+// the fake does not model fails with exit 2 and a "fakecli:" message.
 //
 // docker: exec [-i] [-u USER] [-w DIR] [-e K=V]... CONTAINER CMD...;
-// run -d --name NAME [flags] IMAGE [CMD...]; commit CONTAINER REF;
-// container inspect -f FORMAT NAME; rm -f NAME; rmi [-f] REF;
-// image inspect REF.
+// run -d --name NAME [flags] IMAGE [CMD...]; commit [-c CHANGE]...
+// CONTAINER [REF]; container inspect -f FORMAT NAME; rm -f NAME; rmi [-f]
+// REF|ID...; image inspect [-f {{.Id}}] REF...; images [-a] [-q]
+// [--no-trunc] [--filter dangling=B|label=K[=V]]... The images behave as
+// a daemon's do (see state): labels, tags taken over by a new commit, and
+// an image a container uses only untagged by rmi -f.
 //
-// kubectl (global --context, --kubeconfig, -n/--namespace anywhere):
-// exec -i POD [-c C] -- CMD...; run NAME --image=IMG [flags] [--command]
-// -- CMD...; wait --for=condition=Ready pod/NAME [--timeout=D];
-// get pod NAME -o jsonpath={.status.phase}; delete pod NAME [flags].
+// kubectl: the lines kubectl.go describes (exec, run, wait, get, delete
+// pod), parsed as kubectl parses them.
 package main
 
 import (
-	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -42,7 +43,13 @@ import (
 	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
+// shimArg, as the first argument, runs fakecli as the shim (see shim).
+const shimArg = "__fakecli-shim"
+
 func main() {
+	if len(os.Args) > 2 && os.Args[1] == shimArg {
+		shim(os.Args[2:])
+	}
 	base := os.Getenv("FAKECLI_BASE")
 	if base == "" || !filepath.IsAbs(base) {
 		fail(2, "fakecli: FAKECLI_BASE must name an absolute folder")
@@ -55,6 +62,7 @@ func main() {
 	if err != nil {
 		fail(2, "fakecli: %v", err)
 	}
+	note("call", os.Args...)
 	c := &cli{store: store, base: base, args: os.Args[1:]}
 	name := filepath.Base(os.Args[0])
 	down := false
@@ -82,6 +90,41 @@ func fail(code int, format string, args ...any) {
 	os.Exit(code)
 }
 
+// LogEnv names a file (optional) where every call is noted as a line
+// "call ARGV", and every refused command line as "refused ARGV MESSAGE"
+// (Go-quoted words): what the real client would refuse, or what the fake
+// does not model. A test reads it to prove a backend sends only command
+// lines the real client takes.
+const LogEnv = "FAKECLI_LOG"
+
+// note appends a line to the $FAKECLI_LOG file.
+func note(kind string, words ...string) {
+	file := os.Getenv(LogEnv)
+	if file == "" {
+		return
+	}
+	line := kind
+	for _, w := range words {
+		line += " " + strconv.Quote(w)
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		fail(2, "fakecli: %s: %v", LogEnv, err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(line + "\n"); err != nil {
+		fail(2, "fakecli: %s: %v", LogEnv, err)
+	}
+}
+
+// refuse fails for a command line the real client would refuse (or the
+// fake does not model), noting it (see LogEnv).
+func refuse(code int, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	note("refused", append(append([]string(nil), os.Args...), msg)...)
+	fail(code, "%s", msg)
+}
+
 type cli struct {
 	store *local.Backend
 	base  string
@@ -91,16 +134,22 @@ type cli struct {
 // exec runs argv in the sandbox id, in a mount namespace of its own in
 // which the sandbox's folder is bind-mounted at the mount point, and exits
 // with its exit code. Its output is relayed as it comes, and its input
-// passed on; it runs in a session of its own, so, as with the real
-// clients, killing this process does not kill what it started.
-func (c *cli) exec(id, dir string, env map[string]string, argv []string, kube bool) {
+// passed on when stdin is attached (-i; otherwise it reads nothing). As
+// with the real clients, killing this process does not end what it
+// started: that runs in a session of its own under a shim, which keeps
+// its output flowing after this process died, as the daemon would.
+func (c *cli) exec(id, dir string, env map[string]string, argv []string, stdin, kube bool) {
 	if dir == "" {
 		dir = "/"
 	}
 	mp := c.store.MountPoint()
 	script := fmt.Sprintf("mount --bind %s %s || exit 125\ncd -- %s || exit 126\nexec \"$@\"",
 		sandbox.Quote(c.store.HostPath(id)), sandbox.Quote(mp), sandbox.Quote(dir))
-	cmd := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh"}, argv...)...)
+	self, err := os.Executable()
+	if err != nil {
+		fail(126, "fakecli: %v", err)
+	}
+	cmd := exec.Command(self, append([]string{shimArg, "unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh"}, argv...)...)
 	cmd.Dir = "/"
 	path := os.Getenv("PATH")
 	if path == "" {
@@ -112,7 +161,9 @@ func (c *cli) exec(id, dir string, env map[string]string, argv []string, kube bo
 	}
 	// Wrapped, so that the output is relayed through pipes of this
 	// process (not handed down as its own descriptors).
-	cmd.Stdin = struct{ io.Reader }{os.Stdin}
+	if stdin {
+		cmd.Stdin = struct{ io.Reader }{os.Stdin}
+	}
 	cmd.Stdout = struct{ io.Writer }{os.Stdout}
 	cmd.Stderr = struct{ io.Writer }{os.Stderr}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -121,15 +172,7 @@ func (c *cli) exec(id, dir string, env map[string]string, argv []string, kube bo
 		fail(126, "fakecli: exec in %s: %v", id, err)
 	}
 	_ = cmd.Wait()
-	code := -1
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok {
-		switch {
-		case ws.Signaled():
-			code = 128 + int(ws.Signal())
-		case ws.Exited():
-			code = ws.ExitStatus()
-		}
-	}
+	code := exitCode(cmd)
 	if kube && code != 0 {
 		fmt.Fprintf(os.Stderr, "command terminated with exit code %d\n", code)
 	}
@@ -158,227 +201,51 @@ func (c *cli) remove(id string) {
 	}
 }
 
-// imageID is the local snapshot id of a docker image reference.
-func imageID(ref string) string {
-	sum := sha256.Sum256([]byte(ref))
-	return "img-" + hex.EncodeToString(sum[:16])
-}
-
-// docker implements the docker subcommands.
-func (c *cli) docker() {
-	a := c.args
-	if len(a) == 0 {
-		fail(1, "docker: no command")
-	}
-	switch {
-	case a[0] == "exec":
-		c.dockerExec(a[1:])
-	case a[0] == "run":
-		c.dockerRun(a[1:])
-	case a[0] == "commit" && len(a) == 3:
-		if !c.exists(a[1]) {
-			fail(1, "Error response from daemon: No such container: %s", a[1])
-		}
-		id := imageID(a[2])
-		if c.store.HasSnapshot(id) {
-			_ = c.store.RemoveSnapshot(context.Background(), id)
-		}
-		if err := c.store.Snapshot(context.Background(), a[1], id); err != nil {
-			fail(1, "Error response from daemon: %v", err)
-		}
-		fmt.Println("sha256:" + strings.TrimPrefix(id, "img-"))
-	case a[0] == "container" && len(a) == 5 && a[1] == "inspect" && a[2] == "-f":
-		if !c.exists(a[4]) {
-			fail(1, "Error response from daemon: No such container: %s", a[4])
-		}
-		fmt.Println("true")
-	case a[0] == "image" && len(a) == 3 && a[1] == "inspect":
-		if !c.store.HasSnapshot(imageID(a[2])) {
-			fail(1, "Error response from daemon: No such image: %s", a[2])
-		}
-		fmt.Println("[{}]")
-	case a[0] == "rm" && len(a) == 3 && a[1] == "-f":
-		if !c.exists(a[2]) {
-			fail(1, "Error response from daemon: No such container: %s", a[2])
-		}
-		c.remove(a[2])
-		fmt.Println(a[2])
-	case a[0] == "rmi":
-		ref := a[len(a)-1]
-		if !c.store.HasSnapshot(imageID(ref)) {
-			fail(1, "Error response from daemon: No such image: %s", ref)
-		}
-		if err := c.store.RemoveSnapshot(context.Background(), imageID(ref)); err != nil {
-			fail(1, "Error response from daemon: %v", err)
-		}
-		fmt.Println("Untagged: " + ref)
-	default:
-		fail(1, "docker: fakecli does not know %q", strings.Join(a, " "))
-	}
-}
-
-func (c *cli) dockerExec(a []string) {
-	env := map[string]string{}
-	dir := ""
-	i := 0
-	for ; i < len(a) && strings.HasPrefix(a[i], "-"); i++ {
-		switch a[i] {
-		case "-i", "--interactive":
-		case "-u", "--user":
-			i++
-		case "-w", "--workdir":
-			i++
-			dir = a[i]
-		case "-e", "--env":
-			i++
-			k, v, _ := strings.Cut(a[i], "=")
-			env[k] = v
-		default:
-			fail(1, "unknown flag: %s", a[i])
-		}
-	}
-	if i+1 >= len(a) {
-		fail(1, "\"docker exec\" requires at least 2 arguments.")
-	}
-	id := a[i]
-	if !c.exists(id) {
-		fail(1, "Error response from daemon: No such container: %s", id)
-	}
-	c.exec(id, dir, env, a[i+1:], false)
-}
-
-func (c *cli) dockerRun(a []string) {
-	name := ""
-	withValue := map[string]bool{"--name": true, "--label": true, "-l": true, "--network": true, "--memory": true, "-m": true,
-		"--cpus": true, "-e": true, "--env": true, "-v": true, "--volume": true, "-w": true, "--workdir": true,
-		"-u": true, "--user": true, "--entrypoint": true, "--platform": true, "--hostname": true}
-	i := 0
-	for ; i < len(a) && strings.HasPrefix(a[i], "-"); i++ {
-		flag, _, hasValue := strings.Cut(a[i], "=")
-		if withValue[flag] && !hasValue {
-			i++
-			if flag == "--name" {
-				name = a[i]
-			}
-		}
-	}
-	if i >= len(a) {
-		fail(125, "\"docker run\" requires at least 1 argument.")
-	}
-	image := a[i]
-	if name == "" {
-		fail(125, "docker: fakecli needs --name")
-	}
-	if c.exists(name) {
-		fail(125, "docker: Error response from daemon: Conflict. The container name \"/%s\" is already in use by container \"%s\". You have to remove (or rename) that container to be able to reuse that name.", name, name)
-	}
-	var err error
-	switch {
-	case c.store.HasSnapshot(imageID(image)):
-		_, err = c.store.Fork(context.Background(), imageID(image), name)
-	case strings.HasPrefix(image, localRepo()):
-		// Made here by commit, never pulled.
-		fail(125, "Unable to find image '%s' locally\ndocker: Error response from daemon: pull access denied for %s, repository does not exist or may require 'docker login'.", image, image)
-	default:
-		_, err = c.store.Create(context.Background(), name)
-	}
-	if err != nil {
-		fail(125, "docker: Error response from daemon: %v", err)
-	}
-	fmt.Println(name)
-}
-
-// localRepo is the repository of images that exist only once committed
-// ($FAKECLI_LOCAL_REPO, default ngharness-snapshot): any other image is
-// "pulled" as an empty container.
-func localRepo() string {
-	if r := os.Getenv("FAKECLI_LOCAL_REPO"); r != "" {
-		return r
-	}
-	return "ngharness-snapshot"
-}
-
-// podID is the local sandbox id of a pod.
-func podID(ns, pod string) string { return "k8s-" + ns + "." + pod }
-
-// kubectl implements the kubectl subcommands.
-func (c *cli) kubectl() {
-	ns := "default"
-	var pos []string
-	var after []string
-	flags := map[string]string{}
-	a := c.args
-	for i := 0; i < len(a); i++ {
+// exitCode is how a finished command ended: its exit code, 128+N for
+// signal N, -1 unknown.
+func exitCode(cmd *exec.Cmd) int {
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok {
 		switch {
-		case a[i] == "--":
-			after = a[i+1:]
-			i = len(a)
-		case a[i] == "-n" || a[i] == "--namespace":
-			i++
-			ns = a[i]
-		case strings.HasPrefix(a[i], "--namespace="):
-			ns = strings.TrimPrefix(a[i], "--namespace=")
-		case a[i] == "--context" || a[i] == "--kubeconfig" || a[i] == "-c" || a[i] == "-o" || a[i] == "--image":
-			i++
-			flags[a[i-1]] = a[i]
-		case strings.HasPrefix(a[i], "-"):
-			k, v, _ := strings.Cut(a[i], "=")
-			flags[k] = v
-		default:
-			pos = append(pos, a[i])
+		case ws.Signaled():
+			return 128 + int(ws.Signal())
+		case ws.Exited():
+			return ws.ExitStatus()
 		}
 	}
-	if len(pos) == 0 {
-		fail(1, "kubectl: no command")
+	return -1
+}
+
+// shim runs argv as a container runtime does for the daemon, and exits
+// with its exit code: its output is relayed to the shim's stdout and
+// stderr for as long as the client reads them, and dropped once the
+// client is gone, so the command runs on (and the markers it prints do not
+// kill it) after the client died.
+func shim(argv []string) {
+	// Handled (not ignored, which the command would inherit): a write to
+	// a gone client is then an error, not death.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin = os.Stdin
+	cmd.Stdout = &lenient{w: os.Stdout}
+	cmd.Stderr = &lenient{w: os.Stderr}
+	if err := cmd.Start(); err != nil {
+		fail(126, "fakecli: %v", err)
 	}
-	notFound := func(pod string) { fail(1, "Error from server (NotFound): pods %q not found", pod) }
-	switch {
-	case pos[0] == "exec" && len(pos) == 2:
-		id := podID(ns, pos[1])
-		if !c.exists(id) {
-			notFound(pos[1])
+	_ = cmd.Wait()
+	os.Exit(exitCode(cmd))
+}
+
+// lenient writes to w until a write fails, then drops what comes.
+type lenient struct {
+	w      io.Writer
+	broken bool
+}
+
+func (l *lenient) Write(p []byte) (int, error) {
+	if !l.broken {
+		if _, err := l.w.Write(p); err != nil {
+			l.broken = true
 		}
-		if len(after) == 0 {
-			fail(1, "error: you must specify at least one command for the container")
-		}
-		if flags["-c"] == "" {
-			fmt.Fprintf(os.Stderr, "Defaulted container %q out of: %s, istio-proxy (init)\n", pos[1], pos[1])
-		}
-		c.exec(id, "", nil, after, true)
-	case pos[0] == "run" && len(pos) == 2:
-		id := podID(ns, pos[1])
-		if c.exists(id) {
-			fail(1, "Error from server (AlreadyExists): pods %q already exists", pos[1])
-		}
-		if flags["--image"] == "" {
-			fail(1, "error: --image is required")
-		}
-		if _, err := c.store.Create(context.Background(), id); err != nil {
-			fail(1, "error: %v", err)
-		}
-		fmt.Printf("pod/%s created\n", pos[1])
-	case pos[0] == "wait" && len(pos) == 2 && strings.HasPrefix(pos[1], "pod/"):
-		pod := strings.TrimPrefix(pos[1], "pod/")
-		if !c.exists(podID(ns, pod)) {
-			notFound(pod)
-		}
-		fmt.Printf("pod/%s condition met\n", pod)
-	case pos[0] == "get" && len(pos) == 3 && pos[1] == "pod":
-		if !c.exists(podID(ns, pos[2])) {
-			notFound(pos[2])
-		}
-		fmt.Print("Running")
-	case pos[0] == "delete" && len(pos) == 3 && pos[1] == "pod":
-		id := podID(ns, pos[2])
-		if !c.exists(id) {
-			if _, ok := flags["--ignore-not-found"]; ok {
-				return
-			}
-			notFound(pos[2])
-		}
-		c.remove(id)
-		fmt.Printf("pod %q force deleted\n", pos[2])
-	default:
-		fail(1, "kubectl: fakecli does not know %q", strings.Join(c.args, " "))
 	}
+	return len(p), nil
 }

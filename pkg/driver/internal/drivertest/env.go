@@ -105,6 +105,7 @@ type Env struct {
 
 	logs    *syncbuf.Buffer
 	ckRoot  string
+	view    hostView
 	mu      sync.Mutex
 	handles []*Handle
 }
@@ -130,10 +131,10 @@ func New(t *testing.T) *Env {
 	}
 	var tb [4]byte
 	_, _ = rand.Read(tb[:])
-	inner, lender := withBackend(t, lb) // local unless DRIVERTEST_BACKEND names another
+	inner, lender, view := withBackend(t, lb) // local unless DRIVERTEST_BACKEND names another
 	// The tag starts with "t": a rollout id ending in "-a<digits>" is
 	// refused (Gym reserves that ending for attempt keys).
-	e := &Env{T: t, Local: lb, Backend: NewBackend(inner), Tag: "t" + hex.EncodeToString(tb[:]), logs: &syncbuf.Buffer{}, ckRoot: t.TempDir()}
+	e := &Env{T: t, Local: lb, Backend: NewBackend(inner), Tag: "t" + hex.EncodeToString(tb[:]), logs: &syncbuf.Buffer{}, ckRoot: t.TempDir(), view: view}
 	var w io.Writer = e.logs
 	if os.Getenv("DRIVERTEST_VERBOSE") != "" {
 		w = io.MultiWriter(e.logs, os.Stderr)
@@ -361,17 +362,19 @@ func (e *Env) Session(rollout string) localowner.SessionInfo {
 	return info
 }
 
-// HostPath is where a sandbox's folder is on this machine.
-func (e *Env) HostPath(sandboxID string) string { return e.Local.HostPath(sandboxID) }
+// HostPath is where a sandbox's folder (its mount point, which holds its
+// root and workdir) is on this machine.
+func (e *Env) HostPath(sandboxID string) string { return e.view.folder(sandboxID) }
+
+// Open connects to one of the Env's sandboxes, through its backend.
+func (e *Env) Open(sandboxID string) (sandbox.Sandbox, error) {
+	return e.view.open(context.Background(), sandboxID)
+}
 
 // HostOf maps a path inside sandboxID to its host path.
 func (e *Env) HostOf(sandboxID, inside string) string {
 	e.T.Helper()
-	sb, err := e.Local.Open(sandboxID)
-	if err != nil {
-		e.T.Fatal(err)
-	}
-	p, err := sb.HostPathOf(inside)
+	p, err := hostOf(e.view, sandboxID, e.Local.MountPoint(), inside)
 	if err != nil {
 		e.T.Fatal(err)
 	}
@@ -383,12 +386,18 @@ func (e *Env) LaunchDir(sandboxID, launchID string) string {
 	return filepath.Join(e.HostPath(sandboxID), local.RootFolder, "launches", launchID)
 }
 
-// Receipt reads a launch's receipt on the host (nil when there is none yet).
+// Receipt reads a launch's receipt on the host (nil when there is none
+// yet). Its pids are host pids: in a container of a real engine the
+// receipt's own (the container's) are mapped, and one whose process is gone
+// reads 0.
 func (e *Env) Receipt(sandboxID, launchID string) *proto.Receipt {
-	r, err := proto.ReadReceipt(e.LaunchDir(sandboxID, launchID))
+	dir := e.LaunchDir(sandboxID, launchID)
+	r, err := proto.ReadReceipt(dir)
 	if err != nil {
 		return nil
 	}
+	host := e.view.hostPids(dir)
+	r.SupervisorPID, r.HarnessPID, r.HarnessPGID = host(r.SupervisorPID), host(r.HarnessPID), host(r.HarnessPGID)
 	return r
 }
 
@@ -481,7 +490,7 @@ func (e *Env) WaitPids(hostSessionDir string, kinds ...string) []Proc {
 	var procs []Proc
 	Eventually(e.T, fmt.Sprintf("pids %v in %s", kinds, hostSessionDir), func() (bool, string) {
 		var err error
-		procs, err = ReadPids(hostSessionDir)
+		procs, err = readPids(hostSessionDir, e.view.hostPids(hostSessionDir))
 		if err != nil {
 			return false, err.Error()
 		}
@@ -510,31 +519,13 @@ func CheckGone(t testing.TB, what string, procs []Proc) {
 	})
 }
 
-// ProcsIn lists the processes running in the given sandboxes (every
-// sandbox of the Env when none is given), found by the bind mount of the
-// sandbox's folder at the mount point in their mountinfo. Zombies are left
+// ProcsIn lists the host pids of the processes running in the given
+// sandboxes (every sandbox of the Env when none is given): for local
+// sandboxes, found by the bind mount of the sandbox's folder at the mount
+// point in their mountinfo; for containers, by their pid namespace (the
+// process that keeps the container running left out). Zombies are left
 // out.
-func (e *Env) ProcsIn(sandboxIDs ...string) []int {
-	var roots []string
-	for _, id := range sandboxIDs {
-		roots = append(roots, e.HostPath(id))
-	}
-	sandboxes := filepath.Join(e.Local.Base(), "sandboxes") + "/"
-	var out []int
-	for _, pid := range pids() {
-		st, ok := ReadStat(pid)
-		if !ok || st.State == 'Z' || st.State == 'X' {
-			continue
-		}
-		for _, r := range bindRoots(pid, e.Local.MountPoint()) {
-			if len(roots) == 0 && strings.HasPrefix(r, sandboxes) || slices.Contains(roots, r) {
-				out = append(out, pid)
-				break
-			}
-		}
-	}
-	return out
-}
+func (e *Env) ProcsIn(sandboxIDs ...string) []int { return e.view.procs(sandboxIDs...) }
 
 // tagged lists the live processes whose launch tag names one of this Env's
 // rollouts.
@@ -578,16 +569,7 @@ func IsSupervisor(pid int) bool {
 }
 
 // Sandboxes lists the ids of the sandboxes in the Env's backend.
-func (e *Env) Sandboxes() []string {
-	ents, _ := os.ReadDir(filepath.Join(e.Local.Base(), "sandboxes"))
-	var out []string
-	for _, en := range ents {
-		if en.IsDir() && !strings.HasPrefix(en.Name(), ".") {
-			out = append(out, en.Name())
-		}
-	}
-	return out
-}
+func (e *Env) Sandboxes() []string { return e.view.sandboxes() }
 
 // StopEverything runs `ngsup stop --id` (grace 1 s) on every launch folder
 // of every sandbox of the Env. It is what the cleanup does first; tests use
@@ -595,11 +577,11 @@ func (e *Env) Sandboxes() []string {
 func (e *Env) StopEverything(ctx context.Context) error {
 	var errs []error
 	for _, id := range e.Sandboxes() {
-		sb, err := e.Local.Open(id)
+		sb, err := e.view.open(ctx, id)
 		if err != nil {
 			continue
 		}
-		launches := filepath.Join(sb.HostPath(), local.RootFolder, "launches")
+		launches := filepath.Join(e.HostPath(id), local.RootFolder, "launches")
 		ents, err := os.ReadDir(launches)
 		if err != nil {
 			continue

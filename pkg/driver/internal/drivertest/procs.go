@@ -79,8 +79,17 @@ func (p Proc) State() byte {
 }
 
 // ReadPids reads a fake harness's pids file (on the host) and the start
-// time of each process in it.
+// time of each process in it. In a container of a real engine
+// (DRIVERTEST_BACKEND=docker-real) the file's pids are the container's:
+// each is read as the host pid of that process, and one whose process is
+// gone reads as gone.
 func ReadPids(hostSessionDir string) ([]Proc, error) {
+	return readPids(hostSessionDir, pidsOf(hostSessionDir))
+}
+
+// readPids is ReadPids with the pids of the file mapped to host pids by
+// host (0: no such process).
+func readPids(hostSessionDir string, host func(int) int) ([]Proc, error) {
 	data, err := os.ReadFile(filepath.Join(hostSessionDir, "pids"))
 	if err != nil {
 		return nil, err
@@ -96,8 +105,11 @@ func ReadPids(hostSessionDir string) ([]Proc, error) {
 			continue
 		}
 		p := Proc{Kind: f[0], PID: pid}
-		if st, ok := ReadStat(pid); ok {
-			p.StartTicks = st.StartTicks
+		if h := host(pid); h > 0 {
+			p.PID = h
+			if st, ok := ReadStat(h); ok {
+				p.StartTicks = st.StartTicks
+			}
 		}
 		out = append(out, p)
 	}

@@ -5,19 +5,24 @@
 //
 // Docker cannot kill an exec, so every command's timeout is enforced
 // inside the container with `timeout -s KILL`; when the driver's context
-// ends, the client is killed by its own process group and the command's
-// process group in the container by a second exec (only if it still
-// carries the command's random tag). The script
-// marks its start and its end (with the exit code) on stderr under a
-// random word, so a command that ran and exited non-zero is told apart
+// ends, the client is killed by its own process group and the command in
+// the container by a second exec that finds it by its random tag (even
+// when the client died before the command's start reached it). The
+// script marks its start and its end (with the exit code) on stderr under
+// a random word, so a command that ran and exited non-zero is told apart
 // from a client that failed (No such container: sandbox.ErrGone; Cannot
 // connect to the Docker daemon: sandbox.ErrTransport; permission denied:
 // sandbox.ErrUnauthorized) and from a connection that broke mid-command.
+// All of that is package cliexec, shared with the kubectl backend; this
+// package supplies docker's command lines.
 //
 // For an owner that lends containers the backend also creates them
 // (`docker run -d`), snapshots them (`docker commit`: the container's
 // files, at the same paths), forks them (`docker run` of the snapshot
-// image) and removes them (`docker rm -f`, `docker rmi -f`).
+// image) and removes them (`docker rm -f`, `docker rmi -f`). Every image
+// it commits carries the owner's label; an image that lost its name while
+// a fork used it (`rmi -f` then only untags it) or that was committed over
+// is removed, by that label, once no container uses it.
 package docker
 
 import (
@@ -27,7 +32,6 @@ import (
 	"os/exec"
 	"path"
 	"strings"
-	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/internal/cliexec"
@@ -43,6 +47,9 @@ const (
 	DefaultSnapshotRepository = "ngharness-snapshot"
 	// Label marks the containers the backend created.
 	Label = "io.ngharness.sandbox=1"
+	// SnapshotLabel is the key of the label every image a snapshot
+	// commits carries, with the owner's name (Options.Owner) as value.
+	SnapshotLabel = "io.ngharness.snapshot"
 )
 
 // Options configure a Backend.
@@ -74,6 +81,10 @@ type Options struct {
 	// SnapshotRepository names the images snapshots are committed to
 	// (default ngharness-snapshot): a snapshot is REPOSITORY:NAME.
 	SnapshotRepository string
+	// Owner names this owner in the label SnapshotLabel=OWNER of every
+	// image it commits; it removes only unused images of its own name
+	// (default: the SnapshotRepository).
+	Owner string
 }
 
 // Backend reaches containers through the docker client. Its methods are
@@ -108,7 +119,13 @@ func New(opt Options) (*Backend, error) {
 	if opt.SnapshotRepository == "" {
 		opt.SnapshotRepository = DefaultSnapshotRepository
 	}
-	return &Backend{opt: opt, cli: &cliexec.Client{Path: bin, Args: opt.Args, Env: opt.Env}}, nil
+	if opt.Owner == "" {
+		opt.Owner = opt.SnapshotRepository
+	}
+	if strings.ContainsAny(opt.Owner, "\n\"'\\ ,") {
+		return nil, fmt.Errorf("docker: the owner name %q holds a space, quote, comma or newline", opt.Owner)
+	}
+	return &Backend{opt: opt, cli: &cliexec.Client{Name: Name, Path: bin, Args: opt.Args, Env: opt.Env, Classes: classes}}, nil
 }
 
 // Name is "docker".
@@ -147,13 +164,14 @@ func (b *Backend) Connect(ctx context.Context, d sandbox.Descriptor) (sandbox.Sa
 	return b.open(d.SandboxID, d.Workdir), nil
 }
 
+// open is the container id, reached by the exec shape
+//
+//	docker exec -i [-u USER] CONTAINER sh -c SCRIPT
 func (b *Backend) open(id, workdir string) *Sandbox {
 	if workdir == "" {
 		workdir = b.opt.Workdir
 	}
-	s := &Sandbox{b: b, id: id, workdir: path.Clean(workdir)}
-	s.t = &cliexec.Target{
-		ID: id, Workdir: s.workdir, Client: b.cli, Classes: classes,
+	return &Sandbox{cliexec.NewSandbox(b.cli, id, b.opt.Root, workdir, cliexec.Shape{
 		ExecArgs: func(script string) []string {
 			args := []string{"exec", "-i"}
 			if b.opt.User != "" {
@@ -162,65 +180,27 @@ func (b *Backend) open(id, workdir string) *Sandbox {
 			return append(args, id, "sh", "-c", script)
 		},
 		Exists: func(ctx context.Context) error { return b.running(ctx, id) },
-	}
-	return s
+	})}
 }
 
-// Sandbox is one container. It implements sandbox.Sandbox.
-type Sandbox struct {
-	b       *Backend
-	id      string
-	workdir string
-	t       *cliexec.Target
-}
-
-var _ sandbox.Sandbox = (*Sandbox)(nil)
-
-// ID is the container's name.
-func (s *Sandbox) ID() string { return s.id }
-
-// Root is the backend's root folder.
-func (s *Sandbox) Root() string { return s.b.opt.Root }
-
-// Workdir is the descriptor's workdir, or the backend's.
-func (s *Sandbox) Workdir() string { return s.workdir }
-
-// Exec runs req in the container:
+// Sandbox is one container. It implements sandbox.Sandbox: Exec runs
 //
 //	docker exec -i CONTAINER sh -c SCRIPT
 //
 // where SCRIPT runs `cd -- DIR && K=V exec ARGV` (every word quoted)
-// under `timeout -s KILL`, between the markers that report its exit code.
-func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
-	return s.t.Exec(ctx, req)
+// under `timeout -s KILL`, between the markers that report its exit code;
+// Upload pipes the data through the client's stdin into a temporary file
+// that is then renamed over the path.
+type Sandbox struct {
+	*cliexec.Sandbox
 }
 
-// Upload writes data to path with mode, piped through the client's stdin
-// into a temporary file that is then renamed over path.
-func (s *Sandbox) Upload(ctx context.Context, p string, data []byte, mode uint32) error {
-	if err := s.t.Upload(ctx, path.Clean(p), data, mode); err != nil {
-		return fmt.Errorf("docker: %w", err)
-	}
-	return nil
-}
-
-// docker runs the client and returns its stdout; a non-zero exit is an
-// error carrying its message, classified.
-func (b *Backend) docker(ctx context.Context, args ...string) (string, error) {
-	res, err := b.cli.Run(ctx, cliexec.Call{Args: args})
-	if err != nil {
-		return "", fmt.Errorf("docker %s: %w", args[0], err)
-	}
-	if res.ExitCode != 0 {
-		return string(res.Stdout), fmt.Errorf("docker %s: %w: exit %d: %s", args[0], classes.Classify(res.Stderr), res.ExitCode, cliexec.Tail(res.Stderr))
-	}
-	return strings.TrimSpace(string(res.Stdout)), nil
-}
+var _ sandbox.Sandbox = (*Sandbox)(nil)
 
 // running is nil when the container is running, an error wrapping
 // sandbox.ErrGone when it does not exist or is not running.
 func (b *Backend) running(ctx context.Context, id string) error {
-	out, err := b.docker(ctx, "container", "inspect", "-f", "{{.State.Running}}", id)
+	out, err := b.cli.Output(ctx, "container", "inspect", "-f", "{{.State.Running}}", id)
 	if err != nil {
 		return err
 	}
@@ -242,11 +222,7 @@ func (b *Backend) Create(ctx context.Context, name string) (sandbox.Sandbox, err
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.Exec(ctx, sandbox.ExecRequest{Argv: []string{"mkdir", "-p", "--", b.opt.Root, b.opt.Workdir}, Dir: "/", Timeout: time.Minute})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("mkdir exited %d: %s", res.ExitCode, cliexec.Tail(res.Stderr))
-	}
-	if err != nil {
+	if err := s.MakeFolders(ctx, b.opt.Root, b.opt.Workdir); err != nil {
 		_ = b.Remove(context.WithoutCancel(ctx), name)
 		return nil, fmt.Errorf("docker: prepare container %s: %w", name, err)
 	}
@@ -260,7 +236,7 @@ func (b *Backend) run(ctx context.Context, name, image string) (*Sandbox, error)
 	args := []string{"run", "-d", "--name", name, "--label", Label}
 	args = append(args, b.opt.RunArgs...)
 	args = append(append(args, image), b.opt.Command...)
-	if _, err := b.docker(ctx, args...); err != nil {
+	if _, err := b.cli.Output(ctx, args...); err != nil {
 		return nil, fmt.Errorf("docker: create container %s from %s: %w", name, image, err)
 	}
 	return b.open(name, ""), nil
@@ -283,15 +259,18 @@ func (b *Backend) SnapshotRef(name string) string {
 	return b.opt.SnapshotRepository + ":" + name
 }
 
+// label is the label of the images this owner commits.
+func (b *Backend) label() string { return SnapshotLabel + "=" + b.opt.Owner }
+
 // Snapshot commits the container's files to the image REPOSITORY:NAME
-// (replacing an earlier one of that name) and returns the image's
-// reference, the snapshot's id.
+// (replacing an earlier one of that name), labelled as this owner's, and
+// returns the image's reference, the snapshot's id.
 func (b *Backend) Snapshot(ctx context.Context, sandboxID, name string) (string, error) {
 	if err := CheckName(name); err != nil {
 		return "", fmt.Errorf("docker: snapshot name: %w", err)
 	}
 	ref := b.SnapshotRef(name)
-	if _, err := b.docker(ctx, "commit", sandboxID, ref); err != nil {
+	if _, err := b.cli.Output(ctx, "commit", "--change", "LABEL "+b.label(), sandboxID, ref); err != nil {
 		return "", fmt.Errorf("docker: snapshot container %s: %w", sandboxID, err)
 	}
 	return ref, nil
@@ -300,7 +279,7 @@ func (b *Backend) Snapshot(ctx context.Context, sandboxID, name string) (string,
 // Fork runs a new container called name from a snapshot image: the same
 // files at the same paths.
 func (b *Backend) Fork(ctx context.Context, snapshotID, name string) (sandbox.Sandbox, error) {
-	if _, err := b.docker(ctx, "image", "inspect", snapshotID); err != nil {
+	if _, err := b.cli.Output(ctx, "image", "inspect", snapshotID); err != nil {
 		if cliexec.Matches([]byte(err.Error()), "No such image") {
 			return nil, fmt.Errorf("docker: fork %s: snapshot %s: %w", name, snapshotID, sandbox.ErrNotFound)
 		}
@@ -309,20 +288,44 @@ func (b *Backend) Fork(ctx context.Context, snapshotID, name string) (sandbox.Sa
 	return b.run(ctx, name, snapshotID)
 }
 
-// Remove removes the container (its processes end with it). Removing one
-// that does not exist is not an error.
+// Remove removes the container (its processes end with it), then the
+// images this owner committed that nothing uses any more (see
+// RemoveSnapshot). Removing one that does not exist is not an error.
 func (b *Backend) Remove(ctx context.Context, id string) error {
-	if _, err := b.docker(ctx, "rm", "-f", id); err != nil && !errors.Is(err, sandbox.ErrGone) {
+	if _, err := b.cli.Output(ctx, "rm", "-f", id); err != nil && !errors.Is(err, sandbox.ErrGone) {
 		return fmt.Errorf("docker: remove container %s: %w", id, err)
 	}
-	return nil
+	return b.sweep(ctx)
 }
 
-// RemoveSnapshot removes a snapshot image. Removing one that does not
-// exist is not an error.
+// RemoveSnapshot removes a snapshot's name. Its image goes at once unless
+// a container (a fork) still uses it: docker then only untags it, and it
+// goes with the last container that uses it (Remove). Removing one that
+// does not exist is not an error.
 func (b *Backend) RemoveSnapshot(ctx context.Context, id string) error {
-	if _, err := b.docker(ctx, "rmi", "-f", id); err != nil && !cliexec.Matches([]byte(err.Error()), "No such image") {
+	if _, err := b.cli.Output(ctx, "rmi", "-f", id); err != nil && !cliexec.Matches([]byte(err.Error()), "No such image") {
 		return fmt.Errorf("docker: remove snapshot %s: %w", id, err)
+	}
+	return b.sweep(ctx)
+}
+
+// sweep removes the images this owner committed that have lost their
+// name (a snapshot removed while a fork used it, or committed again under
+// the same name) and that no container uses: `docker rmi` without -f
+// refuses an image a container uses, and such an image is swept later.
+func (b *Backend) sweep(ctx context.Context) error {
+	out, err := b.cli.Output(ctx, "images", "-a", "-q", "--no-trunc", "--filter", "label="+b.label(), "--filter", "dangling=true")
+	if err != nil {
+		return fmt.Errorf("docker: list the owner's unused snapshot images: %w", err)
+	}
+	var errs []error
+	for _, img := range strings.Fields(out) {
+		if _, err := b.cli.Output(ctx, "rmi", img); err != nil && !cliexec.Matches([]byte(err.Error()), "conflict", "No such image") {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("docker: remove the owner's unused snapshot images: %w", err)
 	}
 	return nil
 }

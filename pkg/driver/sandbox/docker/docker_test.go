@@ -48,12 +48,13 @@ func newWorld(t *testing.T) *world {
 	}
 	base := t.TempDir()
 	b, err := docker.New(docker.Options{
-		Binary: fakeDocker, Env: []string{"FAKECLI_BASE=" + base},
+		Binary: fakeDocker, Env: []string{"FAKECLI_BASE=" + base, "FAKECLI_LOG=" + filepath.Join(base, "calls")},
 		Image: "ubuntu:24.04", Root: "/sandbox/.ngharness", Workdir: "/sandbox/work",
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { noRefusals(t, filepath.Join(base, "calls")) })
 	t.Cleanup(func() {
 		// Every container the test left.
 		ents, _ := os.ReadDir(filepath.Join(base, "sandboxes"))
@@ -131,5 +132,16 @@ func TestClientFailuresAreClassified(t *testing.T) {
 	}
 	if _, err := docker.New(docker.Options{Binary: filepath.Join(w.base, "no-docker")}); err == nil {
 		t.Errorf("a missing client was accepted")
+	}
+}
+
+// noRefusals fails the test if the fake noted, in its log, a command line
+// the real client would refuse (or the fake does not model).
+func noRefusals(t *testing.T, log string) {
+	data, _ := os.ReadFile(log)
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "refused "); ok {
+			t.Errorf("the backend sent a command line docker refuses: %s", rest)
+		}
 	}
 }

@@ -7,12 +7,15 @@
 // Killing kubectl does not kill what it started in the pod, so every
 // command's timeout is enforced inside with `timeout -s KILL`; when the
 // driver's context ends, kubectl is killed by its own process group and
-// the command's process group in the pod by a second exec (only if it
-// still carries the command's random tag). The script marks its start and its end (with the exit code) on
-// stderr under a random word, so a command that exited non-zero is told
-// apart from kubectl failing (NotFound: sandbox.ErrGone; Unauthorized,
-// Forbidden: sandbox.ErrUnauthorized; Unable to connect to the server:
-// sandbox.ErrTransport) and from a connection that broke mid-command.
+// the command in the pod by a second exec that finds it by its random tag
+// (even when kubectl died before the command's start reached it). The
+// script marks its start and its end (with the exit code) on stderr under
+// a random word, so a command that exited non-zero is told apart from
+// kubectl failing (NotFound: sandbox.ErrGone; Unauthorized, Forbidden:
+// sandbox.ErrUnauthorized; Unable to connect to the server:
+// sandbox.ErrTransport) and from a connection that broke mid-command. All
+// of that is package cliexec, shared with the docker backend; this
+// package supplies kubectl's command lines.
 //
 // For an owner that lends pods the backend also creates them (`kubectl
 // run`, then `kubectl wait` until Ready), removes them (`kubectl delete
@@ -136,7 +139,7 @@ func New(opt Options) (*Backend, error) {
 	if opt.SnapshotDir != "" && !filepath.IsAbs(opt.SnapshotDir) {
 		return nil, fmt.Errorf("kubectl: the snapshot folder %q is not absolute", opt.SnapshotDir)
 	}
-	return &Backend{opt: opt, cli: &cliexec.Client{Path: bin, Args: opt.Args, Env: opt.Env}}, nil
+	return &Backend{opt: opt, cli: &cliexec.Client{Name: Name, Path: bin, Args: opt.Args, Env: opt.Env, Classes: classes}}, nil
 }
 
 // Name is "kubectl".
@@ -219,84 +222,44 @@ func (b *Backend) Connect(ctx context.Context, d sandbox.Descriptor) (sandbox.Sa
 	return b.open(d.SandboxID, r, d.Workdir), nil
 }
 
+// open is the pod (container) r, reached by the exec shape
+//
+//	kubectl exec -i -n NS POD [-c CONTAINER] -- sh -c SCRIPT
 func (b *Backend) open(id string, r Ref, workdir string) *Sandbox {
 	if workdir == "" {
 		workdir = b.opt.Workdir
 	}
-	s := &Sandbox{b: b, id: id, ref: r, workdir: path.Clean(workdir)}
-	s.t = &cliexec.Target{
-		ID: id, Workdir: s.workdir, Client: b.cli, Classes: classes,
-		ExecArgs: func(script string) []string { return b.execArgs(r, "sh", "-c", script) },
-		Exists:   func(ctx context.Context) error { return b.running(ctx, r) },
-	}
-	return s
+	return &Sandbox{cliexec.NewSandbox(b.cli, id, b.opt.Root, workdir, cliexec.Shape{
+		ExecArgs: func(script string) []string {
+			args := []string{"exec", "-i", "-n", r.Namespace, r.Pod}
+			if r.Container != "" {
+				args = append(args, "-c", r.Container)
+			}
+			return append(args, "--", "sh", "-c", script)
+		},
+		Exists: func(ctx context.Context) error { return b.running(ctx, r) },
+	})}
 }
 
-func (b *Backend) execArgs(r Ref, argv ...string) []string {
-	args := []string{"exec", "-i", "-n", r.Namespace, r.Pod}
-	if r.Container != "" {
-		args = append(args, "-c", r.Container)
-	}
-	return append(append(args, "--"), argv...)
-}
-
-// Sandbox is one pod (container). It implements sandbox.Sandbox.
-type Sandbox struct {
-	b       *Backend
-	id      string
-	ref     Ref
-	workdir string
-	t       *cliexec.Target
-}
-
-var _ sandbox.Sandbox = (*Sandbox)(nil)
-
-// ID is namespace/pod[/container] as the descriptor named it.
-func (s *Sandbox) ID() string { return s.id }
-
-// Root is the backend's root folder.
-func (s *Sandbox) Root() string { return s.b.opt.Root }
-
-// Workdir is the descriptor's workdir, or the backend's.
-func (s *Sandbox) Workdir() string { return s.workdir }
-
-// Exec runs req in the pod:
+// Sandbox is one pod (container), its id namespace/pod[/container] as the
+// descriptor named it. It implements sandbox.Sandbox: Exec runs
 //
 //	kubectl exec -i -n NS POD [-c CONTAINER] -- sh -c SCRIPT
 //
 // where SCRIPT runs `cd -- DIR && K=V exec ARGV` (every word quoted)
-// under `timeout -s KILL`, between the markers that report its exit code.
-func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
-	return s.t.Exec(ctx, req)
+// under `timeout -s KILL`, between the markers that report its exit code;
+// Upload pipes the data through kubectl's stdin into a temporary file that
+// is then renamed over the path.
+type Sandbox struct {
+	*cliexec.Sandbox
 }
 
-// Upload writes data to path with mode, piped through kubectl's stdin into
-// a temporary file that is then renamed over path.
-func (s *Sandbox) Upload(ctx context.Context, p string, data []byte, mode uint32) error {
-	if err := s.t.Upload(ctx, path.Clean(p), data, mode); err != nil {
-		return fmt.Errorf("kubectl: %w", err)
-	}
-	return nil
-}
-
-// kubectl runs kubectl and returns its stdout; a non-zero exit is an error
-// carrying its message, classified.
-func (b *Backend) kubectl(ctx context.Context, args ...string) (string, error) {
-	res, err := b.cli.Run(ctx, cliexec.Call{Args: args})
-	what := strings.Join(args[:min(2, len(args))], " ")
-	if err != nil {
-		return "", fmt.Errorf("kubectl %s: %w", what, err)
-	}
-	if res.ExitCode != 0 {
-		return string(res.Stdout), fmt.Errorf("kubectl %s: %w: exit %d: %s", what, classes.Classify(res.Stderr), res.ExitCode, cliexec.Tail(res.Stderr))
-	}
-	return strings.TrimSpace(string(res.Stdout)), nil
-}
+var _ sandbox.Sandbox = (*Sandbox)(nil)
 
 // running is nil when the pod runs, an error wrapping sandbox.ErrGone
 // when it does not exist or has ended.
 func (b *Backend) running(ctx context.Context, r Ref) error {
-	phase, err := b.kubectl(ctx, "get", "pod", r.Pod, "-n", r.Namespace, "-o", "jsonpath={.status.phase}")
+	phase, err := b.cli.Output(ctx, "get", "pod", r.Pod, "-n", r.Namespace, "-o", "jsonpath={.status.phase}")
 	if err != nil {
 		return err
 	}
@@ -320,11 +283,7 @@ func (b *Backend) Create(ctx context.Context, name string) (sandbox.Sandbox, err
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.Exec(ctx, sandbox.ExecRequest{Argv: []string{"mkdir", "-p", "--", b.opt.Root, b.opt.Workdir}, Dir: "/", Timeout: time.Minute})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("mkdir exited %d: %s", res.ExitCode, cliexec.Tail(res.Stderr))
-	}
-	if err != nil {
+	if err := s.MakeFolders(ctx, b.opt.Root, b.opt.Workdir); err != nil {
 		_ = b.Remove(context.WithoutCancel(ctx), s.ID())
 		return nil, fmt.Errorf("kubectl: prepare pod %s: %w", s.ID(), err)
 	}
@@ -339,10 +298,10 @@ func (b *Backend) run(ctx context.Context, name string) (*Sandbox, error) {
 	args := []string{"run", name, "-n", r.Namespace, "--image=" + b.opt.Image, "--restart=Never", "--labels=" + Label}
 	args = append(args, b.opt.RunArgs...)
 	args = append(append(args, "--command", "--"), b.opt.Command...)
-	if _, err := b.kubectl(ctx, args...); err != nil {
+	if _, err := b.cli.Output(ctx, args...); err != nil {
 		return nil, fmt.Errorf("kubectl: create pod %s/%s: %w", r.Namespace, name, err)
 	}
-	if _, err := b.kubectl(ctx, "wait", "--for=condition=Ready", "pod/"+name, "-n", r.Namespace,
+	if _, err := b.cli.Output(ctx, "wait", "--for=condition=Ready", "pod/"+name, "-n", r.Namespace,
 		fmt.Sprintf("--timeout=%ds", int(b.opt.ReadyTimeout.Seconds()))); err != nil {
 		_ = b.Remove(context.WithoutCancel(ctx), r.ID())
 		return nil, fmt.Errorf("kubectl: pod %s/%s did not become ready: %w", r.Namespace, name, err)
@@ -404,7 +363,7 @@ func (b *Backend) Snapshot(ctx context.Context, sandboxID, name string) (string,
 	}
 	line := sandbox.QuoteArgv(words)
 	s := b.open(sandboxID, r, "")
-	res, err := s.t.ExecTo(ctx, line, 30*time.Minute, nil, tmp)
+	res, err := s.ExecTo(ctx, line, 30*time.Minute, nil, tmp)
 	if cerr := tmp.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -438,7 +397,7 @@ func (b *Backend) Fork(ctx context.Context, snapshotID, name string) (sandbox.Sa
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.t.ExecTo(ctx, sandbox.QuoteArgv([]string{"tar", "-C", "/", "-xpf", "-"}), 30*time.Minute, bytes.NewReader(data), nil)
+	res, err := s.ExecTo(ctx, sandbox.QuoteArgv([]string{"tar", "-C", "/", "-xpf", "-"}), 30*time.Minute, bytes.NewReader(data), nil)
 	if err == nil && res.ExitCode != 0 {
 		err = fmt.Errorf("tar exited %d: %s", res.ExitCode, cliexec.Tail(res.Stderr))
 	}
@@ -456,7 +415,7 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := b.kubectl(ctx, "delete", "pod", r.Pod, "-n", r.Namespace, "--grace-period=0", "--force", "--ignore-not-found", "--wait=false"); err != nil && !errors.Is(err, sandbox.ErrGone) {
+	if _, err := b.cli.Output(ctx, "delete", "pod", r.Pod, "-n", r.Namespace, "--grace-period=0", "--force", "--ignore-not-found", "--wait=false"); err != nil && !errors.Is(err, sandbox.ErrGone) {
 		return fmt.Errorf("kubectl: delete pod %s: %w", id, err)
 	}
 	return nil

@@ -5,10 +5,13 @@
 // image or a snapshot, snapshot (polled until ready), delete, and renew
 // expiration. It uses only the documented HTTP API (no SDK).
 //
-// Every command is one foreground execd command: `bash -c` of a line built
-// by sandbox.CommandLine (every word quoted, so no task text, id or path
-// can inject a command), wrapped in `timeout -s KILL` so the timeout holds
-// inside the sandbox as well as in execd. The driver never follows a
+// Every command is one foreground execd command: `bash -c` of a script
+// (Script) around a line built by sandbox.CommandLine (every word quoted,
+// so no task text, id or path can inject a command) that enforces the
+// timeout inside the sandbox and reports the command's exact output and
+// exit status itself, since real execd's events carry neither (see
+// shared/notes/sandbox-backends.md); a command the client stops following
+// is ended in the sandbox by its nonce (KillScript). The driver never follows a
 // launch by execd's command ids: ngsup keeps the launch's state on the
 // sandbox's disk, so a restart of execd (which forgets every command id)
 // or a finished command reported late changes nothing.
@@ -30,7 +33,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"path"
 	"strings"
@@ -80,6 +82,10 @@ type Options struct {
 	HTTP *http.Client
 	// Poll is the interval of the lifecycle polls (default 500 ms).
 	Poll time.Duration
+	// MaxOutput bounds the stdout, and the stderr, an Exec reads back
+	// (default DefaultMaxOutput); a command that wrote more is an error
+	// naming the size.
+	MaxOutput int64
 
 	// What an owner's new sandboxes are made of.
 
@@ -125,6 +131,9 @@ func New(opt Options) (*Backend, error) {
 	}
 	if opt.TTL <= 0 {
 		opt.TTL = DefaultTTL
+	}
+	if opt.MaxOutput <= 0 {
+		opt.MaxOutput = DefaultMaxOutput
 	}
 	if len(opt.Entrypoint) == 0 {
 		opt.Entrypoint = []string{"tail", "-f", "/dev/null"}
@@ -270,18 +279,21 @@ func (s *Sandbox) withExecd(ctx context.Context, what string, call func(*Execd) 
 	}
 }
 
-// Exec runs req as one foreground execd command:
-//
-//	bash -c 'exec timeout -s KILL SECS sh -c '\''cd -- DIR && K=V exec ARGV'\'''
-//
-// every word quoted (without timeout(1) in the sandbox, sh -c alone). The
-// timeout (req.Timeout, default 10 min) is also execd's, a little longer,
-// and the HTTP call's, longer still; a command killed by the timeout is
+// Exec runs req as one foreground execd command, the bash -c text of
+// Script: the command line (every word quoted) in a process group of its
+// own, its timeout (req.Timeout, default 10 min) enforced inside the
+// sandbox, its exact stdout and stderr and its real exit status (128+N
+// for signal N) reported by the script itself, since execd's own events
+// carry neither. Exec returns at the final event, without waiting for
+// execd to close the stream. A command killed by its timeout is
 // sandbox.ErrTimeout. Stdin, when set, is uploaded to a file under Root
-// first and redirected. A request that could not be sent is tried again,
-// whatever the command (it never ran); a connection that broke after the
-// command was sent is an error wrapping sandbox.ErrTransport (the command
-// may have run) and is not retried.
+// first. A request that could not be sent is tried again, whatever the
+// command (it never ran); a connection that broke after the command was
+// sent is an error wrapping sandbox.ErrTransport (the command may have
+// run) and is not retried. When ctx ends first, or the stream broke, the
+// command is ended in the sandbox (KillScript), since execd does not end a
+// command whose client went away. Output past Options.MaxOutput is an
+// error naming its size.
 func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	start := time.Now()
 	fail := sandbox.ExecResult{ExitCode: -1}
@@ -289,19 +301,21 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if err != nil {
 		return fail, err
 	}
+	nonce := randomHex(8)
+	tmp := path.Join(s.b.opt.Root, "tmp")
 	var stdinFile string
 	if req.Stdin != nil {
 		data, err := io.ReadAll(req.Stdin)
 		if err != nil {
 			return fail, fmt.Errorf("exec in %s: read its stdin: %w", s.id, err)
 		}
-		stdinFile = path.Join(s.b.opt.Root, "tmp", "stdin-"+randomHex(8))
+		stdinFile = path.Join(tmp, "ngx-"+nonce+".in")
 		if err := s.upload(ctx, stdinFile, data, 0o600); err != nil {
 			return fail, fmt.Errorf("exec in %s: upload its stdin: %w", s.id, err)
 		}
 	}
 	cmd := Command{
-		Command:   WrapCommand(line, timeout, stdinFile),
+		Command:   Script(line, timeout, tmp, nonce, stdinFile, s.b.opt.MaxOutput),
 		TimeoutMS: (timeout + 5*time.Second).Milliseconds(),
 		UID:       s.b.opt.UID,
 		GID:       s.b.opt.GID,
@@ -314,44 +328,55 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		res, rerr = ex.Run(cctx, cmd, nil)
 		return rerr
 	})
-	out := sandbox.ExecResult{ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Duration: time.Since(start)}
+	out := sandbox.ExecResult{ExitCode: -1, Duration: time.Since(start)}
 	if err != nil {
+		if !NotSent(err) && !errors.Is(err, sandbox.ErrGone) && !errors.Is(err, sandbox.ErrUnauthorized) {
+			s.abandon(ctx, tmp, nonce)
+		}
 		if ctx.Err() == nil && cctx.Err() != nil && !errors.Is(err, sandbox.ErrTimeout) {
 			err = fmt.Errorf("%w: %w", sandbox.ErrTimeout, err)
 		}
 		return out, err
 	}
-	if res.Error != nil && res.ExitCode < 0 {
-		if strings.Contains(strings.ToLower(res.Error.EName+res.Error.EValue), "timeout") {
-			return out, fmt.Errorf("exec in %s: %w after %s: %s", s.id, sandbox.ErrTimeout, timeout, res.Error.EValue)
+	rep, perr := parseReport(res.Stdout, nonce)
+	out.Stdout, out.Stderr = rep.stdout, rep.stderr
+	switch {
+	case perr != nil:
+		return out, fmt.Errorf("exec in %s: %w", s.id, perr)
+	case rep.fail != "":
+		return out, fmt.Errorf("exec in %s: the command could not be started: %s", s.id, rep.fail)
+	case rep.cancelled:
+		return out, fmt.Errorf("exec in %s: the command was cancelled before it started", s.id)
+	case !rep.ended:
+		why := "no event"
+		if res.Error != nil {
+			why = fmt.Sprintf("%s %s %s", res.Error.EName, res.Error.EValue, strings.Join(res.Error.Traceback, "; "))
 		}
-		return out, fmt.Errorf("exec in %s: execd reported %s: %s", s.id, res.Error.EName, res.Error.EValue)
+		if res.ExitCode < 0 && time.Since(start) >= timeout {
+			return out, fmt.Errorf("exec in %s: %w after %s (execd ended it: %s)", s.id, sandbox.ErrTimeout, timeout, why)
+		}
+		return out, fmt.Errorf("exec in %s: the command ended without reporting its status (execd said %s)", s.id, why)
 	}
-	if out.ExitCode == 128+9 && out.Duration >= timeout {
+	out.ExitCode = rep.exitCode
+	if rep.timedOut {
 		return out, fmt.Errorf("exec in %s: %w after %s", s.id, sandbox.ErrTimeout, timeout)
+	}
+	if rep.big != "" {
+		return out, fmt.Errorf("exec in %s: the command exited %d but its %s, more than the %d bytes the backend reads back (Options.MaxOutput)",
+			s.id, rep.exitCode, rep.big, s.b.opt.MaxOutput)
 	}
 	return out, nil
 }
 
-// WrapCommand is the bash -c text Exec sends for a command line built by
-// sandbox.CommandLine: the timeout enforced inside the sandbox with
-// timeout(1) when it exists, and stdin redirected from stdinFile (removed
-// once open) when set.
-func WrapCommand(line string, timeout time.Duration, stdinFile string) string {
-	secs := int64(math.Ceil(timeout.Seconds()))
-	if secs < 1 {
-		secs = 1
-	}
-	q := sandbox.Quote(line)
-	var b strings.Builder
-	if stdinFile != "" {
-		f := sandbox.Quote(stdinFile)
-		b.WriteString("exec <" + f + " && rm -f -- " + f + " && ")
-	} else {
-		b.WriteString("exec </dev/null && ")
-	}
-	fmt.Fprintf(&b, "if command -v timeout >/dev/null 2>&1; then exec timeout -s KILL %d sh -c %s; else exec sh -c %s; fi", secs, q, q)
-	return b.String()
+// abandon ends, from the client's side, the exec with nonce whose stream
+// the client stopped following (KillScript), best effort and bounded.
+func (s *Sandbox) abandon(ctx context.Context, tmp, nonce string) {
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	_ = s.withExecd(kctx, "end an abandoned exec", func(ex *Execd) error {
+		_, err := ex.Run(kctx, Command{Command: KillScript(tmp, nonce), TimeoutMS: 10000}, nil)
+		return err
+	})
 }
 
 // Upload writes data to path with mode, atomically: the file is uploaded

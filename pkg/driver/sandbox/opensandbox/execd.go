@@ -15,14 +15,27 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
-// AccessTokenHeader carries execd's access token (the endpoint lookup
-// says which headers to send; this is the usual one).
+// AccessTokenHeader is the header execd itself checks when it was started
+// with an access token. The client sends whatever headers the endpoint
+// lookup names: none on the server's Docker runtime (whose endpoint is
+// host:port/proxy/44772, execd's own reverse proxy), SecureAccessHeader on
+// its Kubernetes runtime.
 const AccessTokenHeader = "X-EXECD-ACCESS-TOKEN"
+
+// SecureAccessHeader is the header the Kubernetes runtime's endpoint
+// lookup names, with the sandbox's token.
+const SecureAccessHeader = "OpenSandbox-Secure-Access"
+
+// StartGrace is how long after a background command's init a 404 from its
+// status is taken for execd not having registered it yet (it sends init
+// first), and asked again.
+const StartGrace = 2 * time.Second
 
 // TailCursorHeader carries the next cursor of a logs read.
 const TailCursorHeader = "EXECD-COMMANDS-TAIL-CURSOR"
@@ -49,6 +62,9 @@ type Execd struct {
 	// HTTP is the client (nil: http.DefaultClient). Calls are bounded by
 	// their contexts.
 	HTTP *http.Client
+
+	mu      sync.Mutex
+	started map[string]time.Time // background commands this client started
 }
 
 // Command is the body of POST /command. Command runs under bash -c.
@@ -308,8 +324,11 @@ func ParseStream(r io.Reader) (Result, error) {
 	return c.result(), nil
 }
 
-// Run runs a foreground command and returns what its stream reported.
-// onEvent, if set, sees every event. A stream that breaks or ends without
+// Run runs a foreground command and returns what its stream reported, as
+// soon as the final event (execution_complete or error) came; ping events
+// are ignored. The output events' texts are as execd sends them: one per
+// line, line ends dropped (see Script for exact output). onEvent, if set,
+// sees every event. A stream that breaks or ends without
 // the command's end is an error wrapping sandbox.ErrTransport (the result
 // so far is returned with it); a non-zero exit is not an error.
 func (e *Execd) Run(ctx context.Context, cmd Command, onEvent func(Event)) (Result, error) {
@@ -320,7 +339,9 @@ func (e *Execd) Run(ctx context.Context, cmd Command, onEvent func(Event)) (Resu
 			onEvent(ev)
 		}
 		c.add(ev)
-		return true
+		// execd keeps the stream open a while after the final event (its
+		// graceful-shutdown delay, 1 s): stop reading at it.
+		return !c.done
 	})
 	res := c.result()
 	if err != nil {
@@ -353,12 +374,44 @@ func (e *Execd) Start(ctx context.Context, cmd Command) (string, error) {
 	if id == "" {
 		return "", fmt.Errorf("POST /command (background): %w: no init event named the command", ErrIncomplete)
 	}
+	e.mu.Lock()
+	if e.started == nil {
+		e.started = map[string]time.Time{}
+	}
+	for k, at := range e.started {
+		if time.Since(at) > StartGrace {
+			delete(e.started, k)
+		}
+	}
+	e.started[id] = time.Now()
+	e.mu.Unlock()
 	return id, nil
 }
 
 // Status reads a command's status; an id execd does not know (it forgets
-// them when it restarts) is sandbox.ErrNotFound.
+// them when it restarts) is sandbox.ErrNotFound. A 404 for a command this
+// client started less than StartGrace ago is asked again (execd answers
+// init before it registers a background command).
 func (e *Execd) Status(ctx context.Context, id string) (CommandStatus, error) {
+	for {
+		st, err := e.status(ctx, id)
+		if !errors.Is(err, sandbox.ErrNotFound) || !e.justStarted(id) {
+			return st, err
+		}
+		if serr := sleep(ctx, 20*time.Millisecond); serr != nil {
+			return st, err
+		}
+	}
+}
+
+func (e *Execd) justStarted(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	at, ok := e.started[id]
+	return ok && time.Since(at) < StartGrace
+}
+
+func (e *Execd) status(ctx context.Context, id string) (CommandStatus, error) {
 	what := "GET /command/status/" + id
 	req, err := e.request(ctx, http.MethodGet, "/command/status/"+url.PathEscape(id), nil)
 	if err != nil {
@@ -416,9 +469,31 @@ func (e *Execd) Logs(ctx context.Context, id string, cursor int64) ([]byte, int6
 	return data, next, nil
 }
 
-// Interrupt ends a command (SIGTERM to its process group, SIGKILL after
-// 3 s). An id execd does not know is sandbox.ErrNotFound.
+// Interrupt ends a command: execd sends SIGTERM to its process group and,
+// inside the request (so it takes about 3 s), SIGKILL. A command that is
+// not running any more is not an error: execd answers 500 "no such
+// session" for a finished id and an unknown one alike (a 404 is
+// sandbox.ErrNotFound); for a command this client started less than
+// StartGrace ago, that answer is taken for execd not having registered it
+// yet, and the interrupt is sent again.
 func (e *Execd) Interrupt(ctx context.Context, id string) error {
+	for {
+		err := e.interrupt(ctx, id)
+		var se *StatusError
+		if !errors.As(err, &se) || se.Status != http.StatusInternalServerError || !strings.Contains(se.Message, "no such session") {
+			return err
+		}
+		// Not registered yet, or already finished.
+		if !e.justStarted(id) {
+			return nil
+		}
+		if serr := sleep(ctx, 20*time.Millisecond); serr != nil {
+			return err
+		}
+	}
+}
+
+func (e *Execd) interrupt(ctx context.Context, id string) error {
 	what := "DELETE /command?id=" + id
 	req, err := e.request(ctx, http.MethodDelete, "/command?id="+url.QueryEscape(id), nil)
 	if err != nil {

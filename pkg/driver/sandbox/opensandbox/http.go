@@ -48,10 +48,12 @@ func (e *StatusError) Error() string {
 // Unwrap returns the error class of the status.
 func (e *StatusError) Unwrap() error { return e.class }
 
-// errorBody is the services' error envelope.
+// errorBody is the services' error envelope: {code, message}, or execd's
+// token filter's {error}.
 type errorBody struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	Error   string `json:"error"`
 }
 
 // statusError reads an unexpected reply into a *StatusError. notFound is
@@ -60,8 +62,11 @@ func statusError(what string, resp *http.Response, notFound error) *StatusError 
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	e := &StatusError{What: what, Status: resp.StatusCode}
 	var eb errorBody
-	if json.Unmarshal(data, &eb) == nil && (eb.Code != "" || eb.Message != "") {
+	if json.Unmarshal(data, &eb) == nil && (eb.Code != "" || eb.Message != "" || eb.Error != "") {
 		e.Code, e.Message = eb.Code, eb.Message
+		if e.Message == "" {
+			e.Message = eb.Error
+		}
 	} else {
 		e.Message = string(bytes.TrimSpace(data))
 		if len(e.Message) > 500 {

@@ -26,20 +26,29 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T) *fixture {
+	return newFixtureWith(t, fakeexecd.Options{}, opensandbox.Options{})
+}
+
+// newFixtureWith is a fake OpenSandbox (real execd's timing unless fo
+// says otherwise) and a backend on it (bo adds to the usual options).
+func newFixtureWith(t *testing.T, fo fakeexecd.Options, bo opensandbox.Options) *fixture {
 	t.Helper()
+	if why := fakeexecd.SkipIfReal(); why != "" {
+		t.Skip(why)
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("the fake execd runs commands in mount namespaces of their own: it needs root")
 	}
-	srv, err := fakeexecd.Start(fakeexecd.Options{Base: t.TempDir(), APIKey: apiKey})
+	fo.Base, fo.APIKey = t.TempDir(), apiKey
+	srv, err := fakeexecd.Start(fo)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Close)
-	b, err := opensandbox.New(opensandbox.Options{
-		Server: srv.URL(), APIKey: apiKey, Image: "ubuntu:24.04",
-		Root: "/sandbox/.ngharness", Workdir: "/sandbox/work",
-		Poll: 20 * time.Millisecond, RetryFor: 10 * time.Second,
-	})
+	bo.Server, bo.APIKey, bo.Image = srv.URL(), apiKey, "ubuntu:24.04"
+	bo.Root, bo.Workdir = "/sandbox/.ngharness", "/sandbox/work"
+	bo.Poll, bo.RetryFor = 20*time.Millisecond, 10*time.Second
+	b, err := opensandbox.New(bo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,13 +211,17 @@ func TestUploadDownload(t *testing.T) {
 	}
 }
 
-// TestBackgroundCommands proves the background command API: start, logs
-// with a moving cursor, status reported late (the wait polls on) with the
-// exit code, interrupt, and ids forgotten (as after a restart of execd)
-// reported as sandbox.ErrNotFound.
+// TestBackgroundCommands proves the background command API on execd's
+// timing (a command unknown to status and interrupt for a while after its
+// init): start, status asked again until execd knows the id, logs with a
+// moving cursor, status reported late (the wait polls on) with the exit
+// code, an interrupt sent right after the start that does end the command
+// (execd reports it -1, as for every signal), an interrupt of a finished
+// command that is no error, and ids forgotten (as after a restart of
+// execd) reported as sandbox.ErrNotFound.
 func TestBackgroundCommands(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newFixtureWith(t, fakeexecd.Options{RegisterDelay: 300 * time.Millisecond}, opensandbox.Options{})
 	sb := f.create("background")
 	ex, err := sb.Execd(context.Background())
 	if err != nil {
@@ -245,8 +258,11 @@ func TestBackgroundCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err = ex.Wait(ctx, id2, 50*time.Millisecond)
-	if err != nil || st.ExitCode == nil || *st.ExitCode != 128+15 {
-		t.Errorf("the interrupted command: %+v %v", st, err)
+	if err != nil || st.ExitCode == nil || *st.ExitCode != -1 {
+		t.Errorf("the interrupted command: %+v %v, want exit code -1", st, err)
+	}
+	if err := ex.Interrupt(ctx, id2); err != nil {
+		t.Errorf("interrupt of a finished command: %v", err)
 	}
 	f.srv.ForgetCommandIDs()
 	if _, err := ex.Status(ctx, id); !errors.Is(err, sandbox.ErrNotFound) {
@@ -255,8 +271,8 @@ func TestBackgroundCommands(t *testing.T) {
 	if _, _, err := ex.Logs(ctx, id, 0); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("logs of a forgotten id: %v", err)
 	}
-	if err := ex.Interrupt(ctx, id); !errors.Is(err, sandbox.ErrNotFound) {
-		t.Errorf("interrupt of a forgotten id: %v", err)
+	if err := ex.Interrupt(ctx, id); err != nil {
+		t.Errorf("interrupt of a forgotten id (execd: 500 no such session): %v", err)
 	}
 }
 
@@ -407,26 +423,41 @@ func TestLifecycleSnapshotForkRemoveRenew(t *testing.T) {
 	}
 }
 
-// TestExecdTokenRequired proves that execd refuses a request without the
-// headers the endpoint lookup named (sandbox.ErrUnauthorized).
-func TestExecdTokenRequired(t *testing.T) {
+// TestEndpointShapes proves the backend reaches execd through either
+// shape of the endpoint lookup: the Docker runtime's
+// host:port/proxy/44772 with no header, and the Kubernetes runtime's
+// host:port with OpenSandbox-Secure-Access, without which execd refuses
+// (401 {"error": ...}: sandbox.ErrUnauthorized, its message kept).
+func TestEndpointShapes(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	sb := f.create("token")
-	ep, err := f.b.Lifecycle().Endpoint(context.Background(), sb.ID(), opensandbox.ExecdPort, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(ep.URL, "://") || ep.Headers[opensandbox.AccessTokenHeader] == "" {
-		t.Errorf("endpoint %+v: want host:port and the token header", ep)
-	}
-	ex := &opensandbox.Execd{URL: ep.URL}
-	if _, err := ex.Run(context.Background(), opensandbox.Command{Command: "true"}, nil); !errors.Is(err, sandbox.ErrUnauthorized) {
-		t.Errorf("no token: %v", err)
-	}
-	ex.Headers = ep.Headers
-	if err := ex.Ping(context.Background()); err != nil {
-		t.Errorf("ping with the token: %v", err)
+	for _, rt := range []fakeexecd.Runtime{fakeexecd.RuntimeDocker, fakeexecd.RuntimeKubernetes} {
+		f := newFixtureWith(t, fakeexecd.Options{Runtime: rt}, opensandbox.Options{})
+		sb := f.create("shape")
+		ep, err := f.b.Lifecycle().Endpoint(context.Background(), sb.ID(), opensandbox.ExecdPort, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res := run(t, sb, sandbox.ExecRequest{Argv: []string{"echo", "hi"}}); string(res.Stdout) != "hi\n" {
+			t.Errorf("runtime %d: exec printed %q", rt, res.Stdout)
+		}
+		if rt == fakeexecd.RuntimeDocker {
+			if !strings.HasSuffix(ep.URL, "/proxy/44772") || len(ep.Headers) != 0 {
+				t.Errorf("docker endpoint %+v", ep)
+			}
+			continue
+		}
+		if strings.Contains(ep.URL, "://") || ep.Headers[opensandbox.SecureAccessHeader] == "" {
+			t.Errorf("kubernetes endpoint %+v: want host:port and the header", ep)
+		}
+		ex := &opensandbox.Execd{URL: ep.URL}
+		_, err = ex.Run(context.Background(), opensandbox.Command{Command: "true"}, nil)
+		if !errors.Is(err, sandbox.ErrUnauthorized) || !strings.Contains(err.Error(), "Unauthorized") {
+			t.Errorf("no header: %v", err)
+		}
+		ex.Headers = ep.Headers
+		if err := ex.Ping(context.Background()); err != nil {
+			t.Errorf("ping with the header: %v", err)
+		}
 	}
 }
 

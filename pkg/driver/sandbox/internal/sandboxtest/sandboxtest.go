@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -30,7 +31,10 @@ type Fixture struct {
 	Lender localowner.Sandboxes
 	// Backend connects to them as the driver does.
 	Backend sandbox.Backend
-	// HostFolder is the folder on this machine a sandbox's MountPoint is.
+	// HostFolder is the folder on this machine a sandbox's MountPoint is
+	// (nil: this machine cannot see the sandboxes, as with a real remote
+	// service; the suite then looks at files through the sandbox's own
+	// exec, and at processes by their command lines there).
 	HostFolder func(id string) string
 	// MountPoint is where the host folder appears inside every sandbox.
 	MountPoint string
@@ -103,6 +107,9 @@ func Hostile(marker string) string {
 func testExec(t *testing.T, f Fixture) {
 	sb := create(t, f, "sbt-exec")
 	marker := filepath.Join(t.TempDir(), "pwned")
+	if f.HostFolder == nil {
+		marker = sb.Workdir() + "/pwned"
+	}
 	hostile := Hostile(marker)
 	res := run(t, sb, sandbox.ExecRequest{
 		Argv: []string{"sh", "-c", `printf '%s|%s|%s' "$1" "$V" "$(pwd)"; echo err >&2; exit 3`, "sh", hostile},
@@ -112,7 +119,7 @@ func testExec(t *testing.T, f Fixture) {
 	if res.ExitCode != 3 || string(res.Stdout) != want || string(res.Stderr) != "err\n" {
 		t.Errorf("got exit %d stdout %q stderr %q, want 3 %q \"err\\n\"", res.ExitCode, res.Stdout, res.Stderr, want)
 	}
-	if _, err := os.Stat(marker); err == nil {
+	if exists(t, f, sb, marker) {
 		t.Fatalf("the task text ran a command: %s exists", marker)
 	}
 	res = run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "cat; pwd"}, Stdin: strings.NewReader("from stdin\n"), Dir: "/tmp"})
@@ -142,7 +149,7 @@ func testExec(t *testing.T, f Fixture) {
 	if _, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"touch", "late"}}); !errors.Is(err, context.Canceled) {
 		t.Errorf("exec with a cancelled context: %v", err)
 	}
-	if _, err := os.Stat(Host(t, f, sb, sb.Workdir()+"/late")); err == nil {
+	if exists(t, f, sb, sb.Workdir()+"/late") {
 		t.Errorf("a cancelled exec ran")
 	}
 }
@@ -156,52 +163,125 @@ func testTimeout(t *testing.T, f Fixture) {
 	if !strings.Contains(string(res.Stdout), "started") {
 		t.Errorf("the output before the timeout was lost: %q", res.Stdout)
 	}
-	WaitNoProcs(t, f.HostFolder(sb.ID()), f.MountPoint)
+	waitProcs(t, f, sb, 0)
 }
 
 // testCancel: a command whose context ends is ended in the sandbox too
-// (what it left running in a session of its own is not touched).
+// (what it left running in a session of its own is not touched). The
+// command waits until its child is in that session before it says it
+// started, so the cancel never meets a child still in its group.
 func testCancel(t *testing.T, f Fixture) {
 	sb := create(t, f, "sbt-cancel")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sh", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > left; touch started; exec sleep 300"}})
+		_, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sh", "-c", "setsid sh -c 'touch sid; exec sleep 300' </dev/null >/dev/null 2>&1 & echo $! > left; until [ -e sid ]; do sleep 0.01; done; touch started; exec sleep 300"}})
 		done <- err
 	}()
-	started := Host(t, f, sb, sb.Workdir()+"/started")
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if _, err := os.Stat(started); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the command did not start")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFile(t, f, sb, sb.Workdir()+"/started")
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("a cancelled exec returned %v", err)
 	}
 	// Only the process that left the command's group is left.
-	deadline = time.Now().Add(time.Minute)
+	waitProcs(t, f, sb, 1)
+	run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "kill -KILL $(cat left)"}})
+	waitProcs(t, f, sb, 0)
+}
+
+// exists reports whether the file exists in the sandbox.
+func exists(t *testing.T, f Fixture, sb sandbox.Sandbox, inside string) bool {
+	t.Helper()
+	if f.HostFolder != nil && strings.HasPrefix(inside, f.MountPoint+"/") {
+		_, err := os.Stat(Host(t, f, sb, inside))
+		return err == nil
+	}
+	if f.HostFolder != nil {
+		_, err := os.Stat(inside)
+		return err == nil
+	}
+	return run(t, sb, sandbox.ExecRequest{Argv: []string{"test", "-e", inside}, Dir: "/"}).ExitCode == 0
+}
+
+// waitFile waits (up to a minute) until the file exists in the sandbox.
+func waitFile(t *testing.T, f Fixture, sb sandbox.Sandbox, inside string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !exists(t, f, sb, inside) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not appear in %s", inside, sb.ID())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// readFile reads a file of the sandbox, with its permission bits.
+func readFile(t *testing.T, f Fixture, sb sandbox.Sandbox, inside string) ([]byte, os.FileMode, error) {
+	t.Helper()
+	if f.HostFolder != nil {
+		host := Host(t, f, sb, inside)
+		data, err := os.ReadFile(host)
+		if err != nil {
+			return nil, 0, err
+		}
+		fi, err := os.Stat(host)
+		if err != nil {
+			return nil, 0, err
+		}
+		return data, fi.Mode().Perm(), nil
+	}
+	res := run(t, sb, sandbox.ExecRequest{Argv: []string{"stat", "-c", "%a", inside}, Dir: "/"})
+	var mode uint32
+	if _, err := fmt.Sscanf(string(res.Stdout), "%o", &mode); res.ExitCode != 0 || err != nil {
+		return nil, 0, fmt.Errorf("stat %s: exit %d %q", inside, res.ExitCode, res.Stderr)
+	}
+	res = run(t, sb, sandbox.ExecRequest{Argv: []string{"cat", "--", inside}, Dir: "/"})
+	if res.ExitCode != 0 {
+		return nil, 0, fmt.Errorf("cat %s: exit %d %q", inside, res.ExitCode, res.Stderr)
+	}
+	return res.Stdout, os.FileMode(mode), nil
+}
+
+// listDir lists a folder of the sandbox.
+func listDir(t *testing.T, f Fixture, sb sandbox.Sandbox, inside string) []string {
+	t.Helper()
+	if f.HostFolder != nil {
+		ents, _ := os.ReadDir(Host(t, f, sb, inside))
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	res := run(t, sb, sandbox.ExecRequest{Argv: []string{"ls", "-A", "--", inside}, Dir: "/"})
+	return strings.Fields(string(res.Stdout))
+}
+
+// waitProcs waits (up to a minute) until n processes run in the sandbox;
+// in a sandbox this machine cannot see (HostFolder nil), n of the suite's
+// test commands, which are all `sleep 300`. The test fails naming them.
+func waitProcs(t *testing.T, f Fixture, sb sandbox.Sandbox, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
 	for {
-		left := fakeexecd.ProcsIn(f.HostFolder(sb.ID()), f.MountPoint)
-		if len(left) == 1 {
-			break
+		var left []string
+		if f.HostFolder != nil {
+			for _, p := range fakeexecd.ProcsIn(f.HostFolder(sb.ID()), f.MountPoint) {
+				left = append(left, fakeexecd.Describe(p))
+			}
+		} else {
+			script := `for p in /proc/[0-9]*; do if [ "$(tr '\000' ' ' <$p/cmdline 2>/dev/null)" = 'sleep 300 ' ]; then echo "${p#/proc/}"; fi; done`
+			res := run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", script}, Dir: "/"})
+			left = strings.Fields(string(res.Stdout))
+		}
+		if len(left) == n {
+			return
 		}
 		if time.Now().After(deadline) {
-			var d []string
-			for _, p := range left {
-				d = append(d, fakeexecd.Describe(p))
-			}
-			t.Fatalf("after the cancel, want only the setsid sleep left in the sandbox, got %v", d)
+			t.Fatalf("want %d processes left in %s, got %v", n, sb.ID(), left)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "kill -KILL $(cat left)"}})
-	WaitNoProcs(t, f.HostFolder(sb.ID()), f.MountPoint)
 }
 
 // WaitNoProcs waits (up to a minute) until no process runs in the sandbox
@@ -231,10 +311,8 @@ func testUpload(t *testing.T, f Fixture) {
 	if err := sb.Upload(context.Background(), p, []byte("#!/bin/sh\necho tool \"$@\"\n"), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	host := Host(t, f, sb, p)
-	fi, err := os.Stat(host)
-	if err != nil || fi.Mode().Perm() != 0o750 {
-		t.Fatalf("uploaded file: %v %v", fi, err)
+	if _, mode, err := readFile(t, f, sb, p); err != nil || mode != 0o750 {
+		t.Fatalf("uploaded file: mode %v %v", mode, err)
 	}
 	if res := run(t, sb, sandbox.ExecRequest{Argv: []string{p, "a b"}}); string(res.Stdout) != "tool a b\n" {
 		t.Errorf("the uploaded tool printed %q (stderr %q)", res.Stdout, res.Stderr)
@@ -246,14 +324,14 @@ func testUpload(t *testing.T, f Fixture) {
 	if err := sb.Upload(context.Background(), p, big, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got, err := os.ReadFile(host)
+	got, mode, err := readFile(t, f, sb, p)
 	if err != nil || string(got) != string(big) {
 		t.Errorf("the replaced file holds %d bytes (%v), want the %d uploaded", len(got), err, len(big))
 	}
-	if fi, _ := os.Stat(host); fi == nil || fi.Mode().Perm() != 0o644 {
-		t.Errorf("the replaced file's mode: %v", fi)
+	if mode != 0o644 {
+		t.Errorf("the replaced file's mode: %v", mode)
 	}
-	ents, _ := os.ReadDir(filepath.Dir(host))
+	ents := listDir(t, f, sb, path.Dir(p))
 	if len(ents) != 1 {
 		t.Errorf("the uploads left temporary files: %v", ents)
 	}
@@ -324,7 +402,6 @@ func testDeleted(t *testing.T, f Fixture) {
 		t.Skip("the fixture cannot delete a sandbox behind the backend's back")
 	}
 	sb := create(t, f, "sbt-deleted")
-	host := f.HostFolder(sb.ID())
 	var wg sync.WaitGroup
 	var err error
 	wg.Add(1)
@@ -332,16 +409,7 @@ func testDeleted(t *testing.T, f Fixture) {
 		defer wg.Done()
 		_, err = sb.Exec(context.Background(), sandbox.ExecRequest{Argv: []string{"sh", "-c", "touch started; exec sleep 300"}})
 	}()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if _, serr := os.Stat(filepath.Join(host, strings.TrimPrefix(sb.Workdir(), f.MountPoint+"/"), "started")); serr == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the command did not start")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFile(t, f, sb, sb.Workdir()+"/started")
 	if derr := f.Delete(sb.ID()); derr != nil {
 		t.Fatal(derr)
 	}

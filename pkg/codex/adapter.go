@@ -1,0 +1,471 @@
+// Package codex puts the Codex CLI (@openai/codex) on the driver: where
+// Codex keeps its session (a per-rollout CODEX_HOME in the sandbox's
+// ngharness state folder, carried by the snapshot), how it is launched
+// (`codex exec --json`, fully local, pointed at the rollout's model URL on
+// the Responses API), the resume decision, and the NeMoGymResponse of the
+// /run reply built from the saved session (gymresponse.go).
+//
+// Codex cannot continue a saved session without adding a user turn: `codex
+// exec resume` always sends a new user message, after closing an
+// interrupted tool call with a synthetic "aborted" output. So a relaunch
+// after a crash starts over with the task in a fresh folder, and the
+// launch record's reason says so (docs/codex.md); Options.ResumePrompt
+// opts in to continuing with that added turn instead. Codex pauses in
+// place at checkpoints by default.
+package codex
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+)
+
+// Options configures the adapter (the `codex:` part of the config).
+type Options struct {
+	// Codex is the codex binary inside the sandbox (the native one of
+	// @openai/codex-linux-<arch>, or the npm wrapper).
+	Codex string `json:"codex"`
+	// ModelURL is the model server's base URL (speaking the Responses API
+	// below /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added,
+	// so every model call is attributed to its rollout attempt.
+	ModelURL string `json:"model_url"`
+	// Model is the served model's name; APIKey is sent to it as a bearer
+	// token.
+	Model  string `json:"model"`
+	APIKey string `json:"api_key"`
+	// PauseAtCheckpoints: false restores stop and relaunch (default true).
+	PauseAtCheckpoints *bool `json:"pause_at_checkpoints"`
+	// Env is added to Codex's environment.
+	Env map[string]string `json:"env"`
+	// Timeout bounds one launch's running time (paused time not counted).
+	Timeout string `json:"timeout"`
+	// ResumePrompt, when set, is an opt-in to continue a saved session that
+	// could be continued with `codex exec resume`, which sends this text as
+	// a user turn the task did not have (the launch record's reason says
+	// so). Unset (the default), a relaunch always starts over.
+	ResumePrompt *string `json:"resume_prompt"`
+}
+
+// Adapter is the Codex CLI adapter.
+type Adapter struct {
+	opt     Options
+	timeout time.Duration
+}
+
+// New checks the options and returns the adapter.
+func New(opt Options) (*Adapter, error) {
+	if opt.Codex == "" {
+		return nil, errors.New("codex: the codex binary (codex.codex) is required")
+	}
+	if opt.ModelURL == "" {
+		return nil, errors.New("codex: the model server (codex.model_url) is required")
+	}
+	if u, err := url.Parse(opt.ModelURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("codex: model_url %q is not an http(s) URL", opt.ModelURL)
+	}
+	if opt.Model == "" {
+		opt.Model = "policy"
+	}
+	if opt.APIKey == "" {
+		opt.APIKey = "none"
+	}
+	for k := range opt.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, fmt.Errorf("codex: env name %q is not a variable name", k)
+		}
+	}
+	a := &Adapter{opt: opt}
+	if opt.Timeout != "" {
+		d, err := time.ParseDuration(opt.Timeout)
+		if err != nil {
+			return nil, fmt.Errorf("codex: timeout %q: %v", opt.Timeout, err)
+		}
+		a.timeout = d
+	}
+	return a, nil
+}
+
+// State is where Codex keeps one rollout attempt's session.
+type State struct {
+	// Home holds home/ (HOME) and codex/ (CODEX_HOME: config.toml and
+	// sessions/YYYY/MM/DD/rollout-<ts>-<uuid>.jsonl).
+	Home string `json:"home"`
+}
+
+// Name implements driver.Adapter.
+func (a *Adapter) Name() string { return "codex" }
+
+// PausesAtCheckpoints implements driver.PausesAtCheckpoints: on unless the
+// config says pause_at_checkpoints: false.
+func (a *Adapter) PausesAtCheckpoints() bool {
+	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
+}
+
+// NewState implements driver.Adapter.
+func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
+	return json.Marshal(State{Home: driver.StateDir(sb, "codex", rollout, attempt)})
+}
+
+func parseState(raw json.RawMessage) (State, error) {
+	var s State
+	if err := json.Unmarshal(raw, &s); err != nil || s.Home == "" || !path.IsAbs(s.Home) {
+		return s, fmt.Errorf("codex: the state %s names no absolute folder", raw)
+	}
+	return s, nil
+}
+
+func (s State) codexHome() string { return path.Join(s.Home, "codex") }
+
+// keyVar is the environment variable Codex reads the model server's key
+// from (the provider's env_key).
+const keyVar = "NGHARNESS_CODEX_API_KEY"
+
+// providerName is the model provider config.toml defines.
+const providerName = "ngharness"
+
+// tomlString quotes s as a TOML basic string.
+func tomlString(s string) string {
+	// A JSON string is a valid TOML basic string but for \u escapes of
+	// code points TOML also allows; strconv.Quote would write \x escapes,
+	// which TOML does not have.
+	data, _ := json.Marshal(s)
+	return string(data)
+}
+
+// baseURL is the provider's base URL for a rollout attempt: the model URL,
+// the rollout prefix, /v1.
+func (a *Adapter) baseURL(rollout string, attempt int) string {
+	return strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + rolloutSegment(rollout, attempt) + "/v1"
+}
+
+// config is $CODEX_HOME/config.toml: the model provider at base on the
+// Responses API, no approvals and no sandbox of Codex's own (the lent
+// sandbox is the sandbox), no retries (a retry is a repeated model call),
+// and every call home off: update checks, analytics, feedback, telemetry,
+// plugin sync.
+func (a *Adapter) config(base string) string {
+	return `model = ` + tomlString(a.opt.Model) + `
+model_provider = "` + providerName + `"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+
+[model_providers.` + providerName + `]
+name = "ngharness"
+base_url = ` + tomlString(base) + `
+env_key = "` + keyVar + `"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[otel]
+exporter = "none"
+
+[features]
+plugins = false
+`
+}
+
+// env is Codex's environment for a state: HOME and CODEX_HOME in the state
+// folder, the key, and the options' additions.
+func (a *Adapter) env(st State) map[string]string {
+	env := map[string]string{
+		"HOME":       path.Join(st.Home, "home"),
+		"CODEX_HOME": st.codexHome(),
+		keyVar:       a.opt.APIKey,
+	}
+	for k, v := range a.opt.Env {
+		env[k] = v
+	}
+	return env
+}
+
+// rolloutSegment is the path segment that attributes model calls to a
+// rollout attempt: <id>-a<attempt>, escaped as one path segment.
+func rolloutSegment(rollout string, attempt int) string {
+	return url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
+}
+
+// maxArg is Linux's bound on one argument string (MAX_ARG_STRLEN, 32
+// pages), terminating NUL included.
+const maxArg = 32 * 4096
+
+// flags are the flags of every `codex exec`: JSON events, no git check, no
+// approvals and no sandbox of Codex's own (the lent sandbox is the
+// sandbox).
+var flags = []string{"--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"}
+
+// Launch implements driver.Adapter: config.toml is written into the
+// state's CODEX_HOME (pointing at this attempt's model URL), then `codex
+// exec --json --skip-git-repo-check
+// --dangerously-bypass-approvals-and-sandbox -- TASK`, the task one argv
+// element (never shell text), stdin /dev/null (ngsup's). A resume (only
+// with ResumePrompt set) runs `codex exec resume ... -- ID PROMPT` on the
+// saved session instead.
+func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+	st, err := parseState(lc.State)
+	if err != nil {
+		return driver.LaunchSpec{}, err
+	}
+	spec := driver.LaunchSpec{Env: a.env(st), Dir: lc.Sandbox.Workdir(), Timeout: a.timeout}
+	cfg := a.config(a.baseURL(lc.RolloutID, lc.Attempt))
+	if lc.Resume {
+		if a.opt.ResumePrompt == nil {
+			return driver.LaunchSpec{}, errors.New("codex: asked to continue a saved session without resume_prompt set (the resume decision starts over then)")
+		}
+		file, data, err := readSession(ctx, lc.Sandbox, st)
+		if err != nil {
+			return driver.LaunchSpec{}, err
+		}
+		s, err := ParseSession(data)
+		if file == "" || err != nil || s.ID == "" {
+			return driver.LaunchSpec{}, fmt.Errorf("codex: no saved session with an id to continue in %s (%v)", st.codexHome(), err)
+		}
+		if err := lc.Sandbox.Upload(ctx, path.Join(st.codexHome(), "config.toml"), []byte(cfg), 0o600); err != nil {
+			return driver.LaunchSpec{}, fmt.Errorf("codex: write config.toml: %w", err)
+		}
+		spec.Argv = append(append([]string{a.opt.Codex, "exec", "resume"}, flags...), "--", s.ID, *a.opt.ResumePrompt)
+		return spec, nil
+	}
+	task, err := taskText(lc.Input)
+	if err != nil {
+		return driver.LaunchSpec{}, err
+	}
+	if strings.IndexByte(task, 0) >= 0 {
+		return driver.LaunchSpec{}, errors.New("codex: the task holds a NUL byte, which no command-line argument can carry")
+	}
+	if len(task) >= maxArg {
+		return driver.LaunchSpec{}, fmt.Errorf("codex: the task is %d bytes; Linux passes at most %d bytes in one argument", len(task), maxArg-1)
+	}
+	if err := lc.Sandbox.Upload(ctx, path.Join(st.codexHome(), "config.toml"), []byte(cfg), 0o600); err != nil {
+		return driver.LaunchSpec{}, fmt.Errorf("codex: write config.toml: %w", err)
+	}
+	// The task beside the session, for the resume decision.
+	if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, taskFileName), []byte(task), 0o600); err != nil {
+		return driver.LaunchSpec{}, fmt.Errorf("codex: write the task: %w", err)
+	}
+	// HOME must exist: Codex keeps files below it.
+	if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, "home", ".keep"), nil, 0o600); err != nil {
+		return driver.LaunchSpec{}, fmt.Errorf("codex: make HOME: %w", err)
+	}
+	spec.Argv = append(append([]string{a.opt.Codex, "exec"}, flags...), "--", task)
+	return spec, nil
+}
+
+// taskFileName is the task's text, kept beside the session, so the resume
+// decision can check the session starts with it.
+const taskFileName = "task.txt"
+
+// sessionScript prints the newest session file of the CODEX_HOME $1
+// (sessions/YYYY/MM/DD/rollout-<ts>-<uuid>.jsonl; the names sort by
+// time), its path on the first line and its content after; nothing when
+// there is none. Everything arrives as an argument, never as shell text.
+const sessionScript = `last=
+for f in "$1"/sessions/*/*/*/rollout-*.jsonl; do [ -f "$f" ] && last=$f; done
+[ -n "$last" ] || exit 0
+printf '%s\n' "$last" && cat -- "$last"`
+
+// readSession reads the state's newest session file: its path and
+// content, or "" and nil when there is none.
+func readSession(ctx context.Context, sb driver.LentSandbox, st State) (string, []byte, error) {
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{
+		Argv: []string{"/bin/sh", "-c", sessionScript, "sh", st.codexHome()}, Timeout: 2 * time.Minute})
+	if err != nil {
+		return "", nil, fmt.Errorf("codex: read the session: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return "", nil, fmt.Errorf("codex: read the session: exit code %d: %.300s", res.ExitCode, res.Stderr)
+	}
+	out := res.Stdout
+	if len(out) == 0 {
+		return "", nil, nil
+	}
+	first, rest, _ := strings.Cut(string(out), "\n")
+	return first, []byte(rest), nil
+}
+
+// ResumeDecision implements driver.Adapter. Codex has no way to continue a
+// saved session without a new user turn, so a relaunch starts over with
+// the task in a fresh folder; the reason says whether the saved session
+// could otherwise have been continued (it starts with the task and holds a
+// completed model response) and why it is not. With ResumePrompt set
+// (opt-in), such a session is continued instead, the reason naming the
+// added turn. Only a cancelled ctx, or a state that names no folder, is an
+// error.
+func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, rollout string, attempt int) (driver.Decision, error) {
+	st, err := parseState(raw)
+	if err != nil {
+		return driver.Decision{}, err
+	}
+	fresh := func(why string) (driver.Decision, error) {
+		s, _ := json.Marshal(State{Home: driver.StateDir(sb, "codex", rollout, attempt)})
+		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CODEX_HOME", State: s}, nil
+	}
+	file, data, err := readSession(ctx, sb, st)
+	if err != nil {
+		if ctx.Err() != nil {
+			return driver.Decision{}, err
+		}
+		return fresh(fmt.Sprintf("the saved session could not be read (%v)", err))
+	}
+	if file == "" {
+		return fresh("the saved CODEX_HOME holds no session")
+	}
+	s, err := ParseSession(data)
+	if err != nil {
+		return fresh(fmt.Sprintf("the saved session %s could not be read (%v)", path.Base(file), err))
+	}
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(st.Home, taskFileName)}, Timeout: time.Minute})
+	if err != nil {
+		if ctx.Err() != nil {
+			return driver.Decision{}, err
+		}
+		return fresh(fmt.Sprintf("the task beside the saved session could not be read (%v)", err))
+	}
+	task := ""
+	if res.ExitCode == 0 {
+		task = string(res.Stdout)
+	}
+	ok, why := s.Continuable(task)
+	switch {
+	case !ok:
+		return fresh(why)
+	case a.opt.ResumePrompt != nil && s.ID != "":
+		return driver.Decision{Resume: true, Reason: fmt.Sprintf("%s; continuing it with codex exec resume, which adds the user turn %q the task did not have (resume_prompt is set)", why, *a.opt.ResumePrompt)}, nil
+	}
+	return fresh(why + ", but Codex cannot continue it without adding a user turn (codex exec resume always sends a new user message)")
+}
+
+// Response implements driver.Adapter: the exit code, the session file
+// (path, id and its lines), the final assistant text and the output tails.
+func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+	st, err := parseState(raw)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]any{"exit_code": res.ExitCode}
+	file, data, err := readSession(ctx, sb, st)
+	switch {
+	case err != nil:
+		out["session_error"] = err.Error()
+	case file == "":
+		out["session_error"] = "codex: no session file in " + st.codexHome()
+	default:
+		s, err := ParseSession(data)
+		if err != nil {
+			out["session_error"] = err.Error()
+			break
+		}
+		out["session_path"] = file
+		out["session_id"] = s.ID
+		out["session"] = json.RawMessage(linesJSON(data))
+		if t := s.FinalText(); t != "" {
+			out["final_text"] = t
+		}
+	}
+	out["stdout_tail"] = tail(string(res.Stdout), 4000)
+	out["stderr_tail"] = tail(string(res.Stderr), 4000)
+	return json.Marshal(out)
+}
+
+// linesJSON turns JSON lines into one JSON array of them (the lines that
+// are not JSON left out).
+func linesJSON(data []byte) []byte {
+	var b strings.Builder
+	b.WriteByte('[')
+	n := 0
+	for _, l := range strings.Split(string(data), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || !json.Valid([]byte(l)) {
+			continue
+		}
+		if n > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(l)
+		n++
+	}
+	b.WriteByte(']')
+	return []byte(b.String())
+}
+
+// taskText reads the task from a run body: "task", or the last user input
+// of responses_create_params (as the OpenCode adapter does).
+func taskText(body json.RawMessage) (string, error) {
+	var b struct {
+		Task   *string `json:"task"`
+		Params struct {
+			Input json.RawMessage `json:"input"`
+		} `json:"responses_create_params"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return "", fmt.Errorf("codex: read the task: %w", err)
+	}
+	if b.Task != nil && *b.Task != "" {
+		return *b.Task, nil
+	}
+	var s string
+	if json.Unmarshal(b.Params.Input, &s) == nil && s != "" {
+		return s, nil
+	}
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if json.Unmarshal(b.Params.Input, &msgs) == nil {
+		for i := len(msgs) - 1; i >= 0; i-- {
+			if msgs[i].Role != "user" {
+				continue
+			}
+			if json.Unmarshal(msgs[i].Content, &s) == nil && s != "" {
+				return s, nil
+			}
+			var parts []struct {
+				Text string `json:"text"`
+			}
+			if json.Unmarshal(msgs[i].Content, &parts) == nil {
+				var t []string
+				for _, p := range parts {
+					t = append(t, p.Text)
+				}
+				if j := strings.Join(t, "\n"); j != "" {
+					return j, nil
+				}
+			}
+		}
+	}
+	return "", errors.New("codex: the run body has no task (a \"task\" string or responses_create_params.input)")
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// plural is "s" unless n is 1.
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+var _ driver.Adapter = (*Adapter)(nil)
+var _ driver.PausesAtCheckpoints = (*Adapter)(nil)
+var _ driver.GymResulter = (*Adapter)(nil)

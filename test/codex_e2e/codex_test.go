@@ -1,0 +1,550 @@
+package codexe2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/codex"
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/proto"
+	"github.com/ngharness/ngharness/test/fakemodel"
+)
+
+// hold is how long a checkpoint in these tests keeps a launch paused
+// between two looks at it: long enough for anything that could move to
+// move.
+const hold = 3 * time.Second
+
+func describeRequest(r fakemodel.Request) string {
+	last := r.LastMessage()
+	content := last.Content
+	if len(content) > 80 {
+		content = content[:80] + "..."
+	}
+	return fmt.Sprintf("%s tools=%t messages=%d last=%s %q", r.Path, r.HasTools, len(r.Messages), last.Role, content)
+}
+
+// byAttempt keeps the requests of one attempt (the /ng-rollout/<id>-a<n>
+// prefix the adapter gives Codex's provider).
+func byAttempt(reqs []fakemodel.Request, attempt int) []fakemodel.Request {
+	var out []fakemodel.Request
+	for _, r := range reqs {
+		if r.Attempt == attempt {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// checkNoRepeats fails the test if any request carried the history of an
+// earlier one (fakemodel.Request.HistoryKey).
+func checkNoRepeats(t *testing.T, reqs []fakemodel.Request) {
+	t.Helper()
+	seen := map[string]int{}
+	for i, r := range reqs {
+		k := r.HistoryKey()
+		if j, ok := seen[k]; ok {
+			t.Errorf("model request %d repeats request %d: %s", i+1, j+1, describeRequest(r))
+		}
+		seen[k] = i
+	}
+}
+
+// userTurns are the user messages of a request that the user gave (the
+// task, a later prompt), each byte for byte: Codex's own
+// <environment_context> block is left out.
+func userTurns(r fakemodel.Request) []string {
+	var out []string
+	for _, m := range r.Messages {
+		if m.Role == "user" && !strings.HasPrefix(m.Content, "<environment_context>") {
+			out = append(out, m.Content)
+		}
+	}
+	return out
+}
+
+// checkOneToolRun checks the model requests of one completed single-tool
+// run of an attempt: exactly two (the exec_command call, the final), the
+// first ending with the task as the only user turn byte for byte, the
+// second with the call the model made and its result, none repeated, all
+// on the attempt's prefix. It returns a summary.
+func (w *world) checkOneToolRun(reqs []fakemodel.Request, attempt int) string {
+	t := w.t
+	t.Helper()
+	checkNoRepeats(t, reqs)
+	if len(reqs) != 2 {
+		for i, r := range reqs {
+			t.Logf("model request %d: %s", i+1, describeRequest(r))
+		}
+		t.Fatalf("%d model requests, want 2 (the tool call, the final)", len(reqs))
+	}
+	prefix := "/ng-rollout/" + fmt.Sprintf("%s-a%d", w.rollout, attempt) + "/v1/responses"
+	for _, r := range reqs {
+		if r.Attempt != attempt || r.Path != prefix || r.API != fakemodel.APIResponses {
+			t.Errorf("request %s (%s): attempt %d, want %d on %s", r.Path, r.API, r.Attempt, attempt, prefix)
+		}
+		if u := userTurns(r); len(u) != 1 || u[0] != w.taskText() {
+			t.Errorf("request %s: user turns %d (%.80q), want the task alone, byte for byte", r.Path, len(u), u)
+		}
+	}
+	if last := reqs[0].LastMessage(); last.Role != "user" || len(last.Parts) != 1 || last.Parts[0] != w.taskText() {
+		t.Errorf("the first request ends with %s %.80q, want the user's task exactly", last.Role, last.Content)
+	}
+	final := reqs[1]
+	n := len(final.Messages)
+	if n < 3 {
+		t.Fatalf("the final request's history is %+v", final.Messages)
+	}
+	call, res := final.Messages[n-2], final.Messages[n-1]
+	if res.Role != "tool" || call.Role != "assistant" || len(call.ToolCalls) != 1 || call.ToolCalls[0].ID != res.ToolCallID || call.ToolCalls[0].Name != "exec_command" {
+		t.Errorf("the final request ends with %+v then %+v, want the exec_command call and its result", call, res)
+	}
+	if res.Content == "aborted" {
+		t.Errorf("the tool result is Codex's synthetic %q", res.Content)
+	}
+	return fmt.Sprintf("%d model requests (tool call, final), none repeated, the task the only user turn", len(reqs))
+}
+
+// checkOneLaunch checks the launch log of a run that paused in place only:
+// one launch, not resumed, finished, paused pauses times.
+func (w *world) checkOneLaunch(r result, pauses int) {
+	t := w.t
+	t.Helper()
+	w.obs.mu.Lock()
+	if w.obs.pauses != pauses || w.obs.continues != pauses || w.obs.ends != 1 {
+		t.Errorf("the runner reported %d confirmed pauses, %d continues, %d launch ends; want %d, %d, 1", w.obs.pauses, w.obs.continues, w.obs.ends, pauses, pauses)
+	}
+	w.obs.mu.Unlock()
+	if len(r.Launches) != 1 {
+		t.Fatalf("%d launches, want 1: %+v", len(r.Launches), r.Launches)
+	}
+	l := r.Launches[0]
+	if l.Outcome != driver.OutcomeFinished || l.Pauses != pauses || l.Resumed || !l.Supervised || l.ExitCode != 0 {
+		t.Errorf("launch %s: outcome %s, pauses %d, resumed %v, supervised %v, exit code %d (error %q); want finished, %d, false, true, 0",
+			l.ID, l.Outcome, l.Pauses, l.Resumed, l.Supervised, l.ExitCode, l.Error, pauses)
+	}
+}
+
+// harness is the launch's harness process, read from its receipt: Codex
+// itself (the adapter runs it with no shell in between). The test fails
+// unless its executable is Codex.
+func (w *world) harness(sandboxID, launchID string) proto.Proc {
+	w.t.Helper()
+	r := w.receipt(sandboxID, launchID)
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", r.HarnessPID))
+	if err != nil || exe != w.codex {
+		w.t.Fatalf("the harness %d of launch %s runs %q (%v), want Codex %s", r.HarnessPID, launchID, exe, err, w.codex)
+	}
+	return proto.Proc{PID: r.HarnessPID, StartTicks: r.HarnessStartTicks}
+}
+
+// checkSameHarnessFinished checks that the launch's receipt says the
+// harness cx (the Codex process seen paused) is the one that ran to the
+// end and exited 0.
+func (w *world) checkSameHarnessFinished(sandboxID, launchID string, cx proto.Proc) {
+	w.t.Helper()
+	r := w.receipt(sandboxID, launchID)
+	if r.HarnessPID != cx.PID || r.HarnessStartTicks != cx.StartTicks || !r.Ended || r.ExitCode != 0 || r.Signal != 0 {
+		w.t.Errorf("receipt of %s: harness %d (start %d), ended %v, exit code %d, signal %d; want the paused Codex %d (start %d), ended, 0",
+			launchID, r.HarnessPID, r.HarnessStartTicks, r.Ended, r.ExitCode, r.Signal, cx.PID, cx.StartTicks)
+	}
+}
+
+// describeSessions lists a tree's processes with their process groups and
+// sessions.
+func describeSessions(tr proto.TreeResult) string {
+	var parts []string
+	for _, p := range tr.Processes {
+		parts = append(parts, fmt.Sprintf("%s %d/%d/%d/%d", p.Comm, p.PID, p.PPID, p.PGID, p.SID))
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// comms lists the command names of the processes of a look.
+func comms(s still) []string {
+	var out []string
+	for _, p := range s.procs {
+		out = append(out, p.Comm)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestCodexRunVerified: the real Codex CLI under the driver runs the task
+// to a verified result (the owner's check finds done.txt): one launch,
+// finished, exit 0; two model requests on the rollout's prefix, the task
+// the only user turn; the response holds the session file and the final
+// text, and its NeMoGymResponse the call, its output, the final message
+// and the usage.
+func TestCodexRunVerified(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "run", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
+	h := w.start(w.runner(w.adapter(nil), newParticipant()), 1)
+	r := w.mustSucceed(h)
+	w.checkOneLaunch(r, 0)
+	if !strings.Contains(r.Response.SessionPath, "/state/codex/") || !strings.HasSuffix(r.Response.SessionPath, "-"+r.Response.SessionID+".jsonl") {
+		t.Errorf("session %s at %q, want the rollout file in the state folder", r.Response.SessionID, r.Response.SessionPath)
+	}
+	t.Logf("verified in one launch of %.1f s; %s", r.Launches[0].DurationS, w.checkOneToolRun(w.model.Requests(), 1))
+}
+
+// TestCodexPauseMidTool: a checkpoint pauses Codex while its exec_command
+// runs `sleep`. Every process of the launch (Codex, the tool's bash in a
+// session and process group of its own, sleep) is stopped; every file of
+// the sandbox (Codex's session file and SQLite files among them) and every
+// process's CPU time stay unchanged while the owner snapshots the sandbox
+// and the checkpoint holds; no model request arrives. After the checkpoint
+// opens the SAME Codex process finishes (one launch, pauses 1), each model
+// call made once, and the owner verifies done.txt.
+func TestCodexPauseMidTool(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "midtool", fakemodel.Options{Script: script("sleep 8; touch done.txt", "touch done.txt")})
+	p := newParticipant()
+	h := w.start(w.runner(w.adapter(nil), p), 1)
+	sb := w.waitSandbox(1)
+	l1 := w.launchID(1, 1, sb)
+	w.waitProc(sb, l1, "sleep")
+	cx := w.harness(sb, l1)
+
+	w.prepare(p, "ck-1")
+	nreq := len(w.model.Requests())
+	a := w.observe(sb, l1)
+	if _, ok := a.procs[cx.PID]; !ok || !slices.Contains(comms(a), "sleep") || !slices.Contains(comms(a), "bash") {
+		t.Fatalf("the paused launch holds %v (Codex %d), want Codex, the tool's bash and sleep", comms(a), cx.PID)
+	}
+	tr, err := tree(w.launchDir(sb, l1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var codexSID int
+	for _, q := range tr.Processes {
+		if q.PID == cx.PID {
+			codexSID = q.SID
+		}
+	}
+	for _, q := range tr.Processes {
+		if q.Comm == "bash" && (q.SID != q.PID || q.PGID != q.PID || q.SID == codexSID) {
+			t.Errorf("the tool's bash %d is in process group %d, session %d (Codex's session %d): want a session and group of its own", q.PID, q.PGID, q.SID, codexSID)
+		}
+	}
+	w.commit(p, "ck-1")
+	time.Sleep(hold)
+	b := w.observe(sb, l1)
+	t.Logf("paused mid-tool, processes (comm pid/ppid/pgid/sid) %s: %s", describeSessions(tr), compareStill(t, a, b))
+	if n := len(w.model.Requests()); n != nreq {
+		t.Errorf("%d model requests arrived while paused", n-nreq)
+	}
+	w.resume(p, "ck-1")
+
+	r := w.mustSucceed(h)
+	w.checkOneLaunch(r, 1)
+	w.checkSameHarnessFinished(sb, l1, cx)
+	t.Logf("after continue: the same Codex %d finished; %s", cx.PID, w.checkOneToolRun(w.model.Requests(), 1))
+}
+
+// crashed is what crashAfterSnapshot leaves: the sandbox attempt 1 ran in,
+// the fork the restore made, the committed records, the session saved in
+// the snapshot, and the model requests of attempt 1.
+type crashed struct {
+	old, fork string
+	committed committed
+	saved     *codex.Session
+	savedHome string // the saved CODEX_HOME inside the sandbox
+	attempt1  []fakemodel.Request
+}
+
+// crashAfterSnapshot runs attempt 1 until its tool's sleep runs,
+// checkpoints it (pause, the owner's snapshot, commit, continue), lets it
+// go on, then crashes the driver (the run is cancelled with
+// driver.ErrCrashed: nothing is cleaned up) while the tool still runs. The
+// owner restores the checkpoint: it stops every launch of the old sandbox
+// and forks the snapshot under a new sandbox id.
+func (w *world) crashAfterSnapshot() crashed {
+	t := w.t
+	t.Helper()
+	var c crashed
+	p1 := newParticipant()
+	h1 := w.start(w.runner(w.adapter(nil), p1), 1)
+	c.old = w.waitSandbox(1)
+	l1 := w.launchID(1, 1, c.old)
+	w.waitProc(c.old, l1, "sleep")
+
+	w.prepare(p1, "ck-1")
+	tr, err := tree(w.launchDir(c.old, l1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	snaps, ck := w.commit(p1, "ck-1")
+	if len(snaps) != 1 || len(ck.records) != 1 {
+		t.Fatalf("checkpoint ck-1: snapshots %v, records %d; want one of each", snaps, len(ck.records))
+	}
+	var snapshot string
+	for _, s := range snaps {
+		snapshot = s
+	}
+	c.committed = ck
+	_, bm, err := driver.ParseAgentRecord(ck.records[0])
+	if err != nil || bm.Next != driver.StageHarness || !bm.Resume || bm.Paused == nil || bm.Paused.ID != l1 {
+		t.Fatalf("the committed bookmark (%v) does not continue the paused launch %s: %s", err, l1, ck.records[0].JSON)
+	}
+	w.resume(p1, "ck-1")
+	w.waitContinued(1)
+	w.waitProc(c.old, l1, "sleep") // the crash comes during the same tool call
+
+	h1.cancel(driver.ErrCrashed)
+	if _, err := w.wait(h1); !errors.Is(err, driver.ErrCrashed) {
+		t.Fatalf("attempt 1 returned %v, want the crash", err)
+	}
+	c.attempt1 = byAttempt(w.model.Requests(), 1)
+
+	w.restoreOwner("ck-1", c.committed)
+	c.fork = w.waitSandbox(2)
+	if c.fork == c.old {
+		t.Fatalf("the restore did not fork: sandboxes %v", w.sandboxes())
+	}
+	for _, p := range tr.Processes {
+		if sameProc(p.PID, p.StartTicks) {
+			t.Errorf("process %d (%s) of the crashed launch survived the restore", p.PID, p.Comm)
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(w.local.SnapshotPath(snapshot), local.RootFolder, "state", "codex", "*", "codex", "sessions", "*", "*", "*", "rollout-*.jsonl"))
+	if len(files) != 1 {
+		t.Fatalf("session files in the snapshot: %v, want one", files)
+	}
+	data, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.saved, err = codex.ParseSession(data); err != nil {
+		t.Fatalf("the saved session: %v", err)
+	}
+	rel, _ := filepath.Rel(w.local.SnapshotPath(snapshot), files[0])
+	c.savedHome = path.Join("/sandbox", filepath.ToSlash(rel))
+	for i := 0; i < 5; i++ { // up from .../codex/sessions/YYYY/MM/DD/rollout-*.jsonl
+		c.savedHome = path.Dir(c.savedHome)
+	}
+	return c
+}
+
+// TestCodexCrashMidToolStartsFresh: a checkpoint is taken while Codex's
+// tool call runs, the run goes on, and the driver crashes before the tool
+// ends. The saved session (in the snapshot) starts with the task and holds
+// the completed response that made the call, with no output for it. The
+// relaunch in the fork does not continue it, since Codex cannot without a
+// new user turn: launch 2 starts over in a fresh CODEX_HOME (resumed false,
+// the reason saying why), makes its two model calls with the task the only
+// user turn byte for byte, never sends Codex's synthetic "aborted" output,
+// and is verified. Then a probe runs `codex exec resume` (with "", the
+// least prompt it takes) on the saved session in the fork, on a prefix of
+// its own: its first model request ends with the interrupted call, a
+// synthetic "aborted" output and an added empty user turn, which is why
+// the adapter starts over.
+func TestCodexCrashMidToolStartsFresh(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "crash", fakemodel.Options{Script: script("sleep 25; touch done.txt", "touch done.txt")})
+	c := w.crashAfterSnapshot()
+	if ok, why := c.saved.Continuable(task); !ok || len(c.saved.Responses) != 1 {
+		t.Fatalf("the saved session: continuable %v (%s), %d responses; want the task and one completed response", ok, why, len(c.saved.Responses))
+	}
+	if n := len(c.attempt1); n != 1 {
+		t.Errorf("attempt 1 made %d model requests, want the tool call alone", n)
+	}
+
+	p2 := newParticipant()
+	w.restore(p2, "ck-1", c.committed)
+	h2 := w.start(w.runner(w.adapter(nil), p2), 2)
+	r := w.mustSucceed(h2)
+	if len(r.Launches) != 2 {
+		t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
+	}
+	l1, l2 := r.Launches[0], r.Launches[1]
+	if l1.SandboxID != c.old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
+		t.Errorf("launch 1: %+v; want in %s, interrupted (the crash), pauses 1", l1, c.old)
+	}
+	if l2.SandboxID != c.fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || l2.Resumed ||
+		!strings.Contains(l2.Reason, "starts with the task and holds 1 completed model response, but Codex cannot continue it without adding a user turn") ||
+		!strings.Contains(l2.Reason, "starting over with the task in a fresh CODEX_HOME") {
+		t.Errorf("launch 2: %+v; want in the fork %s, finished, not resumed, the reason saying why it starts over", l2, c.fork)
+	}
+	if r.Response.SessionID == c.saved.ID {
+		t.Errorf("attempt 2 answered from the saved session %s, want a fresh one", c.saved.ID)
+	}
+	a2 := byAttempt(w.model.Requests(), 2)
+	w.checkOneToolRun(a2, 2)
+	if n := len(byAttempt(w.model.Requests(), 1)); n != len(c.attempt1) {
+		t.Errorf("attempt 1's Codex made %d more model requests after the crash", n-len(c.attempt1))
+	}
+	savedCall := c.attempt1[0].Body
+	for _, q := range a2 {
+		for _, m := range q.Messages {
+			if m.Role == "tool" && m.Content == "aborted" {
+				t.Errorf("attempt 2 sent Codex's synthetic aborted output: %s", describeRequest(q))
+			}
+		}
+	}
+	differ := "none"
+	for i, m := range a2[0].Messages {
+		if i >= len(c.attempt1[0].Messages) || m.Content != c.attempt1[0].Messages[i].Content {
+			differ = fmt.Sprintf("message %d (%s) %.200q", i, m.Role, m.Content)
+			break
+		}
+	}
+	t.Logf("launch 2 reason %q; attempt 2's first request (%d bytes) against attempt 1's (%d bytes), first difference: %s",
+		l2.Reason, len(a2[0].Body), len(savedCall), differ)
+
+	probe := w.probeResume(c)
+	n := len(probe.Messages)
+	if n < 3 {
+		t.Fatalf("the probe's first request: %s", describeRequest(probe))
+	}
+	call, out, user := probe.Messages[n-3], probe.Messages[n-2], probe.Messages[n-1]
+	if len(call.ToolCalls) != 1 || out.Role != "tool" || out.Content != "aborted" || out.ToolCallID != call.ToolCalls[0].ID || user.Role != "user" || user.Content != "" {
+		t.Errorf("the probe's first request ends with %+v, %+v, %+v; want the interrupted call, a synthetic \"aborted\" output, an added empty user turn", call, out, user)
+	}
+	if u := userTurns(probe); len(u) != 2 || u[0] != task {
+		t.Errorf("the probe's user turns %q, want the task and the added one", u)
+	}
+	t.Logf("codex exec resume on the saved session sends: ... %s call %s, tool %q, user %q: a turn the task did not have",
+		call.Role, call.ToolCalls[0].Name, out.Content, user.Content)
+}
+
+// probeResume runs `codex exec resume <saved id> ""` in the fork on the
+// saved CODEX_HOME, pointed at the prefix probe-a9, and returns its first
+// model request. It ends on its own (the script answers it to the end).
+func (w *world) probeResume(c crashed) fakemodel.Request {
+	w.t.Helper()
+	sb, err := w.local.Open(c.fork)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	base := w.model.URL() + "/ng-rollout/probe-a9/v1"
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{
+		Argv: []string{w.codex, "exec", "resume", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+			"-c", "model_providers.ngharness.base_url=" + fmt.Sprintf("%q", base), c.saved.ID, ""},
+		Env: map[string]string{"HOME": path.Join(path.Dir(c.savedHome), "home"), "CODEX_HOME": c.savedHome,
+			"NGHARNESS_CODEX_API_KEY": "none"},
+		Dir:     "/sandbox/work",
+		Timeout: 2 * time.Minute,
+	})
+	if err != nil || res.ExitCode != 0 {
+		w.t.Fatalf("codex exec resume: %v, exit code %d: %s", err, res.ExitCode, tailOf(res.Stderr))
+	}
+	var probe []fakemodel.Request
+	for _, q := range w.model.Requests() {
+		if q.Rollout == "probe-a9" {
+			probe = append(probe, q)
+		}
+	}
+	if len(probe) == 0 {
+		w.t.Fatalf("codex exec resume made no model request: %s", tailOf(res.Stderr))
+	}
+	if h := probe[0].Header.Get("x-codex-turn-metadata"); !strings.Contains(h, "cold_resume") {
+		w.t.Logf("the probe's turn metadata %q does not say cold_resume", h)
+	}
+	return probe[0]
+}
+
+func tailOf(b []byte) string {
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// hostileTask is a task of about 100 KB that a shell would mangle: a
+// leading dash, quotes of both kinds, $(...), backticks, ${...}, a
+// backslash before n, tabs, newlines inside and at the end, and text
+// outside ASCII.
+func hostileTask() string {
+	head := "-- --json '\"$(touch pwned-dollar)\"' `touch pwned-tick` ${HOME} \\n \t; echo \"x\" > pwned-redirect\n" +
+		"naïve — 中文 🙂 %s %d \x01\r\nthen run the tool\n"
+	var b strings.Builder
+	b.WriteString(head)
+	for i := 0; b.Len() < 100*1024; i++ {
+		fmt.Fprintf(&b, "line %d: 'single' \"double\" $(date) `uname` $((1+1)) \\ \\\\ \n", i)
+	}
+	b.WriteString("end\n")
+	return b.String()
+}
+
+// TestCodexHostileTask: a hostile task of about 100 KB reaches the model
+// byte for byte as the only user turn, runs nothing it names (no pwned-*
+// file anywhere in the sandbox), and the run is verified.
+func TestCodexHostileTask(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "hostile", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
+	w.task = hostileTask()
+	h := w.start(w.runner(w.adapter(nil), newParticipant()), 1)
+	r := w.mustSucceed(h)
+	w.checkOneLaunch(r, 0)
+	summary := w.checkOneToolRun(w.model.Requests(), 1)
+	for _, id := range w.sandboxes() {
+		_ = filepath.WalkDir(w.local.HostPath(id), func(p string, d os.DirEntry, err error) error {
+			if err == nil && strings.HasPrefix(d.Name(), "pwned") {
+				t.Errorf("the task ran a command: %s exists", p)
+			}
+			return nil
+		})
+	}
+	t.Logf("a %d-byte hostile task reached the model byte for byte; %s", len(w.task), summary)
+}
+
+// TestCodexCrashResumeOptIn: with resume_prompt set (the opt-in), the
+// relaunch after a crash mid-tool continues the saved session with `codex
+// exec resume` instead of starting over, and the record says what that
+// costs: launch 2 resumed, its reason naming the added user turn. The
+// model's first request of attempt 2 is the saved history, the
+// interrupted call, Codex's synthetic "aborted" output and the added turn
+// (the task and it the only user turns); the run is verified.
+func TestCodexCrashResumeOptIn(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "optin", fakemodel.Options{Script: script("sleep 25; touch done.txt", "touch done.txt")})
+	c := w.crashAfterSnapshot()
+	prompt := "Continue."
+	p2 := newParticipant()
+	w.restore(p2, "ck-1", c.committed)
+	h2 := w.start(w.runner(w.adapterWith(codex.Options{ResumePrompt: &prompt}), p2), 2)
+	r := w.mustSucceed(h2)
+	if len(r.Launches) != 2 {
+		t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
+	}
+	l2 := r.Launches[1]
+	if !l2.Resumed || l2.SandboxID != c.fork || l2.Outcome != driver.OutcomeFinished ||
+		!strings.Contains(l2.Reason, `adds the user turn "Continue." the task did not have (resume_prompt is set)`) {
+		t.Errorf("launch 2: %+v; want resumed in the fork %s, finished, the reason naming the added turn", l2, c.fork)
+	}
+	if r.Response.SessionID != c.saved.ID {
+		t.Errorf("attempt 2 ended in session %s, want the saved %s continued", r.Response.SessionID, c.saved.ID)
+	}
+	a2 := byAttempt(w.model.Requests(), 2)
+	if len(a2) == 0 {
+		t.Fatal("attempt 2 made no model request")
+	}
+	first := a2[0]
+	n := len(first.Messages)
+	if n < 3 {
+		t.Fatalf("attempt 2's first request: %s", describeRequest(first))
+	}
+	call, out, user := first.Messages[n-3], first.Messages[n-2], first.Messages[n-1]
+	if len(call.ToolCalls) != 1 || out.Role != "tool" || out.Content != "aborted" || out.ToolCallID != call.ToolCalls[0].ID || user.Role != "user" || user.Content != prompt {
+		t.Errorf("attempt 2's first request ends with %+v, %+v, %+v; want the interrupted call, \"aborted\", the added turn", call, out, user)
+	}
+	if u := userTurns(first); len(u) != 2 || u[0] != task || u[1] != prompt {
+		t.Errorf("attempt 2's user turns %q, want the task and %q", u, prompt)
+	}
+	checkNoRepeats(t, append(slices.Clone(c.attempt1), a2...))
+	t.Logf("launch 2 reason %q; attempt 2 made %d model requests, the first ending with the interrupted call, %q and the added turn %q",
+		l2.Reason, len(a2), out.Content, user.Content)
+}
