@@ -346,12 +346,20 @@ func TestPythonJSON(t *testing.T) {
 	}
 }
 
-// A real export of OpenCode 1.17.11 (testdata/export-1.17.11.json: task
-// "run the tool", one bash call printing a non-ASCII line, then a final
-// text with a <think> span, against the e2e tests' fake model): the
-// response Gym's agent would build from it.
+// Real exports of OpenCode 1.17.11 and 1.18.33 (testdata/export-<version>.json:
+// task "run the tool", one bash call printing a non-ASCII line, then a
+// final text with a <think> span, against a fake model; 1.17.11's through
+// the adapter, 1.18.33's by hand with the same script, provider and model):
+// the response Gym's agent would build from each. The two exports have the
+// same shape (the same fields of the same types).
 func TestGymResponseOfRealExport(t *testing.T) {
-	raw, err := os.ReadFile("testdata/export-1.17.11.json")
+	for _, v := range []string{"1.17.11", "1.18.33"} {
+		t.Run(v, func(t *testing.T) { testGymResponseOfRealExport(t, "testdata/export-"+v+".json") })
+	}
+}
+
+func testGymResponseOfRealExport(t *testing.T, file string) {
+	raw, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}

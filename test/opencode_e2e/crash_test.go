@@ -242,7 +242,11 @@ func (w *world) checkResumedTurn(c crashed, r result) {
 // an answer to), no user message is added, and the run is verified.
 func TestCrashResumesSavedTurn(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "crash", fakemodel.Options{Script: script("sleep 120; touch done.txt", "touch done.txt")})
+	forEachOpenCode(t, testCrashResumesSavedTurn)
+}
+
+func testCrashResumesSavedTurn(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "crash", fakemodel.Options{Script: script("sleep 120; touch done.txt", "touch done.txt")})
 	c := w.crashAfterSnapshot(nil, w.toolWaits, w.toolStillRuns)
 	w.checkResumedTurn(c, w.relaunch(c, nil, nil))
 }
@@ -256,7 +260,11 @@ func TestCrashResumesSavedTurn(t *testing.T) {
 // answers from the start, and the run is verified.
 func TestCrashNoModelResponse(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "noreply", fakemodel.Options{
+	forEachOpenCode(t, testCrashNoModelResponse)
+}
+
+func testCrashNoModelResponse(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "noreply", fakemodel.Options{
 		Script:   script("sleep 1; touch done.txt", "touch done.txt"),
 		Holdable: func(r fakemodel.Request) bool { return r.HasTools },
 	})
@@ -320,7 +328,11 @@ exit 1
 // ngresume (whose environment has the stub first on PATH) and is verified.
 func TestCrashResumeWithOldPython(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "python36", fakemodel.Options{Script: script("sleep 120; touch done.txt", "touch done.txt")})
+	forEachOpenCode(t, testCrashResumeWithOldPython)
+}
+
+func testCrashResumeWithOldPython(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "python36", fakemodel.Options{Script: script("sleep 120; touch done.txt", "touch done.txt")})
 	stub := t.TempDir()
 	if err := os.WriteFile(filepath.Join(stub, "python3"), []byte(pythonStub), 0o755); err != nil {
 		t.Fatal(err)

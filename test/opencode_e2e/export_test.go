@@ -15,6 +15,23 @@ import (
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
+// savedState is the sandbox and the adapter's state of the one OpenCode
+// state folder in it, as the driver would hand them to a later relaunch's
+// resume decision and response.
+func (w *world) savedState(sandboxID string) (driver.LentSandbox, json.RawMessage) {
+	w.t.Helper()
+	sb, err := w.local.Open(sandboxID)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	homes, _ := filepath.Glob(filepath.Join(w.local.HostPath(sandboxID), local.RootFolder, "state", "opencode", "*"))
+	if len(homes) != 1 {
+		w.t.Fatalf("OpenCode state folders in %s: %v, want one", sandboxID, homes)
+	}
+	state, _ := json.Marshal(map[string]string{"home": path.Join(sb.Root(), "state", "opencode", filepath.Base(homes[0]))})
+	return driver.LentSandbox{Sandbox: sb}, state
+}
+
 // bashCall is a reply calling OpenCode's bash tool with command, and with
 // a timeout in milliseconds unless timeoutMS is 0.
 func bashCall(command string, timeoutMS int) fakemodel.Reply {
@@ -87,7 +104,11 @@ func bigScript(r fakemodel.Request) fakemodel.Reply {
 // rereads make a lucky pass of the old code all but impossible.
 func TestLargeSessionExportReadWhole(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "bigexport", fakemodel.Options{Script: bigScript})
+	forEachOpenCode(t, testLargeSessionExportReadWhole)
+}
+
+func testLargeSessionExportReadWhole(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "bigexport", fakemodel.Options{Script: bigScript})
 	c := w.crashAfterSnapshot(nil, w.toolWaits, w.toolStillRuns)
 	r := w.relaunch(c, nil, nil)
 	l2 := r.Launches[1]
@@ -104,16 +125,7 @@ func TestLargeSessionExportReadWhole(t *testing.T) {
 
 	// Read the finished session again, as a later relaunch and response
 	// would: whole every time.
-	sb, err := w.local.Open(c.fork)
-	if err != nil {
-		t.Fatal(err)
-	}
-	homes, _ := filepath.Glob(filepath.Join(w.local.HostPath(c.fork), local.RootFolder, "state", "opencode", "*"))
-	if len(homes) != 1 {
-		t.Fatalf("OpenCode state folders in the fork: %v, want one", homes)
-	}
-	state, _ := json.Marshal(map[string]string{"home": path.Join(sb.Root(), "state", "opencode", filepath.Base(homes[0]))})
-	lent := driver.LentSandbox{Sandbox: sb}
+	lent, state := w.savedState(c.fork)
 	a := w.adapter(nil)
 	for i := 1; i <= bigRereads; i++ {
 		d, err := a.ResumeDecision(context.Background(), lent, state, w.rollout, 3)

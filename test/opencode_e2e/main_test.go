@@ -1,25 +1,35 @@
 package opencodee2e
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/ngharness/ngharness/internal/cgrouptest"
 )
 
+// openCodeVersions are the OpenCode versions the suite runs against, each
+// as a subtest of every test that needs OpenCode (TestX/1.17.11, ...), in
+// this order: the version the seed was validated on, then the newer one.
+// scripts/install-opencode.sh installs them all by default.
+var openCodeVersions = []string{"1.17.11", "1.18.33"}
+
 const (
-	// openCodeVersion is the OpenCode these tests run (the version the
-	// seed was validated on).
-	openCodeVersion = "1.17.11"
-	// binEnv, when set, is the opencode binary to run instead of the one
-	// scripts/install-opencode.sh installs into .tools/.
-	binEnv = "OPENCODE_E2E_BIN"
+	// toolsEnv, when set, is the folder holding the installs of
+	// scripts/install-opencode.sh (opencode-<version>/) instead of the
+	// module's .tools.
+	toolsEnv = "OPENCODE_E2E_TOOLS"
 	// childEnv is set in the test binary TestMissingOpenCode runs: it
 	// builds nothing.
 	childEnv = "OPENCODE_E2E_CHILD"
@@ -73,6 +83,7 @@ func testMain(m *testing.M) int {
 		binDir = dir
 		ngsupHost = filepath.Join(dir, "ngsup-linux-"+runtime.GOARCH)
 	}
+	reportMissing()
 	code := m.Run()
 	// The empty cgroups of launches whose sandbox a test removed.
 	cgrouptest.RemoveEmpty(runTag)
@@ -122,26 +133,107 @@ func buildStatic(root, out, pkg string) error {
 	return nil
 }
 
-// openCodeBin is the installed OpenCode binary. When it is missing the test
-// fails if CI is set and skips otherwise, naming the install script. The
-// tests also need root (the local sandboxes' mount namespaces).
-func openCodeBin(t *testing.T) string {
-	t.Helper()
-	bin := os.Getenv(binEnv)
-	if bin == "" {
-		arch := "x64"
-		if runtime.GOARCH == "arm64" {
-			arch = "arm64"
-		}
-		bin = filepath.Join(moduleRoot, ".tools", "opencode-"+openCodeVersion, "node_modules", "opencode-linux-"+arch, "bin", "opencode")
+// openCode is one installed OpenCode version a subtest runs.
+type openCode struct {
+	version string
+	bin     string // the binary, absolute
+}
+
+// openCodePath is where scripts/install-opencode.sh installs version's
+// binary (under OPENCODE_E2E_TOOLS if set).
+func openCodePath(version string) string {
+	tools := os.Getenv(toolsEnv)
+	if tools == "" {
+		tools = filepath.Join(moduleRoot, ".tools")
 	}
+	arch := "x64"
+	if runtime.GOARCH == "arm64" {
+		arch = "arm64"
+	}
+	return filepath.Join(tools, "opencode-"+version, "node_modules", "opencode-linux-"+arch, "bin", "opencode")
+}
+
+// notInstalled says why version's binary cannot run ("" when it is an
+// executable file), in the one line a test skips or fails with.
+func notInstalled(version string) string {
+	bin := openCodePath(version)
 	st, err := os.Stat(bin)
 	if err == nil && (!st.Mode().IsRegular() || st.Mode()&0o111 == 0) {
 		err = fmt.Errorf("not an executable file (mode %v)", st.Mode())
 	}
-	if err != nil {
-		msg := fmt.Sprintf("real OpenCode %s is not installed at %s (%v): install it with `scripts/install-opencode.sh %s`",
-			openCodeVersion, bin, err, openCodeVersion)
+	if err == nil {
+		return ""
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err // the path is in the message already
+	}
+	return fmt.Sprintf("real OpenCode %s is not installed at %s (%v): install it with `scripts/install-opencode.sh %s`",
+		version, bin, err, version)
+}
+
+// reportMissing prints one line for each version that is not installed,
+// saying whether its subtests fail (CI is set) or skip.
+func reportMissing() {
+	verdict := "its subtests skip"
+	if os.Getenv("CI") != "" {
+		verdict = "its subtests fail (CI is set)"
+	}
+	for _, v := range openCodeVersions {
+		if msg := notInstalled(v); msg != "" {
+			fmt.Printf("opencode_e2e: %s; %s\n", msg, verdict)
+		}
+	}
+}
+
+// versionChecks runs each binary's --version once per test process.
+var versionChecks sync.Map // version -> func() error
+
+// checkVersion fails unless bin reports version: a subtest named for a
+// version runs that version.
+func checkVersion(version, bin string) error {
+	f, _ := versionChecks.LoadOrStore(version, sync.OnceValue(func() error {
+		scratch, err := os.MkdirTemp("", runTag+"-version-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(scratch)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		// In a scratch HOME, as every OpenCode the tests run on the host:
+		// even --version makes folders under HOME.
+		cmd := exec.CommandContext(ctx, bin, "--version")
+		cmd.Env, cmd.Dir = hostEnv(scratch, filepath.Join(scratch, "data")), scratch
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		out, err := cmd.Output()
+		if got := strings.TrimSpace(string(out)); err != nil || got != version {
+			return fmt.Errorf("%s --version printed %q (%v), want %s: reinstall it with `scripts/install-opencode.sh %s`", bin, got, err, version, version)
+		}
+		return nil
+	}))
+	return f.(func() error)()
+}
+
+// forEachOpenCode runs body once per version of openCodeVersions, each as
+// a parallel subtest named for the version, with that version's binary.
+// A version that is not installed fails its subtest if CI is set and skips
+// it otherwise, naming the install script. The tests also need root (the
+// local sandboxes' mount namespaces).
+func forEachOpenCode(t *testing.T, body func(t *testing.T, oc openCode)) {
+	t.Helper()
+	for _, v := range openCodeVersions {
+		t.Run(v, func(t *testing.T) {
+			t.Parallel()
+			body(t, openCodeBin(t, v))
+		})
+	}
+}
+
+// openCodeBin is version's installed binary, for forEachOpenCode.
+func openCodeBin(t *testing.T, version string) openCode {
+	t.Helper()
+	if msg := notInstalled(version); msg != "" {
 		if os.Getenv("CI") != "" {
 			t.Fatal(msg)
 		}
@@ -150,8 +242,12 @@ func openCodeBin(t *testing.T) string {
 	if os.Geteuid() != 0 {
 		t.Skip("these tests need root: local sandboxes in mount namespaces of their own")
 	}
+	bin := openCodePath(version)
+	if err := checkVersion(version, bin); err != nil {
+		t.Fatal(err)
+	}
 	if binDir == "" {
 		t.Fatal("ngsup and ngresume were not built (TestMain builds them unless " + childEnv + " is set)")
 	}
-	return bin
+	return openCode{version: version, bin: bin}
 }

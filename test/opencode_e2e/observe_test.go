@@ -300,14 +300,7 @@ func (w *world) exportSaved(root string) session {
 	if out, err := exec.Command("cp", "-a", "--", datas[0], data).CombinedOutput(); err != nil {
 		w.t.Fatalf("copy %s: %v: %s", datas[0], err, out)
 	}
-	env := []string{
-		"PATH=" + os.Getenv("PATH"), "HOME=" + scratch, "TMPDIR=" + scratch,
-		"XDG_DATA_HOME=" + data, "XDG_CONFIG_HOME=" + filepath.Join(scratch, "config"),
-		"XDG_CACHE_HOME=" + filepath.Join(scratch, "cache"), "XDG_STATE_HOME=" + filepath.Join(scratch, "state"),
-		"OPENCODE_DISABLE_MODELS_FETCH=1", "OPENCODE_DISABLE_AUTOUPDATE=1", "OPENCODE_DISABLE_SHARE=1",
-		"OPENCODE_DISABLE_LSP_DOWNLOAD=1", "OPENCODE_DISABLE_DEFAULT_PLUGINS=1", "OPENCODE_DISABLE_CLAUDE_CODE=1",
-		"OPENCODE_DISABLE_EXTERNAL_SKILLS=1", "npm_config_registry=http://127.0.0.1:9/",
-	}
+	env := hostEnv(scratch, data)
 	list := w.runOpenCode(env, scratch, "session", "list", "--format", "json")
 	var sessions []struct {
 		ID       string `json:"id"`
@@ -328,32 +321,52 @@ func (w *world) exportSaved(root string) session {
 	return parseSession(w.t, w.runOpenCode(env, scratch, "export", top[0]))
 }
 
-// runOpenCode runs OpenCode on the host in a process group of its own,
-// killed if it runs past its time, and returns its stdout. Its stdout is a
-// file, not a pipe: OpenCode exits before a pipe drains and loses what it
-// wrote past 64 KiB.
+// hostEnv is the environment of OpenCode run on the host by the tests:
+// HOME and the XDG folders in scratch (its data folder data), and the
+// switches that keep it local.
+func hostEnv(scratch, data string) []string {
+	return []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + scratch, "TMPDIR=" + scratch,
+		"XDG_DATA_HOME=" + data, "XDG_CONFIG_HOME=" + filepath.Join(scratch, "config"),
+		"XDG_CACHE_HOME=" + filepath.Join(scratch, "cache"), "XDG_STATE_HOME=" + filepath.Join(scratch, "state"),
+		"OPENCODE_DISABLE_MODELS_FETCH=1", "OPENCODE_DISABLE_AUTOUPDATE=1", "OPENCODE_DISABLE_SHARE=1",
+		"OPENCODE_DISABLE_LSP_DOWNLOAD=1", "OPENCODE_DISABLE_DEFAULT_PLUGINS=1", "OPENCODE_DISABLE_CLAUDE_CODE=1",
+		"OPENCODE_DISABLE_EXTERNAL_SKILLS=1", "npm_config_registry=http://127.0.0.1:9/",
+	}
+}
+
+// runOpenCode runs the world's OpenCode on the host (see runOpenCodeOn).
 func (w *world) runOpenCode(env []string, dir string, args ...string) []byte {
 	w.t.Helper()
+	return runOpenCodeOn(w.t, w.oc, env, dir, args...)
+}
+
+// runOpenCodeOn runs OpenCode bin on the host in a process group of its
+// own, killed if it runs past its time, and returns its stdout. Its stdout
+// is a file, not a pipe: OpenCode exits before a pipe drains and loses what
+// it wrote past 64 KiB.
+func runOpenCodeOn(t *testing.T, bin string, env []string, dir string, args ...string) []byte {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, w.oc, args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env, cmd.Dir = env, dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	stdout, err := os.CreateTemp(w.t.TempDir(), "stdout-")
+	stdout, err := os.CreateTemp(t.TempDir(), "stdout-")
 	if err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	defer stdout.Close()
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		w.t.Fatalf("opencode %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		t.Fatalf("opencode %s: %v: %s", strings.Join(args, " "), err, stderr.String())
 	}
 	out, err := os.ReadFile(stdout.Name())
 	if err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return out
 }

@@ -93,7 +93,11 @@ func comms(s still) []string {
 // each, and the owner verifies done.txt.
 func TestPauseMidTool(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "midtool", fakemodel.Options{Script: script("sleep 15; touch done.txt", "touch done.txt")})
+	forEachOpenCode(t, testPauseMidTool)
+}
+
+func testPauseMidTool(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "midtool", fakemodel.Options{Script: script("sleep 15; touch done.txt", "touch done.txt")})
 	p := newParticipant()
 	h := w.start(w.runner(w.adapter(nil), p), 1)
 	sb := w.waitSandbox(1)
@@ -134,7 +138,11 @@ func TestPauseMidTool(t *testing.T) {
 // one launch, pauses 1, no model call repeated.
 func TestPauseHeldReply(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "held", fakemodel.Options{
+	forEachOpenCode(t, testPauseHeldReply)
+}
+
+func testPauseHeldReply(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "held", fakemodel.Options{
 		Script:   script("sleep 1; touch done.txt", "touch done.txt"),
 		Holdable: func(r fakemodel.Request) bool { return r.HasTools },
 	})
@@ -198,13 +206,96 @@ func TestPauseHeldReply(t *testing.T) {
 		queued-base, checkOneToolRun(t, w.model.Requests()))
 }
 
+// streamPace is the pause between the events of the streamed tool call in
+// TestPauseMidStream: the stream (about eight events) lasts several seconds.
+const streamPace = time.Second
+
+// TestPauseMidStream: a checkpoint pauses OpenCode while the model's reply
+// to its main turn (the tool call) is still streaming: OpenCode has the
+// headers and the first events, and the rest keeps arriving while it is
+// paused, waiting unread in its socket; nothing in the sandbox (database,
+// files, CPU times) changes and no tool runs. After the checkpoint opens
+// OpenCode reads the rest of the stream, runs the tool call and finishes:
+// one launch, pauses 1, the same process, no model call repeated.
+func TestPauseMidStream(t *testing.T) {
+	t.Parallel()
+	forEachOpenCode(t, testPauseMidStream)
+}
+
+func testPauseMidStream(t *testing.T, ver openCode) {
+	paced := script("touch done.txt", "touch done.txt")
+	w := newWorld(t, ver, "midstream", fakemodel.Options{Script: func(r fakemodel.Request) fakemodel.Reply {
+		rep := paced(r)
+		if rep.ToolCall != nil {
+			rep.Pace = streamPace
+		}
+		return rep
+	}})
+	p := newParticipant()
+	h := w.start(w.runner(w.adapter(nil), p), 1)
+	w.eventually("the main turn's request", func() (bool, string) {
+		n := len(mainTurns(w.model.Requests()))
+		return n >= 1, fmt.Sprintf("%d main-turn requests", n)
+	})
+	// The first events go out at once; pause within the paced rest.
+	time.Sleep(streamPace + streamPace/2)
+	sb := w.waitSandbox(1)
+	l1 := w.launchID(1, 1, sb)
+	oc := w.harness(sb, l1)
+	port := w.modelPort()
+
+	w.prepare(p, "ck-1")
+	paused := time.Now()
+	a := w.observe(sb, l1)
+	base, err := rxQueued(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.commit(p, "ck-1")
+	// The rest of the stream arrives while OpenCode is paused: the bytes
+	// queued for it grow, then stay the same once the stream has ended.
+	queued, since := base, time.Now()
+	for deadline := paused.Add(30 * streamPace); queued == base || time.Since(since) < 2*streamPace; time.Sleep(100 * time.Millisecond) {
+		q, err := rxQueued(port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q != queued {
+			queued, since = q, time.Now()
+		}
+		if queued == base && time.Now().After(deadline) {
+			t.Fatalf("no byte of the stream arrived in %s of pause: it had ended before the pause took (%s after the main turn's request); the machine is too slow for this test",
+				30*streamPace, paused.Sub(mainTurns(w.model.Requests())[0].Received).Round(time.Millisecond))
+		}
+	}
+	time.Sleep(hold)
+	b := w.observe(sb, l1)
+	t.Logf("paused mid-stream (%s after the main turn's request), processes %v: %s", paused.Sub(mainTurns(w.model.Requests())[0].Received).Round(time.Millisecond), comms(a), compareStill(t, a, b))
+	if slices.Contains(comms(b), "touch") {
+		t.Errorf("the tool ran while paused")
+	}
+	if n := len(w.model.Requests()); n != 2 {
+		t.Errorf("%d model requests by the end of the pause, want the 2 before it (title, main turn)", n)
+	}
+	w.resume(p, "ck-1")
+
+	r := w.mustSucceed(h)
+	w.checkOneLaunch(r, 1)
+	w.checkSameHarnessFinished(sb, l1, oc)
+	t.Logf("%d bytes of the stream arrived while paused and were read after continue; %s", queued-base, checkOneToolRun(t, w.model.Requests()))
+}
+
 // TestPauseFourTimes: one run paused by four checkpoints: while its main
 // turn is held (released while paused), twice in the middle of its tool
 // call, and while the final reply is held. It is launched once, records
 // pauses = 4, makes each model call once and is verified.
 func TestPauseFourTimes(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "four", fakemodel.Options{
+	forEachOpenCode(t, testPauseFourTimes)
+}
+
+func testPauseFourTimes(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "four", fakemodel.Options{
 		Script:   script("sleep 15; touch done.txt", "touch done.txt"),
 		Holdable: func(r fakemodel.Request) bool { return r.HasTools },
 	})

@@ -48,8 +48,12 @@ const (
 // test with it.
 func TestPausedTimeCountsTowardToolTimeout(t *testing.T) {
 	t.Parallel()
+	forEachOpenCode(t, testPausedTimeCountsTowardToolTimeout)
+}
+
+func testPausedTimeCountsTowardToolTimeout(t *testing.T, ver openCode) {
 	command := fmt.Sprintf("for i in $(seq %d); do sleep 1; echo step $i; done; touch done.txt", toolSteps)
-	w := newWorld(t, "tooltimeout", fakemodel.Options{Script: func(r fakemodel.Request) fakemodel.Reply {
+	w := newWorld(t, ver, "tooltimeout", fakemodel.Options{Script: func(r fakemodel.Request) fakemodel.Reply {
 		switch {
 		case !r.HasTools:
 			return fakemodel.Reply{Text: titleText}

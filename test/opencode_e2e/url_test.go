@@ -18,7 +18,11 @@ import (
 // a query, so the requests reached /ng-rollout/<part of the id> instead.
 func TestRolloutURLEscapedInOpenCode(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "url", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
+	forEachOpenCode(t, testRolloutURLEscapedInOpenCode)
+}
+
+func testRolloutURLEscapedInOpenCode(t *testing.T, ver openCode) {
+	w := newWorld(t, ver, "url", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	sb, err := w.local.Create(ctx, "url-1")

@@ -81,6 +81,8 @@ type world struct {
 	t       *testing.T
 	rollout string
 	oc      string // the opencode binary (host path, visible in sandboxes)
+	version string // its version
+	task    string // the run body's task (default the task constant)
 	model   *fakemodel.Server
 	base    string
 	local   *local.Backend
@@ -95,14 +97,14 @@ type world struct {
 	runs []*runHandle
 }
 
-// newWorld makes a world for t, named name (in its folders and rollout). It
-// needs OpenCode (see openCodeBin). Its cleanup, on success or failure,
+// newWorld makes a world for t running OpenCode oc, named name and oc's
+// version (in its folders and rollout). Its cleanup, on success or failure,
 // cancels the runs still going, stops every launch of every sandbox through
 // `ngsup stop`, checks no process of the world is left (and kills, by
 // pidfd, any that is), then closes the model server.
-func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
+func newWorld(t *testing.T, oc openCode, name string, model fakemodel.Options) *world {
 	t.Helper()
-	oc := openCodeBin(t)
+	name += "-" + oc.version
 	base, err := os.MkdirTemp("", runTag+"-"+name+"-")
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +112,7 @@ func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
 	t.Cleanup(func() { os.RemoveAll(base) })
 	// The rollout id is the base folder's name: unique, and it carries
 	// runTag, so TestMain's last look finds its launches by their tags.
-	w := &world{t: t, rollout: filepath.Base(base), oc: oc, base: base, logs: &syncbuf.Buffer{}, obs: &observer{}}
+	w := &world{t: t, rollout: filepath.Base(base), oc: oc.bin, version: oc.version, task: task, base: base, logs: &syncbuf.Buffer{}, obs: &observer{}}
 	var out io.Writer = w.logs
 	if os.Getenv(verboseEnv) != "" {
 		out = io.MultiWriter(w.logs, os.Stderr)
@@ -245,7 +247,7 @@ func (w *world) checkGymReply(response, body json.RawMessage) {
 
 // body is the run body of the world's rollout.
 func (w *world) body() json.RawMessage {
-	data, err := json.Marshal(map[string]any{"rollout_id": w.rollout, "task": task, "check": check})
+	data, err := json.Marshal(map[string]any{"rollout_id": w.rollout, "task": w.task, "check": check})
 	if err != nil {
 		panic(err)
 	}
