@@ -19,10 +19,10 @@ import (
 
 // ProcStat is what the tests read of /proc/PID/stat.
 type ProcStat struct {
-	PID        int
-	Comm       string
-	State      byte
-	PPID       int
+	PID        int    // the process id
+	Comm       string // field 2, the command name
+	State      byte   // field 3 (R, S, T, Z, ...)
+	PPID       int    // field 4, the parent's pid
 	UTime      uint64 // field 14, clock ticks
 	STime      uint64 // field 15
 	StartTicks uint64 // field 22
