@@ -732,7 +732,7 @@ func (w *world) observe(sandboxID, launchID string) still {
 			continue
 		}
 		if p.PID == tr.Root && tr.Supervised {
-			s.supervisor = st
+			s.supervisor = settled(st)
 			continue
 		}
 		if st.State != 'T' && st.State != 't' {
@@ -743,6 +743,28 @@ func (w *world) observe(sandboxID, launchID string) still {
 	s.files = w.files(sandboxID)
 	s.db = w.dbFiles(sandboxID)
 	return s
+}
+
+// settled reads the supervisor again until its CPU time stays the same for
+// 300 ms (at most 3 s): right after a pause it may still be finishing the
+// pause's bookkeeping (reaping its children's stop notices, the paused set's
+// writes), and a clock tick charged for that work after the first look is
+// not work done while paused. A supervisor that keeps working never
+// settles: its last reading is returned, and the next look still differs.
+func settled(st procStat) procStat {
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		time.Sleep(300 * time.Millisecond)
+		again, ok := readStat(st.PID)
+		if !ok || again.StartTicks != st.StartTicks {
+			return st
+		}
+		if again.CPU() == st.CPU() {
+			return again
+		}
+		st = again
+	}
+	return st
 }
 
 // compareStill fails the test for every change between two looks at a
