@@ -34,11 +34,14 @@ ngdriver:
 # The whole suite: real processes, real signals, real /proc. Run as root for
 # the cgroup and mount-namespace tests (they skip with a message otherwise).
 # test/gym_e2e runs on its own after the rest: in one CI run beside the other
-# e2e packages, processes of one of its paused launches vanished (not seen
-# alone; under investigation, see docs/gym.md "Left out, and why").
+# e2e packages, processes of one of its paused launches vanished. The likely
+# cause (launch ids shared across deployments on one host) is fixed; it stays
+# apart until CI runs show it (docs/gym.md "Left out, and why"). The timeout
+# is per package: test/backends_e2e runs the driver's whole suite through
+# three backends and took 11 minutes at a load average of 12.
 test: build
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v /test/gym_e2e$$)
+	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/gym_e2e$$)
 	$(GO) test -race -count=1 -timeout 20m ./test/gym_e2e/
 
 test-short:

@@ -35,6 +35,8 @@ var fixtures = map[string]func(args []string) int{
 	"storm":        fixtureStorm,
 	"counter":      fixtureCounter,
 	"steps":        fixtureSteps,
+	"respawner":    fixtureRespawner,
+	"int-spawner":  fixtureIntSpawner,
 }
 
 func init() {
@@ -89,7 +91,9 @@ func startRecorded(role string, cmd *exec.Cmd) {
 // children asked for (-daemon: a double-forked daemon in a session of its
 // own; -orphan-noenv: a double-forked sleep with an empty environment; -setsid: a sleep in a session of its own; -noenv: a sleep with an empty
 // environment; -bg: a sleep in its own process group; -setsid-helper NAME: the
-// fixture NAME in a session of its own, recording itself as NAME), waits for
+// fixture NAME in a session of its own, recording itself as NAME;
+// -daemon-of NAME: the fixture NAME double-forked in a session of its own),
+// waits for
 // -until to exist, then dies of SIGTERM (-term) or exits with -exit (sleeping
 // forever when -exit is negative).
 func fixtureHarness(args []string) int {
@@ -102,6 +106,7 @@ func fixtureHarness(args []string) int {
 	noenv := fl.Bool("noenv", false, "start a sleep with an empty environment")
 	bg := fl.Bool("bg", false, "start a sleep in the harness's process group")
 	setsidHelper := fl.String("setsid-helper", "", "start this fixture in a session of its own")
+	daemonOf := fl.String("daemon-of", "", "start this fixture double-forked in a session of its own")
 	until := fl.String("until", "", "wait until this file exists")
 	term := fl.Bool("term", false, "die of SIGTERM")
 	exit := fl.Int("exit", -1, "exit with this code (negative: never exit)")
@@ -119,6 +124,9 @@ func fixtureHarness(args []string) int {
 	}
 	if *orphanNoenv {
 		must(helperProc("spawn-daemon", "-noenv").Run())
+	}
+	if *daemonOf != "" {
+		must(helperProc("spawn-daemon", "-as", *daemonOf).Run())
 	}
 	if *setsid {
 		cmd := exec.Command("/bin/sleep", "1000")
@@ -158,18 +166,26 @@ func fixtureHarness(args []string) int {
 // own, and exits without waiting for it. With -noenv it starts instead a
 // sleep with an empty environment in a session of its own, the role
 // "orphan-noenv": once orphaned it is neither tagged nor anyone's descendant.
+// With -as NAME it starts the fixture NAME, which records itself once it is
+// ready, with this process's pid as its argument.
 func fixtureSpawnDaemon(args []string) int {
 	fl := flag.NewFlagSet("spawn-daemon", flag.ContinueOnError)
 	noenv := fl.Bool("noenv", false, "start an untagged sleep instead")
+	as := fl.String("as", "", "start this fixture instead")
 	must(fl.Parse(args))
 	role, cmd := "daemon", helperProc("idle", "daemon")
-	if *noenv {
+	switch {
+	case *noenv:
 		role, cmd = "orphan-noenv", exec.Command("/bin/sleep", "1000")
 		cmd.Env = []string{}
+	case *as != "":
+		role, cmd = "", helperProc(*as, strconv.Itoa(os.Getpid()))
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	must(cmd.Start())
-	must(writeRecord(role, cmd.Process.Pid))
+	if role != "" {
+		must(writeRecord(role, cmd.Process.Pid))
+	}
 	return 0
 }
 
@@ -341,5 +357,60 @@ func fixtureSteps(args []string) int {
 		must(f.Close())
 		time.Sleep(*gap)
 	}
+	return 0
+}
+
+// respawnerKids is how many children the respawner keeps.
+const respawnerKids = 16
+
+// fixtureRespawner is a daemon as a shell's `while :; do sleep 3600; done`
+// is: it ignores SIGINT (as a shell's background job does, and its children
+// with it), keeps respawnerKids sleeps and starts a new one the moment one
+// dies. A kill sweep that reaches a child before the respawner gives it the
+// time to fork a replacement the sweep has not seen.
+func fixtureRespawner(args []string) int {
+	signal.Ignore(unix.SIGINT)
+	must(writeRecord("respawner", os.Getpid()))
+	attr := &syscall.ProcAttr{Env: os.Environ(), Files: []uintptr{0, 1, 2}}
+	spawn := func() {
+		_, err := syscall.ForkExec("/bin/sleep", []string{"sleep", "1000"}, attr)
+		must(err)
+	}
+	for i := 0; i < respawnerKids; i++ {
+		spawn()
+	}
+	for {
+		var ws unix.WaitStatus
+		if pid, err := unix.Wait4(-1, &ws, 0, nil); err == nil && pid > 0 {
+			spawn()
+		}
+	}
+}
+
+// fixtureIntSpawner is a daemon that cleans up on SIGINT by starting a
+// helper and exiting: once adopted (its parent, args[0], exits at once),
+// it records itself; on SIGINT it waits until the process that adopted it (the
+// supervisor) is gone, or a second, double-forks a sleep in a session of
+// its own with an empty environment (spawn-daemon -noenv, the role
+// "orphan-noenv") and exits. The sleep is born after every earlier pass, to
+// a parent gone at once, and neither is there by the next pass.
+func fixtureIntSpawner(args []string) int {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGINT)
+	middle, err := strconv.Atoi(args[0]) // the parent that exits at once
+	must(err)
+	for os.Getppid() == middle {
+		time.Sleep(time.Millisecond)
+	}
+	adopter := os.Getppid()
+	must(writeRecord("int-spawner", os.Getpid()))
+	<-sigs
+	for deadline := time.Now().Add(time.Second); os.Getppid() == adopter && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	// Ignored from here on, and so in the helpers: a SIGINT of the stop's
+	// next walk must not end them before the sleep is started.
+	signal.Ignore(unix.SIGINT)
+	must(helperProc("spawn-daemon", "-noenv").Run())
 	return 0
 }

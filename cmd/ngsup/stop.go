@@ -21,7 +21,9 @@ func newStopCmd() *cobra.Command {
 process of the launch and SIGCONT so it lands on stopped ones, SIGKILL after
 --grace, then SIGKILL again to anything still found, until none is left.
 Processes are found through the supervisor's tree, the harness's process group
-and the launch's cgroup. Only when the supervisor is gone (or never ran) does
+and the launch's cgroup; the supervisor stays the subreaper of what the
+harness left until none of it is left, so what a dying process forks comes
+back to its tree. Only when the supervisor is gone (or never ran) does
 stop search every process for the launch's tag, and what earlier passes
 recorded: a stop never sweeps by tag while the supervisor lives, so a launch
 elsewhere with the same id is left alone.

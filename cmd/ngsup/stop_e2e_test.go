@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -234,5 +235,77 @@ func TestStopOfEndedLaunchSaysEnded(t *testing.T) {
 	res := l.stop("1s")
 	if !res.Ended || !res.Partial {
 		t.Errorf("stop of an ended launch: ended %v, partial %v, want both: %+v", res.Ended, res.Partial, res)
+	}
+}
+
+// TestStopPausedRespawningDaemon proves that a stop leaves nothing of a
+// paused launch whose daemon respawns its children as they die (a shell's
+// `while :; do sleep 3600; done`, as the fake harness's daemon), without a
+// cgroup: the harness dies of the SIGINT and its supervisor with it, a
+// kill sweep that reaches a child before the daemon lets the daemon fork a
+// replacement, and once the daemon is killed that replacement was orphaned
+// out of every source (a stop used to say stopped with it alive, 3 of 7
+// runs of the driver's commit-with-stop on a real Docker engine).
+func TestStopPausedRespawningDaemon(t *testing.T) {
+	t.Parallel()
+	for run := 0; run < 5; run++ {
+		l := newLaunch(t)
+		l.detach([]string{"--no-cgroup"}, helper("harness", "-daemon-of", "respawner"))
+		l.role("respawner")
+		waitFor(t, "the respawner's children", func() (bool, string) {
+			n := len(l.tagged())
+			return n >= respawnerKids+2, fmt.Sprintf("%d tagged processes", n)
+		})
+		l.pause()
+		r := l.verb("stop", "--grace", "500ms")
+		wantNothingLeft(t, l, r, nil)
+	}
+}
+
+// TestStopFindsWhatAnInterruptedDaemonStarts proves that a stop finds a
+// process born during the stop to a process that then exits by itself: a
+// daemon that, on SIGINT, waits for the supervisor that adopted it to be
+// gone (or a second), double-forks a sleep in a session of its own with an
+// empty environment, and exits. No cgroup, no tag, and its parent gone at
+// once: only a supervisor that outlives it can hand it to the stop (it
+// used to exit with the harness, and the sleep was left running).
+func TestStopFindsWhatAnInterruptedDaemonStarts(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach([]string{"--no-cgroup"}, helper("harness", "-daemon-of", "int-spawner"))
+	l.role("int-spawner")
+	l.pause()
+	r := l.verb("stop", "--grace", "2s")
+	late, err := readRecord(filepath.Join(l.Rec, "orphan-noenv"))
+	if err != nil {
+		t.Fatalf("the daemon did not start its sleep within the grace: %v\n%v", err, r)
+	}
+	wantNothingLeft(t, l, r, map[string]proc{"orphan-noenv": late})
+}
+
+// wantNothingLeft fails the test, printing the stop's reply r, unless the
+// stop exited 0 and every process carrying the launch's tag, and every
+// process in procs, is gone.
+func wantNothingLeft(t *testing.T, l *launch, r outcome, procs map[string]proc) {
+	t.Helper()
+	var left []string
+	for try := 0; try < 100; try++ {
+		left = left[:0]
+		cands := l.tagged()
+		for _, p := range procs {
+			cands = append(cands, p)
+		}
+		for _, p := range cands {
+			if st, err := readStat(p.PID); err == nil && alive(p) {
+				left = append(left, fmt.Sprintf("%v %s ppid %d sid %d", p, st.Comm, st.PPID, st.SID))
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(left) > 0 || r.code != 0 {
+		t.Errorf("after the stop, alive: %v\n%v\nknown set:\n%s", left, r, readFile(filepath.Join(l.Dir, proto.KnownFile)))
 	}
 }

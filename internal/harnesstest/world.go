@@ -670,7 +670,7 @@ func (w *World) Observe(sandboxID, launchID string) Still {
 			continue
 		}
 		if p.PID == tr.Root && tr.Supervised {
-			s.Supervisor = st
+			s.Supervisor = settled(st)
 			continue
 		}
 		if st.State != 'T' && st.State != 't' {
@@ -683,6 +683,28 @@ func (w *World) Observe(sandboxID, launchID string) Still {
 		s.Extra = w.Extra(sandboxID)
 	}
 	return s
+}
+
+// settled reads the supervisor again until its CPU time stays the same for
+// 300 ms (at most 3 s): right after a pause it may still be finishing the
+// pause's bookkeeping (reaping its children's stop notices, the paused set's
+// writes), and a clock tick charged for that work after the first look is
+// not work done while paused. A supervisor that keeps working never
+// settles: its last reading is returned, and the next look still differs.
+func settled(st ProcStat) ProcStat {
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		time.Sleep(300 * time.Millisecond)
+		again, ok := ReadStat(st.PID)
+		if !ok || again.StartTicks != st.StartTicks {
+			return st
+		}
+		if again.CPU() == st.CPU() {
+			return again
+		}
+		st = again
+	}
+	return st
 }
 
 // Comms lists the command names of the processes of a look, sorted.

@@ -151,7 +151,10 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 			}
 		})
 		f.learn(found)
-		if len(live(found)) == 0 && !f.cut {
+		// A supervisor still alive holds something of its tree: during a
+		// stop it stays the subreaper until no child is left, so that what
+		// a process forks as it dies comes back to it, and so to the tree.
+		if len(live(found)) == 0 && !f.cut && !l.Supervised {
 			break
 		}
 		if time.Now().After(killDeadline) {
@@ -160,8 +163,8 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		time.Sleep(5 * time.Millisecond)
 	}
 	res.Killed = len(killed)
-	// The supervisor records the harness's end and exits by itself once the
-	// harness is gone; give it a moment, then end it too.
+	// The supervisor records the harness's end and exits by itself once
+	// its tree is empty; give it a moment, then end it too.
 	l.settleSupervisor(settleBudget)
 	// Confirm: one more sweep, this time touching nothing.
 	l.Supervised = l.FS.Live(l.supervisor())

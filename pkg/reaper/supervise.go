@@ -583,5 +583,56 @@ func (s *supervisor) finish() (int, error) {
 	if err := s.write(); err != nil {
 		return code, err
 	}
+	s.outliveStop()
 	return code, nil
+}
+
+// lingerPoll is how often a supervisor that outlives its harness during a
+// stop looks again, besides at each SIGCHLD.
+const lingerPoll = 10 * time.Millisecond
+
+// outliveStop keeps the supervisor the child subreaper of what the harness
+// left while a stop ends it: until no child is left (every descendant dead
+// and reaped: an orphan comes back to the subreaper, so none is left
+// anywhere in its tree) or the stop no longer holds the launch folder's
+// lock. Without it, a process that forks and dies during the stop (a
+// daemon's loop forking its next child as the stop kills the last one, a
+// cleanup on SIGINT that starts a helper and exits) orphans its new child
+// to the sandbox's first process, out of every source the stop searches.
+func (s *supervisor) outliveStop() {
+	if !exists(s.path(proto.StopFile)) {
+		return
+	}
+	fd, err := unix.Open(s.path(proto.LockFile), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	poll := time.NewTicker(lingerPoll)
+	defer poll.Stop()
+	for !s.reapOrphans() {
+		if unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB) == nil {
+			unix.Flock(fd, unix.LOCK_UN) // no stop holds the launch
+			return
+		}
+		select {
+		case <-s.sigs: // SIGCHLD; nothing is left to forward others to
+		case <-poll.C:
+		}
+	}
+}
+
+// reapOrphans collects every exited child and reports whether none is left.
+func (s *supervisor) reapOrphans() bool {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		switch {
+		case err == unix.EINTR:
+		case err == unix.ECHILD:
+			return true
+		case err != nil || pid <= 0:
+			return false
+		}
+	}
 }

@@ -17,12 +17,15 @@ import (
 )
 
 // The tool call of TestPausedTimeCountsTowardToolTimeout: toolSteps steps
-// of a second (6 s of work in all) under a bash timeout of toolTimeoutMS,
-// paused for toolPause, longer than the timeout.
+// of a second (16 s of work in all) under a bash timeout of toolTimeoutMS,
+// paused for toolPause, longer than the timeout. The work left after the
+// pause (about 15 s) is what OpenCode has to act on its expired timer
+// before the command ends by itself: with 5 s it did not always, at a load
+// average of 12.
 const (
-	toolSteps     = 6
-	toolTimeoutMS = 10000
-	toolPause     = 12 * time.Second
+	toolSteps     = 16
+	toolTimeoutMS = 20000
+	toolPause     = 22 * time.Second
 	// timeoutText is what OpenCode's bash tool tells the model when its
 	// timer for a command ran out (it then kills the command).
 	timeoutText = "shell tool terminated command after exceeding timeout"
@@ -31,12 +34,12 @@ const (
 // TestPausedTimeCountsTowardToolTimeout documents how OpenCode behaves
 // (not what we would want, but what a signal-level pause gives): time a
 // launch spends paused counts toward OpenCode's own timers. The model
-// calls the bash tool with a timeout of 10 s on a command that needs 6 s
-// (six steps of `sleep 1`); a checkpoint pauses the launch in place
-// mid-tool for 12 s, then it continues. OpenCode's timer (on the monotonic
+// calls the bash tool with a timeout of 20 s on a command that needs 16 s
+// (sixteen steps of `sleep 1`); a checkpoint pauses the launch in place
+// mid-tool for 22 s, then it continues. OpenCode's timer (on the monotonic
 // clock, which no pause stops) has run out by then, so as soon as OpenCode
 // runs again it ends the tool call for its timeout and tells the model so
-// ("shell tool terminated command after exceeding timeout 10000 ms"),
+// ("shell tool terminated command after exceeding timeout 20000 ms"),
 // killing the command, whose steps stop short: done.txt is usually never
 // written and the run loses its reward. (On a loaded machine the command
 // may finish its last steps before OpenCode gets the CPU back; the model

@@ -39,7 +39,6 @@ const BackendRealDocker = "docker-real"
 var realDockerSkips = map[string]string{
 	"TestContinueThatFindsNothingRelaunches":     "it kills the pids of the launch's paused set as host pids, and in a container they are the container's",
 	"TestSameRolloutOnOneHostNeverSharesALaunch": "it SIGKILLs the supervisor; in a container, with no cgroup to search, the fake harness's child that cleared its environment is then re-parented to the container's first process and no source of ngsup stop names it",
-	"TestCommitWithStopKillsPausedLaunch":        "open: in a container (ngsup on signals, no cgroup) the stop at a commit sometimes leaves the fake daemon's `sleep 3600` running (3 of 7 runs on 2 cores, never seen alone)",
 }
 
 // withBackend returns the backend the Runner connects through, the
