@@ -2,7 +2,6 @@ package codexe2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -12,39 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/codex"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
-	"github.com/ngharness/ngharness/pkg/proto"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
-
-// hold is how long a checkpoint in these tests keeps a launch paused
-// between two looks at it: long enough for anything that could move to
-// move.
-const hold = 3 * time.Second
-
-func describeRequest(r fakemodel.Request) string {
-	last := r.LastMessage()
-	content := last.Content
-	if len(content) > 80 {
-		content = content[:80] + "..."
-	}
-	return fmt.Sprintf("%s tools=%t messages=%d last=%s %q", r.Path, r.HasTools, len(r.Messages), last.Role, content)
-}
-
-// byAttempt keeps the requests of one attempt (the /ng-rollout/<id>-a<n>
-// prefix the adapter gives Codex's provider).
-func byAttempt(reqs []fakemodel.Request, attempt int) []fakemodel.Request {
-	var out []fakemodel.Request
-	for _, r := range reqs {
-		if r.Attempt == attempt {
-			out = append(out, r)
-		}
-	}
-	return out
-}
 
 // checkNoRepeats fails the test if any request carried the history of an
 // earlier one (fakemodel.Request.HistoryKey).
@@ -54,7 +27,7 @@ func checkNoRepeats(t *testing.T, reqs []fakemodel.Request) {
 	for i, r := range reqs {
 		k := r.HistoryKey()
 		if j, ok := seen[k]; ok {
-			t.Errorf("model request %d repeats request %d: %s", i+1, j+1, describeRequest(r))
+			t.Errorf("model request %d repeats request %d: %s", i+1, j+1, harnesstest.DescribeRequest(r))
 		}
 		seen[k] = i
 	}
@@ -79,25 +52,25 @@ func userTurns(r fakemodel.Request) []string {
 // second with the call the model made and its result, none repeated, all
 // on the attempt's prefix. It returns a summary.
 func (w *world) checkOneToolRun(reqs []fakemodel.Request, attempt int) string {
-	t := w.t
+	t := w.T
 	t.Helper()
 	checkNoRepeats(t, reqs)
 	if len(reqs) != 2 {
 		for i, r := range reqs {
-			t.Logf("model request %d: %s", i+1, describeRequest(r))
+			t.Logf("model request %d: %s", i+1, harnesstest.DescribeRequest(r))
 		}
 		t.Fatalf("%d model requests, want 2 (the tool call, the final)", len(reqs))
 	}
-	prefix := "/ng-rollout/" + fmt.Sprintf("%s-a%d", w.rollout, attempt) + "/v1/responses"
+	prefix := "/ng-rollout/" + fmt.Sprintf("%s-a%d", w.Rollout, attempt) + "/v1/responses"
 	for _, r := range reqs {
 		if r.Attempt != attempt || r.Path != prefix || r.API != fakemodel.APIResponses {
 			t.Errorf("request %s (%s): attempt %d, want %d on %s", r.Path, r.API, r.Attempt, attempt, prefix)
 		}
-		if u := userTurns(r); len(u) != 1 || u[0] != w.taskText() {
+		if u := userTurns(r); len(u) != 1 || u[0] != w.Task {
 			t.Errorf("request %s: user turns %d (%.80q), want the task alone, byte for byte", r.Path, len(u), u)
 		}
 	}
-	if last := reqs[0].LastMessage(); last.Role != "user" || len(last.Parts) != 1 || last.Parts[0] != w.taskText() {
+	if last := reqs[0].LastMessage(); last.Role != "user" || len(last.Parts) != 1 || last.Parts[0] != w.Task {
 		t.Errorf("the first request ends with %s %.80q, want the user's task exactly", last.Role, last.Content)
 	}
 	final := reqs[1]
@@ -115,71 +88,6 @@ func (w *world) checkOneToolRun(reqs []fakemodel.Request, attempt int) string {
 	return fmt.Sprintf("%d model requests (tool call, final), none repeated, the task the only user turn", len(reqs))
 }
 
-// checkOneLaunch checks the launch log of a run that paused in place only:
-// one launch, not resumed, finished, paused pauses times.
-func (w *world) checkOneLaunch(r result, pauses int) {
-	t := w.t
-	t.Helper()
-	w.obs.mu.Lock()
-	if w.obs.pauses != pauses || w.obs.continues != pauses || w.obs.ends != 1 {
-		t.Errorf("the runner reported %d confirmed pauses, %d continues, %d launch ends; want %d, %d, 1", w.obs.pauses, w.obs.continues, w.obs.ends, pauses, pauses)
-	}
-	w.obs.mu.Unlock()
-	if len(r.Launches) != 1 {
-		t.Fatalf("%d launches, want 1: %+v", len(r.Launches), r.Launches)
-	}
-	l := r.Launches[0]
-	if l.Outcome != driver.OutcomeFinished || l.Pauses != pauses || l.Resumed || !l.Supervised || l.ExitCode != 0 {
-		t.Errorf("launch %s: outcome %s, pauses %d, resumed %v, supervised %v, exit code %d (error %q); want finished, %d, false, true, 0",
-			l.ID, l.Outcome, l.Pauses, l.Resumed, l.Supervised, l.ExitCode, l.Error, pauses)
-	}
-}
-
-// harness is the launch's harness process, read from its receipt: Codex
-// itself (the adapter runs it with no shell in between). The test fails
-// unless its executable is Codex.
-func (w *world) harness(sandboxID, launchID string) proto.Proc {
-	w.t.Helper()
-	r := w.receipt(sandboxID, launchID)
-	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", r.HarnessPID))
-	if err != nil || exe != w.codex {
-		w.t.Fatalf("the harness %d of launch %s runs %q (%v), want Codex %s", r.HarnessPID, launchID, exe, err, w.codex)
-	}
-	return proto.Proc{PID: r.HarnessPID, StartTicks: r.HarnessStartTicks}
-}
-
-// checkSameHarnessFinished checks that the launch's receipt says the
-// harness cx (the Codex process seen paused) is the one that ran to the
-// end and exited 0.
-func (w *world) checkSameHarnessFinished(sandboxID, launchID string, cx proto.Proc) {
-	w.t.Helper()
-	r := w.receipt(sandboxID, launchID)
-	if r.HarnessPID != cx.PID || r.HarnessStartTicks != cx.StartTicks || !r.Ended || r.ExitCode != 0 || r.Signal != 0 {
-		w.t.Errorf("receipt of %s: harness %d (start %d), ended %v, exit code %d, signal %d; want the paused Codex %d (start %d), ended, 0",
-			launchID, r.HarnessPID, r.HarnessStartTicks, r.Ended, r.ExitCode, r.Signal, cx.PID, cx.StartTicks)
-	}
-}
-
-// describeSessions lists a tree's processes with their process groups and
-// sessions.
-func describeSessions(tr proto.TreeResult) string {
-	var parts []string
-	for _, p := range tr.Processes {
-		parts = append(parts, fmt.Sprintf("%s %d/%d/%d/%d", p.Comm, p.PID, p.PPID, p.PGID, p.SID))
-	}
-	return "[" + strings.Join(parts, ", ") + "]"
-}
-
-// comms lists the command names of the processes of a look.
-func comms(s still) []string {
-	var out []string
-	for _, p := range s.procs {
-		out = append(out, p.Comm)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // TestCodexRunVerified: the real Codex CLI under the driver runs the task
 // to a verified result (the owner's check finds done.txt): one launch,
 // finished, exit 0; two model requests on the rollout's prefix, the task
@@ -189,13 +97,13 @@ func comms(s still) []string {
 func TestCodexRunVerified(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, "run", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
-	h := w.start(w.runner(w.adapter(nil), newParticipant()), 1)
+	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
 	r := w.mustSucceed(h)
-	w.checkOneLaunch(r, 0)
+	w.CheckOneLaunch(r.Launches, 0)
 	if !strings.Contains(r.Response.SessionPath, "/state/codex/") || !strings.HasSuffix(r.Response.SessionPath, "-"+r.Response.SessionID+".jsonl") {
 		t.Errorf("session %s at %q, want the rollout file in the state folder", r.Response.SessionID, r.Response.SessionPath)
 	}
-	t.Logf("verified in one launch of %.1f s; %s", r.Launches[0].DurationS, w.checkOneToolRun(w.model.Requests(), 1))
+	t.Logf("verified in one launch of %.1f s; %s", r.Launches[0].DurationS, w.checkOneToolRun(w.Model.Requests(), 1))
 }
 
 // TestCodexPauseMidTool: a checkpoint pauses Codex while its exec_command
@@ -210,19 +118,19 @@ func TestCodexPauseMidTool(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, "midtool", fakemodel.Options{Script: script("sleep 8; touch done.txt", "touch done.txt")})
 	p := newParticipant()
-	h := w.start(w.runner(w.adapter(nil), p), 1)
-	sb := w.waitSandbox(1)
-	l1 := w.launchID(1, 1, sb)
-	w.waitProc(sb, l1, "sleep")
-	cx := w.harness(sb, l1)
+	h := w.Start(w.Runner(w.adapter(nil), p), 1)
+	sb := w.WaitSandbox(1)
+	l1 := w.LaunchID(1, 1, sb)
+	w.WaitProc(sb, l1, "sleep")
+	cx := w.Harness(sb, l1)
 
-	w.prepare(p, "ck-1")
-	nreq := len(w.model.Requests())
-	a := w.observe(sb, l1)
-	if _, ok := a.procs[cx.PID]; !ok || !slices.Contains(comms(a), "sleep") || !slices.Contains(comms(a), "bash") {
-		t.Fatalf("the paused launch holds %v (Codex %d), want Codex, the tool's bash and sleep", comms(a), cx.PID)
+	w.Prepare(p, "ck-1")
+	nreq := len(w.Model.Requests())
+	a := w.Observe(sb, l1)
+	if _, ok := a.Procs[cx.PID]; !ok || !slices.Contains(harnesstest.Comms(a), "sleep") || !slices.Contains(harnesstest.Comms(a), "bash") {
+		t.Fatalf("the paused launch holds %v (Codex %d), want Codex, the tool's bash and sleep", harnesstest.Comms(a), cx.PID)
 	}
-	tr, err := tree(w.launchDir(sb, l1))
+	tr, err := suite.Tree(w.LaunchDir(sb, l1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,30 +145,28 @@ func TestCodexPauseMidTool(t *testing.T) {
 			t.Errorf("the tool's bash %d is in process group %d, session %d (Codex's session %d): want a session and group of its own", q.PID, q.PGID, q.SID, codexSID)
 		}
 	}
-	w.commit(p, "ck-1")
-	time.Sleep(hold)
-	b := w.observe(sb, l1)
-	t.Logf("paused mid-tool, processes (comm pid/ppid/pgid/sid) %s: %s", describeSessions(tr), compareStill(t, a, b))
-	if n := len(w.model.Requests()); n != nreq {
+	w.Commit(p, "ck-1")
+	time.Sleep(harnesstest.Hold)
+	b := w.Observe(sb, l1)
+	t.Logf("paused mid-tool, processes (comm pid/ppid/pgid/sid) %s: %s", harnesstest.DescribeSessions(tr), compareStill(t, a, b))
+	if n := len(w.Model.Requests()); n != nreq {
 		t.Errorf("%d model requests arrived while paused", n-nreq)
 	}
-	w.resume(p, "ck-1")
+	w.Resume(p, "ck-1")
 
 	r := w.mustSucceed(h)
-	w.checkOneLaunch(r, 1)
-	w.checkSameHarnessFinished(sb, l1, cx)
-	t.Logf("after continue: the same Codex %d finished; %s", cx.PID, w.checkOneToolRun(w.model.Requests(), 1))
+	w.CheckOneLaunch(r.Launches, 1)
+	w.CheckSameHarnessFinished(sb, l1, cx)
+	t.Logf("after continue: the same Codex %d finished; %s", cx.PID, w.checkOneToolRun(w.Model.Requests(), 1))
 }
 
 // crashed is what crashAfterSnapshot leaves: the sandbox attempt 1 ran in,
 // the fork the restore made, the committed records, the session saved in
 // the snapshot, and the model requests of attempt 1.
 type crashed struct {
-	old, fork string
-	committed committed
+	harnesstest.Crash
 	saved     *codex.Session
 	savedHome string // the saved CODEX_HOME inside the sandbox
-	attempt1  []fakemodel.Request
 }
 
 // crashAfterSnapshot runs attempt 1 until its tool's sleep runs,
@@ -270,54 +176,12 @@ type crashed struct {
 // owner restores the checkpoint: it stops every launch of the old sandbox
 // and forks the snapshot under a new sandbox id.
 func (w *world) crashAfterSnapshot() crashed {
-	t := w.t
+	t := w.T
 	t.Helper()
-	var c crashed
-	p1 := newParticipant()
-	h1 := w.start(w.runner(w.adapter(nil), p1), 1)
-	c.old = w.waitSandbox(1)
-	l1 := w.launchID(1, 1, c.old)
-	w.waitProc(c.old, l1, "sleep")
-
-	w.prepare(p1, "ck-1")
-	tr, err := tree(w.launchDir(c.old, l1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	snaps, ck := w.commit(p1, "ck-1")
-	if len(snaps) != 1 || len(ck.records) != 1 {
-		t.Fatalf("checkpoint ck-1: snapshots %v, records %d; want one of each", snaps, len(ck.records))
-	}
-	var snapshot string
-	for _, s := range snaps {
-		snapshot = s
-	}
-	c.committed = ck
-	_, bm, err := driver.ParseAgentRecord(ck.records[0])
-	if err != nil || bm.Next != driver.StageHarness || !bm.Resume || bm.Paused == nil || bm.Paused.ID != l1 {
-		t.Fatalf("the committed bookmark (%v) does not continue the paused launch %s: %s", err, l1, ck.records[0].JSON)
-	}
-	w.resume(p1, "ck-1")
-	w.waitContinued(1)
-	w.waitProc(c.old, l1, "sleep") // the crash comes during the same tool call
-
-	h1.cancel(driver.ErrCrashed)
-	if _, err := w.wait(h1); !errors.Is(err, driver.ErrCrashed) {
-		t.Fatalf("attempt 1 returned %v, want the crash", err)
-	}
-	c.attempt1 = byAttempt(w.model.Requests(), 1)
-
-	w.restoreOwner("ck-1", c.committed)
-	c.fork = w.waitSandbox(2)
-	if c.fork == c.old {
-		t.Fatalf("the restore did not fork: sandboxes %v", w.sandboxes())
-	}
-	for _, p := range tr.Processes {
-		if sameProc(p.PID, p.StartTicks) {
-			t.Errorf("process %d (%s) of the crashed launch survived the restore", p.PID, p.Comm)
-		}
-	}
-	files, _ := filepath.Glob(filepath.Join(w.local.SnapshotPath(snapshot), local.RootFolder, "state", "codex", "*", "codex", "sessions", "*", "*", "*", "rollout-*.jsonl"))
+	waitSleep := func(sandboxID, launchID string) { w.WaitProc(sandboxID, launchID, "sleep") }
+	// The crash comes during the same tool call.
+	c := crashed{Crash: w.CrashAfterSnapshot(w.adapter(nil), newParticipant(), waitSleep, waitSleep)}
+	files, _ := filepath.Glob(filepath.Join(w.Local.SnapshotPath(c.Snapshot), local.RootFolder, "state", "codex", "*", "codex", "sessions", "*", "*", "*", "rollout-*.jsonl"))
 	if len(files) != 1 {
 		t.Fatalf("session files in the snapshot: %v, want one", files)
 	}
@@ -328,7 +192,7 @@ func (w *world) crashAfterSnapshot() crashed {
 	if c.saved, err = codex.ParseSession(data); err != nil {
 		t.Fatalf("the saved session: %v", err)
 	}
-	rel, _ := filepath.Rel(w.local.SnapshotPath(snapshot), files[0])
+	rel, _ := filepath.Rel(w.Local.SnapshotPath(c.Snapshot), files[0])
 	c.savedHome = path.Join("/sandbox", filepath.ToSlash(rel))
 	for i := 0; i < 5; i++ { // up from .../codex/sessions/YYYY/MM/DD/rollout-*.jsonl
 		c.savedHome = path.Dir(c.savedHome)
@@ -356,45 +220,45 @@ func TestCodexCrashMidToolStartsFresh(t *testing.T) {
 	if ok, why := c.saved.Continuable(task); !ok || len(c.saved.Responses) != 1 {
 		t.Fatalf("the saved session: continuable %v (%s), %d responses; want the task and one completed response", ok, why, len(c.saved.Responses))
 	}
-	if n := len(c.attempt1); n != 1 {
+	if n := len(c.Attempt1); n != 1 {
 		t.Errorf("attempt 1 made %d model requests, want the tool call alone", n)
 	}
 
 	p2 := newParticipant()
-	w.restore(p2, "ck-1", c.committed)
-	h2 := w.start(w.runner(w.adapter(nil), p2), 2)
+	w.Restore(p2, "ck-1", c.Committed)
+	h2 := w.Start(w.Runner(w.adapter(nil), p2), 2)
 	r := w.mustSucceed(h2)
 	if len(r.Launches) != 2 {
 		t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
 	}
 	l1, l2 := r.Launches[0], r.Launches[1]
-	if l1.SandboxID != c.old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
-		t.Errorf("launch 1: %+v; want in %s, interrupted (the crash), pauses 1", l1, c.old)
+	if l1.SandboxID != c.Old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
+		t.Errorf("launch 1: %+v; want in %s, interrupted (the crash), pauses 1", l1, c.Old)
 	}
-	if l2.SandboxID != c.fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || l2.Resumed ||
+	if l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || l2.Resumed ||
 		!strings.Contains(l2.Reason, "starts with the task and holds 1 completed model response, but Codex cannot continue it without adding a user turn") ||
 		!strings.Contains(l2.Reason, "starting over with the task in a fresh CODEX_HOME") {
-		t.Errorf("launch 2: %+v; want in the fork %s, finished, not resumed, the reason saying why it starts over", l2, c.fork)
+		t.Errorf("launch 2: %+v; want in the fork %s, finished, not resumed, the reason saying why it starts over", l2, c.Fork)
 	}
 	if r.Response.SessionID == c.saved.ID {
 		t.Errorf("attempt 2 answered from the saved session %s, want a fresh one", c.saved.ID)
 	}
-	a2 := byAttempt(w.model.Requests(), 2)
+	a2 := harnesstest.ByAttempt(w.Model.Requests(), 2)
 	w.checkOneToolRun(a2, 2)
-	if n := len(byAttempt(w.model.Requests(), 1)); n != len(c.attempt1) {
-		t.Errorf("attempt 1's Codex made %d more model requests after the crash", n-len(c.attempt1))
+	if n := len(harnesstest.ByAttempt(w.Model.Requests(), 1)); n != len(c.Attempt1) {
+		t.Errorf("attempt 1's Codex made %d more model requests after the crash", n-len(c.Attempt1))
 	}
-	savedCall := c.attempt1[0].Body
+	savedCall := c.Attempt1[0].Body
 	for _, q := range a2 {
 		for _, m := range q.Messages {
 			if m.Role == "tool" && m.Content == "aborted" {
-				t.Errorf("attempt 2 sent Codex's synthetic aborted output: %s", describeRequest(q))
+				t.Errorf("attempt 2 sent Codex's synthetic aborted output: %s", harnesstest.DescribeRequest(q))
 			}
 		}
 	}
 	differ := "none"
 	for i, m := range a2[0].Messages {
-		if i >= len(c.attempt1[0].Messages) || m.Content != c.attempt1[0].Messages[i].Content {
+		if i >= len(c.Attempt1[0].Messages) || m.Content != c.Attempt1[0].Messages[i].Content {
 			differ = fmt.Sprintf("message %d (%s) %.200q", i, m.Role, m.Content)
 			break
 		}
@@ -405,7 +269,7 @@ func TestCodexCrashMidToolStartsFresh(t *testing.T) {
 	probe := w.probeResume(c)
 	n := len(probe.Messages)
 	if n < 3 {
-		t.Fatalf("the probe's first request: %s", describeRequest(probe))
+		t.Fatalf("the probe's first request: %s", harnesstest.DescribeRequest(probe))
 	}
 	call, out, user := probe.Messages[n-3], probe.Messages[n-2], probe.Messages[n-1]
 	if len(call.ToolCalls) != 1 || out.Role != "tool" || out.Content != "aborted" || out.ToolCallID != call.ToolCalls[0].ID || user.Role != "user" || user.Content != "" {
@@ -422,12 +286,12 @@ func TestCodexCrashMidToolStartsFresh(t *testing.T) {
 // saved CODEX_HOME, pointed at the prefix probe-a9, and returns its first
 // model request. It ends on its own (the script answers it to the end).
 func (w *world) probeResume(c crashed) fakemodel.Request {
-	w.t.Helper()
-	sb, err := w.local.Open(c.fork)
+	w.T.Helper()
+	sb, err := w.Local.Open(c.Fork)
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
-	base := w.model.URL() + "/ng-rollout/probe-a9/v1"
+	base := w.Model.URL() + "/ng-rollout/probe-a9/v1"
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	res, err := sb.Exec(ctx, sandbox.ExecRequest{
@@ -439,19 +303,19 @@ func (w *world) probeResume(c crashed) fakemodel.Request {
 		Timeout: 2 * time.Minute,
 	})
 	if err != nil || res.ExitCode != 0 {
-		w.t.Fatalf("codex exec resume: %v, exit code %d: %s", err, res.ExitCode, tailOf(res.Stderr))
+		w.T.Fatalf("codex exec resume: %v, exit code %d: %s", err, res.ExitCode, tailOf(res.Stderr))
 	}
 	var probe []fakemodel.Request
-	for _, q := range w.model.Requests() {
+	for _, q := range w.Model.Requests() {
 		if q.Rollout == "probe-a9" {
 			probe = append(probe, q)
 		}
 	}
 	if len(probe) == 0 {
-		w.t.Fatalf("codex exec resume made no model request: %s", tailOf(res.Stderr))
+		w.T.Fatalf("codex exec resume made no model request: %s", tailOf(res.Stderr))
 	}
 	if h := probe[0].Header.Get("x-codex-turn-metadata"); !strings.Contains(h, "cold_resume") {
-		w.t.Logf("the probe's turn metadata %q does not say cold_resume", h)
+		w.T.Logf("the probe's turn metadata %q does not say cold_resume", h)
 	}
 	return probe[0]
 }
@@ -485,20 +349,20 @@ func hostileTask() string {
 func TestCodexHostileTask(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, "hostile", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
-	w.task = hostileTask()
-	h := w.start(w.runner(w.adapter(nil), newParticipant()), 1)
+	w.Task = hostileTask()
+	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
 	r := w.mustSucceed(h)
-	w.checkOneLaunch(r, 0)
-	summary := w.checkOneToolRun(w.model.Requests(), 1)
-	for _, id := range w.sandboxes() {
-		_ = filepath.WalkDir(w.local.HostPath(id), func(p string, d os.DirEntry, err error) error {
+	w.CheckOneLaunch(r.Launches, 0)
+	summary := w.checkOneToolRun(w.Model.Requests(), 1)
+	for _, id := range w.Sandboxes() {
+		_ = filepath.WalkDir(w.Local.HostPath(id), func(p string, d os.DirEntry, err error) error {
 			if err == nil && strings.HasPrefix(d.Name(), "pwned") {
 				t.Errorf("the task ran a command: %s exists", p)
 			}
 			return nil
 		})
 	}
-	t.Logf("a %d-byte hostile task reached the model byte for byte; %s", len(w.task), summary)
+	t.Logf("a %d-byte hostile task reached the model byte for byte; %s", len(w.Task), summary)
 }
 
 // TestCodexCrashResumeOptIn: with resume_prompt set (the opt-in), the
@@ -514,28 +378,28 @@ func TestCodexCrashResumeOptIn(t *testing.T) {
 	c := w.crashAfterSnapshot()
 	prompt := "Continue."
 	p2 := newParticipant()
-	w.restore(p2, "ck-1", c.committed)
-	h2 := w.start(w.runner(w.adapterWith(codex.Options{ResumePrompt: &prompt}), p2), 2)
+	w.Restore(p2, "ck-1", c.Committed)
+	h2 := w.Start(w.Runner(w.adapterWith(codex.Options{ResumePrompt: &prompt}), p2), 2)
 	r := w.mustSucceed(h2)
 	if len(r.Launches) != 2 {
 		t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
 	}
 	l2 := r.Launches[1]
-	if !l2.Resumed || l2.SandboxID != c.fork || l2.Outcome != driver.OutcomeFinished ||
+	if !l2.Resumed || l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished ||
 		!strings.Contains(l2.Reason, `adds the user turn "Continue." the task did not have (resume_prompt is set)`) {
-		t.Errorf("launch 2: %+v; want resumed in the fork %s, finished, the reason naming the added turn", l2, c.fork)
+		t.Errorf("launch 2: %+v; want resumed in the fork %s, finished, the reason naming the added turn", l2, c.Fork)
 	}
 	if r.Response.SessionID != c.saved.ID {
 		t.Errorf("attempt 2 ended in session %s, want the saved %s continued", r.Response.SessionID, c.saved.ID)
 	}
-	a2 := byAttempt(w.model.Requests(), 2)
+	a2 := harnesstest.ByAttempt(w.Model.Requests(), 2)
 	if len(a2) == 0 {
 		t.Fatal("attempt 2 made no model request")
 	}
 	first := a2[0]
 	n := len(first.Messages)
 	if n < 3 {
-		t.Fatalf("attempt 2's first request: %s", describeRequest(first))
+		t.Fatalf("attempt 2's first request: %s", harnesstest.DescribeRequest(first))
 	}
 	call, out, user := first.Messages[n-3], first.Messages[n-2], first.Messages[n-1]
 	if len(call.ToolCalls) != 1 || out.Role != "tool" || out.Content != "aborted" || out.ToolCallID != call.ToolCalls[0].ID || user.Role != "user" || user.Content != prompt {
@@ -544,7 +408,7 @@ func TestCodexCrashResumeOptIn(t *testing.T) {
 	if u := userTurns(first); len(u) != 2 || u[0] != task || u[1] != prompt {
 		t.Errorf("attempt 2's user turns %q, want the task and %q", u, prompt)
 	}
-	checkNoRepeats(t, append(slices.Clone(c.attempt1), a2...))
+	checkNoRepeats(t, append(slices.Clone(c.Attempt1), a2...))
 	t.Logf("launch 2 reason %q; attempt 2 made %d model requests, the first ending with the interrupted call, %q and the added turn %q",
 		l2.Reason, len(a2), out.Content, user.Content)
 }

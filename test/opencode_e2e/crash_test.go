@@ -3,7 +3,6 @@ package opencodee2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/proto"
@@ -21,12 +21,8 @@ import (
 // the fork the restore made, the snapshot, the committed records, the
 // session saved in the snapshot, and the model requests of attempt 1.
 type crashed struct {
-	old, fork string
-	snapshot  string
-	committed committed
-	saved     session
-	attempt1  []fakemodel.Request
-	oldProcs  []proto.TreeProc
+	harnesstest.Crash
+	saved session
 }
 
 // crashAfterSnapshot runs attempt 1 until ready (the moment to checkpoint),
@@ -37,100 +33,54 @@ type crashed struct {
 // the checkpoint: it stops every launch of the old sandbox and forks the
 // snapshot under a new sandbox id.
 func (w *world) crashAfterSnapshot(env map[string]string, ready, lasts func(sandboxID, launchID string)) crashed {
-	t := w.t
+	t := w.T
 	t.Helper()
-	var c crashed
-	p1 := newParticipant()
-	h1 := w.start(w.runner(w.adapter(env), p1), 1)
-	c.old = w.waitSandbox(1)
-	l1 := w.launchID(1, 1, c.old)
-	ready(c.old, l1)
-
-	w.prepare(p1, "ck-1")
-	tr, err := tree(w.launchDir(c.old, l1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.oldProcs = tr.Processes
-	snaps, ck := w.commit(p1, "ck-1")
-	if len(snaps) != 1 || len(ck.records) != 1 {
-		t.Fatalf("checkpoint ck-1: snapshots %v, records %d; want one of each", snaps, len(ck.records))
-	}
-	for _, s := range snaps {
-		c.snapshot = s
-	}
-	c.committed = ck
-	_, bm, err := driver.ParseAgentRecord(ck.records[0])
-	if err != nil || bm.Next != driver.StageHarness || !bm.Resume || bm.Paused == nil || bm.Paused.ID != l1 {
-		t.Fatalf("the committed bookmark (%v) does not continue the paused launch %s: %s", err, l1, ck.records[0].JSON)
-	}
-	w.resume(p1, "ck-1")
-	// The run continues its launch once the checkpoint opens: crash only
-	// after that, as the same state still lasts.
-	w.waitContinued(1)
-	lasts(c.old, l1)
-
-	h1.cancel(driver.ErrCrashed)
-	if _, err := w.wait(h1); !errors.Is(err, driver.ErrCrashed) {
-		t.Fatalf("attempt 1 returned %v, want the crash", err)
-	}
-	c.attempt1 = byAttempt(w.model.Requests(), 1)
-
-	w.restoreOwner("ck-1", c.committed)
-	c.fork = w.waitSandbox(2)
-	if c.fork == c.old {
-		t.Fatalf("the restore did not fork: sandboxes %v", w.sandboxes())
-	}
-	for _, p := range c.oldProcs {
-		if sameProc(p.PID, p.StartTicks) {
-			t.Errorf("process %d (%s) of the crashed launch survived the restore", p.PID, p.Comm)
-		}
-	}
-	c.saved = w.exportSaved(w.local.SnapshotPath(c.snapshot))
+	c := crashed{Crash: w.CrashAfterSnapshot(w.adapter(env), newParticipant(), ready, lasts)}
+	c.saved = w.exportSaved(w.Local.SnapshotPath(c.Snapshot))
 	return c
 }
 
 // relaunch restores the committed records into a new participant (a new
 // driver after the crash) and runs attempt 2, which must be verified.
 func (w *world) relaunch(c crashed, env map[string]string, during func()) result {
-	w.t.Helper()
+	w.T.Helper()
 	p2 := newParticipant()
-	w.restore(p2, "ck-1", c.committed)
-	h2 := w.start(w.runner(w.adapter(env), p2), 2)
+	w.Restore(p2, "ck-1", c.Committed)
+	h2 := w.Start(w.Runner(w.adapter(env), p2), 2)
 	if during != nil {
 		during()
 	}
 	r := w.mustSucceed(h2)
 	if len(r.Launches) != 2 {
-		w.t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
+		w.T.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
 	}
 	l1, l2 := r.Launches[0], r.Launches[1]
-	if l1.ID != w.launchID(1, 1, c.old) || l1.SandboxID != c.old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
-		w.t.Errorf("launch 1: %+v; want %s in %s, interrupted (the crash), pauses 1", l1, w.launchID(1, 1, c.old), c.old)
+	if l1.ID != w.LaunchID(1, 1, c.Old) || l1.SandboxID != c.Old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
+		w.T.Errorf("launch 1: %+v; want %s in %s, interrupted (the crash), pauses 1", l1, w.LaunchID(1, 1, c.Old), c.Old)
 	}
-	if l2.ID != w.launchID(2, 2, c.fork) || l2.SandboxID != c.fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || !l2.Supervised {
-		w.t.Errorf("launch 2: %+v; want %s in the fork %s, finished, exit code 0, supervised", l2, w.launchID(2, 2, c.fork), c.fork)
+	if l2.ID != w.LaunchID(2, 2, c.Fork) || l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || !l2.Supervised {
+		w.T.Errorf("launch 2: %+v; want %s in the fork %s, finished, exit code 0, supervised", l2, w.LaunchID(2, 2, c.Fork), c.Fork)
 	}
 	return r
 }
 
 // toolWaits is the readiness of the tool-call crashes: the tool's sleep
 // runs in the launch.
-func (w *world) toolWaits(sandboxID, launchID string) { w.waitProc(sandboxID, launchID, "sleep") }
+func (w *world) toolWaits(sandboxID, launchID string) { w.WaitProc(sandboxID, launchID, "sleep") }
 
 // toolStillRuns checks the crash comes during the same tool call.
 func (w *world) toolStillRuns(sandboxID, launchID string) {
-	w.t.Helper()
-	tr, err := tree(w.launchDir(sandboxID, launchID))
+	w.T.Helper()
+	tr, err := suite.Tree(w.LaunchDir(sandboxID, launchID))
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 	for _, p := range tr.Processes {
 		if p.Comm == "sleep" {
 			return
 		}
 	}
-	w.t.Fatalf("the tool call ended before the crash: %s", describeTree(tr))
+	w.T.Fatalf("the tool call ended before the crash: %s", harnesstest.DescribeTree(tr))
 }
 
 // checkResumedTurn checks a relaunch that continued the saved session
@@ -139,17 +89,17 @@ func (w *world) toolStillRuns(sandboxID, launchID string) {
 // exactly one new main-turn request, no request repeated one attempt 1 got
 // an answer to, and no user message was added to the session.
 func (w *world) checkResumedTurn(c crashed, r result) {
-	t := w.t
+	t := w.T
 	t.Helper()
 	l2 := r.Launches[1]
 	if !l2.Resumed || !strings.Contains(l2.Reason, "starts with the task and holds") {
 		t.Errorf("launch 2: resumed %v, reason %q; want resumed, the session starting with the task and holding a model response", l2.Resumed, l2.Reason)
 	}
-	rc := w.receipt(c.fork, l2.ID)
+	rc := w.Receipt(c.Fork, l2.ID)
 	if len(rc.Command) == 0 || !strings.HasPrefix(filepath.Base(rc.Command[0]), "ngresume-") || !slices.Contains(rc.Command, w.oc) {
 		t.Errorf("launch 2 ran %q, want the uploaded ngresume with --opencode %s", rc.Command, w.oc)
 	}
-	out, err := os.ReadFile(filepath.Join(w.launchDir(c.fork, l2.ID), proto.StdoutFile))
+	out, err := os.ReadFile(filepath.Join(w.LaunchDir(c.Fork, l2.ID), proto.StdoutFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,14 +124,14 @@ func (w *world) checkResumedTurn(c crashed, r result) {
 	}
 
 	// The model's side.
-	a1 := c.attempt1
+	a1 := c.Attempt1
 	if len(a1) != 2 || len(mainTurns(a1)) != 1 {
 		t.Errorf("attempt 1 made %d model requests, %d with tools; want the title and the tool call", len(a1), len(mainTurns(a1)))
 	}
-	if n := len(byAttempt(w.model.Requests(), 1)); n != len(a1) {
+	if n := len(harnesstest.ByAttempt(w.Model.Requests(), 1)); n != len(a1) {
 		t.Errorf("attempt 1's OpenCode made %d more model requests after the crash", n-len(a1))
 	}
-	a2 := byAttempt(w.model.Requests(), 2)
+	a2 := harnesstest.ByAttempt(w.Model.Requests(), 2)
 	checkNoRepeats(t, append(slices.Clone(a1), a2...))
 	var interrupted []fakemodel.Request
 	for _, q := range mainTurns(a2) {
@@ -190,7 +140,7 @@ func (w *world) checkResumedTurn(c crashed, r result) {
 			interrupted = append(interrupted, q)
 		}
 		if last.Role == "user" {
-			t.Errorf("attempt 2 sent a new user turn: %s", describeRequest(q))
+			t.Errorf("attempt 2 sent a new user turn: %s", harnesstest.DescribeRequest(q))
 		}
 	}
 	if len(interrupted) != 1 {
@@ -216,7 +166,7 @@ func (w *world) checkResumedTurn(c crashed, r result) {
 
 	// The session's side: the fork's database, read on the host, and the
 	// export the adapter handed to verify.
-	after := w.exportSaved(w.local.HostPath(c.fork))
+	after := w.exportSaved(w.Local.HostPath(c.Fork))
 	if handed := parseSession(t, r.Response.Session); handed.Info.ID != after.Info.ID || len(handed.Messages) != len(after.Messages) {
 		t.Errorf("the response holds session %s with %d messages, the fork's database %s with %d", handed.Info.ID, len(handed.Messages), after.Info.ID, len(after.Messages))
 	}
@@ -227,7 +177,7 @@ func (w *world) checkResumedTurn(c crashed, r result) {
 	t.Logf("after the relaunch: %s", after.describe())
 	var lines []string
 	for _, q := range a2 {
-		lines = append(lines, describeRequest(q))
+		lines = append(lines, harnesstest.DescribeRequest(q))
 	}
 	t.Logf("launch 2 (%s): %s; ngresume: %+v; attempt 1 made %d model requests, attempt 2 %d: %s",
 		l2.Reason, strings.Join(rc.Command, " "), rs, len(a1), len(a2), strings.Join(lines, " | "))
@@ -268,17 +218,17 @@ func testCrashNoModelResponse(t *testing.T, ver openCode) {
 		Script:   script("sleep 1; touch done.txt", "touch done.txt"),
 		Holdable: func(r fakemodel.Request) bool { return r.HasTools },
 	})
-	w.model.Hold(1)
+	w.Model.Hold(1)
 	held := func(string, string) {
-		w.waitHeld(1)
-		w.eventually("the title request", func() (bool, string) {
-			n := len(w.model.Requests())
+		w.WaitHeld(1)
+		w.Eventually("the title request", func() (bool, string) {
+			n := len(w.Model.Requests())
 			return n >= 2, fmt.Sprintf("%d requests", n)
 		})
 	}
 	stillHeld := func(string, string) {
-		if w.model.Held() != 1 {
-			w.t.Fatalf("the main turn is no longer held")
+		if w.Model.Held() != 1 {
+			w.T.Fatalf("the main turn is no longer held")
 		}
 	}
 	c := w.crashAfterSnapshot(nil, held, stillHeld)
@@ -291,10 +241,10 @@ func testCrashNoModelResponse(t *testing.T, ver openCode) {
 	if l2.Resumed || !strings.Contains(l2.Reason, "holds no completed model response") || !strings.Contains(l2.Reason, "starting over") {
 		t.Errorf("launch 2: resumed %v, reason %q; want a fresh start because the session holds no completed model response", l2.Resumed, l2.Reason)
 	}
-	if rc := w.receipt(c.fork, l2.ID); len(rc.Command) < 4 || rc.Command[0] != "/bin/sh" || rc.Command[3] != w.oc {
+	if rc := w.Receipt(c.Fork, l2.ID); len(rc.Command) < 4 || rc.Command[0] != "/bin/sh" || rc.Command[3] != w.oc {
 		t.Errorf("launch 2 ran %q, want a fresh `opencode run`", rc.Command)
 	}
-	a2 := byAttempt(w.model.Requests(), 2)
+	a2 := harnesstest.ByAttempt(w.Model.Requests(), 2)
 	checkNoRepeats(t, a2)
 	mains := mainTurns(a2)
 	if len(a2) != 3 || len(mains) != 2 || mains[0].LastMessage().Role != "user" || mains[0].LastMessage().Content != task {
@@ -341,7 +291,7 @@ func testCrashResumeWithOldPython(t *testing.T, ver openCode) {
 	c := w.crashAfterSnapshot(env, w.toolWaits, w.toolStillRuns)
 
 	// In the fork, with OpenCode's environment, python3 is the stub.
-	sb, err := w.local.Open(c.fork)
+	sb, err := w.Local.Open(c.Fork)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,19 +304,19 @@ func testCrashResumeWithOldPython(t *testing.T, ver openCode) {
 
 	var helperPath string
 	during := func() {
-		l2 := w.launchID(2, 2, c.fork)
-		w.eventually("ngresume running in the relaunch", func() (bool, string) {
-			tr, err := tree(w.launchDir(c.fork, l2))
+		l2 := w.LaunchID(2, 2, c.Fork)
+		w.Eventually("ngresume running in the relaunch", func() (bool, string) {
+			tr, err := suite.Tree(w.LaunchDir(c.Fork, l2))
 			if err != nil {
 				return false, err.Error()
 			}
 			for _, p := range tr.Processes {
 				if strings.HasPrefix(p.Comm, "ngresume") {
-					helperPath = envOf(p.PID, "PATH")
+					helperPath = harnesstest.EnvOf(p.PID, "PATH")
 					return helperPath != "", "no PATH read"
 				}
 			}
-			return false, describeTree(tr)
+			return false, harnesstest.DescribeTree(tr)
 		})
 	}
 	r := w.relaunch(c, env, during)

@@ -19,14 +19,14 @@ import (
 // state folder in it, as the driver would hand them to a later relaunch's
 // resume decision and response.
 func (w *world) savedState(sandboxID string) (driver.LentSandbox, json.RawMessage) {
-	w.t.Helper()
-	sb, err := w.local.Open(sandboxID)
+	w.T.Helper()
+	sb, err := w.Local.Open(sandboxID)
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
-	homes, _ := filepath.Glob(filepath.Join(w.local.HostPath(sandboxID), local.RootFolder, "state", "opencode", "*"))
+	homes, _ := filepath.Glob(filepath.Join(w.Local.HostPath(sandboxID), local.RootFolder, "state", "opencode", "*"))
 	if len(homes) != 1 {
-		w.t.Fatalf("OpenCode state folders in %s: %v, want one", sandboxID, homes)
+		w.T.Fatalf("OpenCode state folders in %s: %v, want one", sandboxID, homes)
 	}
 	state, _ := json.Marshal(map[string]string{"home": path.Join(sb.Root(), "state", "opencode", filepath.Base(homes[0]))})
 	return driver.LentSandbox{Sandbox: sb}, state
@@ -125,10 +125,10 @@ func testLargeSessionExportReadWhole(t *testing.T, ver openCode) {
 
 	// Read the finished session again, as a later relaunch and response
 	// would: whole every time.
-	lent, state := w.savedState(c.fork)
+	lent, state := w.savedState(c.Fork)
 	a := w.adapter(nil)
 	for i := 1; i <= bigRereads; i++ {
-		d, err := a.ResumeDecision(context.Background(), lent, state, w.rollout, 3)
+		d, err := a.ResumeDecision(context.Background(), lent, state, w.Rollout, 3)
 		if err != nil || !d.Resume {
 			t.Errorf("reread %d: resume decision %+v, error %v; want the saved session continued", i, d, err)
 		}

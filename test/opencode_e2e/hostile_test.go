@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
@@ -50,12 +51,12 @@ func TestHostileTaskReachesModel(t *testing.T) {
 
 func testHostileTaskReachesModel(t *testing.T, ver openCode) {
 	w := newWorld(t, ver, "hostile", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
-	w.task = hostileTask()
-	h := w.start(w.runner(w.adapter(nil), newParticipant()), 1)
+	w.Task = hostileTask()
+	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
 	r := w.mustSucceed(h)
-	sb := w.sandboxes()[0]
+	sb := w.Sandboxes()[0]
 
-	mains := mainTurns(byAttempt(w.model.Requests(), 1))
+	mains := mainTurns(harnesstest.ByAttempt(w.Model.Requests(), 1))
 	if len(mains) != 2 {
 		t.Fatalf("%d main-turn model requests, want the tool call and the final", len(mains))
 	}
@@ -66,30 +67,30 @@ func testHostileTaskReachesModel(t *testing.T, ver openCode) {
 				users = append(users, m)
 			}
 		}
-		if len(users) != 1 || users[0].Content != w.task || len(users[0].Parts) != 1 || users[0].Parts[0] != w.task {
+		if len(users) != 1 || users[0].Content != w.Task || len(users[0].Parts) != 1 || users[0].Parts[0] != w.Task {
 			var got []string
 			for _, u := range users {
-				got = append(got, firstDiff(u.Content, w.task))
+				got = append(got, firstDiff(u.Content, w.Task))
 			}
 			t.Errorf("main-turn request %d holds %d user messages (%v), want the task alone, byte for byte", i+1, len(users), got)
 		}
 	}
 	for _, name := range []string{"injected-dollar", "injected-backtick"} {
-		if _, err := os.Stat(filepath.Join(w.local.HostPath(sb), local.WorkFolder, name)); err == nil {
+		if _, err := os.Stat(filepath.Join(w.Local.HostPath(sb), local.WorkFolder, name)); err == nil {
 			t.Errorf("%s exists in the workdir: the task text ran in a shell", name)
 		}
 	}
 	saved := parseSession(t, r.Response.Session)
-	if users := saved.users(); len(users) != 1 || !strings.HasSuffix(users[0], " "+w.task) {
+	if users := saved.users(); len(users) != 1 || !strings.HasSuffix(users[0], " "+w.Task) {
 		t.Errorf("the session export holds %d user messages, want the task alone, byte for byte", len(users))
 	}
 	lent, state := w.savedState(sb)
-	d, err := w.adapter(nil).ResumeDecision(context.Background(), lent, state, w.rollout, 2)
+	d, err := w.adapter(nil).ResumeDecision(context.Background(), lent, state, w.Rollout, 2)
 	if err != nil || !d.Resume || !strings.Contains(d.Reason, "starts with the task") {
 		t.Errorf("the resume decision on the saved session: %+v (%v); want it continued, the session starting with the task", d, err)
 	}
 	t.Logf("a %d-byte hostile task (%d lines) reached the model byte for byte in %d main-turn requests, ran nowhere, was saved exactly; resume decision: %q",
-		len(w.task), strings.Count(w.task, "\n")+1, len(mains), d.Reason)
+		len(w.Task), strings.Count(w.Task, "\n")+1, len(mains), d.Reason)
 }
 
 // firstDiff describes where got first differs from want.

@@ -3,7 +3,6 @@ package opencodee2e
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io/fs"
 	"os"
@@ -16,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ngharness/ngharness/internal/cgrouptest"
+	"github.com/ngharness/ngharness/internal/harnesstest"
 )
 
 // openCodeVersions are the OpenCode versions the suite runs against, each
@@ -38,99 +37,21 @@ const (
 	verboseEnv = "OPENCODE_E2E_VERBOSE"
 )
 
-var (
-	// moduleRoot is the folder of go.mod.
-	moduleRoot string
-	// binDir holds ngsup-linux-<GOARCH> and ngresume-linux-<GOARCH>, the
-	// names launch.FindBinaries looks for.
-	binDir string
-	// ngsupHost is the built ngsup, run on the host for `ngsup tree`.
-	ngsupHost string
-	// runTag starts the name of every rollout and base folder of this test
-	// process, so that the final check finds what it left, and only that.
-	runTag string
-)
-
-func TestMain(m *testing.M) { os.Exit(testMain(m)) }
-
-func testMain(m *testing.M) int {
-	flag.Parse()
-	if runtime.GOOS != "linux" {
-		fmt.Println("opencode_e2e: skipped, these tests need Linux (/proc, mount namespaces)")
-		return 0
-	}
-	root, err := findModuleRoot()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "opencode_e2e:", err)
-		return 1
-	}
-	moduleRoot = root
-	runTag = fmt.Sprintf("oce2e%d", os.Getpid())
-	if os.Getenv(childEnv) == "" {
-		dir, err := os.MkdirTemp("", "opencode-e2e-bin-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "opencode_e2e:", err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		for _, name := range []string{"ngsup", "ngresume"} {
-			out := filepath.Join(dir, name+"-linux-"+runtime.GOARCH)
-			if err := buildStatic(root, out, "./cmd/"+name); err != nil {
-				fmt.Fprintln(os.Stderr, "opencode_e2e:", err)
-				return 1
-			}
-		}
-		binDir = dir
-		ngsupHost = filepath.Join(dir, "ngsup-linux-"+runtime.GOARCH)
-	}
-	reportMissing()
-	code := m.Run()
-	// The empty cgroups of launches whose sandbox a test removed.
-	cgrouptest.RemoveEmpty(runTag)
-	// Every test stops what it started; this is the last look, over the
-	// whole test process: a process tagged by one of its launches, or
-	// running in one of its sandboxes, is a leak.
-	if left := leftovers(func(p procInfo) bool {
-		return strings.Contains(p.tag, runTag) || strings.Contains(p.mountRoot, runTag)
-	}); len(left) > 0 {
-		fmt.Fprintf(os.Stderr, "opencode_e2e: processes left after the tests: %s\n", describeAll(left))
-		for _, p := range left {
-			killIdentified(p)
-		}
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
+// suite is the test process's setup: TestMain builds the static ngsup and
+// ngresume (nothing in the child TestMissingOpenCode runs) and reports the
+// versions that are not installed.
+var suite = &harnesstest.Suite{
+	Name:       "opencode_e2e",
+	TagPrefix:  "oce2e",
+	Binaries:   []string{"ngsup", "ngresume"},
+	SkipBuild:  os.Getenv(childEnv) != "",
+	VerboseEnv: verboseEnv,
+	Patience:   patience,
 }
 
-// findModuleRoot is the folder of go.mod, two levels above this package.
-func findModuleRoot() (string, error) {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		return "", err
-	}
-	data, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil || !strings.Contains(string(data), "module github.com/ngharness/ngharness") {
-		return "", fmt.Errorf("cannot find the module root above %s", root)
-	}
-	return root, nil
-}
-
-// buildStatic builds pkg into out as `make build` does: static (no cgo),
-// -trimpath, for this machine's architecture.
-func buildStatic(root, out, pkg string) error {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, pkg)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build %s: %v\n%s", pkg, err, msg)
-	}
-	return nil
+func TestMain(m *testing.M) {
+	suite.BeforeRun = reportMissing // it reads suite: set here, not in suite's initializer
+	os.Exit(suite.Main(m))
 }
 
 // openCode is one installed OpenCode version a subtest runs.
@@ -144,7 +65,7 @@ type openCode struct {
 func openCodePath(version string) string {
 	tools := os.Getenv(toolsEnv)
 	if tools == "" {
-		tools = filepath.Join(moduleRoot, ".tools")
+		tools = filepath.Join(suite.ModuleRoot, ".tools")
 	}
 	arch := "x64"
 	if runtime.GOARCH == "arm64" {
@@ -193,7 +114,7 @@ var versionChecks sync.Map // version -> func() error
 // version runs that version.
 func checkVersion(version, bin string) error {
 	f, _ := versionChecks.LoadOrStore(version, sync.OnceValue(func() error {
-		scratch, err := os.MkdirTemp("", runTag+"-version-")
+		scratch, err := os.MkdirTemp("", suite.RunTag+"-version-")
 		if err != nil {
 			return err
 		}
@@ -239,14 +160,12 @@ func openCodeBin(t *testing.T, version string) openCode {
 		}
 		t.Skip(msg)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("these tests need root: local sandboxes in mount namespaces of their own")
-	}
+	harnesstest.RequireRoot(t)
 	bin := openCodePath(version)
 	if err := checkVersion(version, bin); err != nil {
 		t.Fatal(err)
 	}
-	if binDir == "" {
+	if suite.BinDir == "" {
 		t.Fatal("ngsup and ngresume were not built (TestMain builds them unless " + childEnv + " is set)")
 	}
 	return openCode{version: version, bin: bin}

@@ -1,46 +1,22 @@
 package opencodee2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
-
-// describeRequest is one line about a model request, for logs.
-func describeRequest(r fakemodel.Request) string {
-	last := r.LastMessage()
-	content := last.Content
-	if len(content) > 80 {
-		content = content[:80] + "..."
-	}
-	return fmt.Sprintf("%s tools=%t messages=%d last=%s %q", r.Path, r.HasTools, len(r.Messages), last.Role, content)
-}
-
-// byAttempt keeps the requests of one attempt (the /ng-rollout/<id>-a<n>
-// prefix the adapter gives OpenCode's provider).
-func byAttempt(reqs []fakemodel.Request, attempt int) []fakemodel.Request {
-	var out []fakemodel.Request
-	for _, r := range reqs {
-		if r.Attempt == attempt {
-			out = append(out, r)
-		}
-	}
-	return out
-}
 
 // mainTurns keeps the requests that offer tools (OpenCode's main turns; the
 // title request offers none).
@@ -77,7 +53,7 @@ func checkNoRepeats(t *testing.T, reqs []fakemodel.Request) {
 	for i, r := range reqs {
 		s := signature(r)
 		if j, ok := seen[s]; ok {
-			t.Errorf("model request %d repeats request %d: %s", i+1, j+1, describeRequest(r))
+			t.Errorf("model request %d repeats request %d: %s", i+1, j+1, harnesstest.DescribeRequest(r))
 		}
 		seen[s] = i
 	}
@@ -94,7 +70,7 @@ func checkOneToolRun(t *testing.T, reqs []fakemodel.Request) string {
 	mains := mainTurns(reqs)
 	if len(reqs) != 3 || len(mains) != 2 {
 		for i, r := range reqs {
-			t.Logf("model request %d: %s", i+1, describeRequest(r))
+			t.Logf("model request %d: %s", i+1, harnesstest.DescribeRequest(r))
 		}
 		t.Fatalf("%d model requests, %d with tools; want 3 (title, tool call, final), 2 with tools", len(reqs), len(mains))
 	}
@@ -119,61 +95,6 @@ func checkOneToolRun(t *testing.T, reqs []fakemodel.Request) string {
 		t.Errorf("the tool result says it was interrupted: %q", res.Content)
 	}
 	return fmt.Sprintf("%d model requests (title, tool call, final), %d with tools, none repeated", len(reqs), len(mains))
-}
-
-// rxQueued sums the bytes waiting unread in the receive queues of the TCP
-// sockets connected to port on 127.0.0.1 (the clients of the fake model):
-// a reply the server wrote that OpenCode has not read yet.
-func rxQueued(port int) (int, error) {
-	f, err := os.Open("/proc/net/tcp")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	total := 0
-	sc := bufio.NewScanner(f)
-	sc.Scan() // header
-	for sc.Scan() {
-		// sl local_address rem_address st tx_queue:rx_queue ...
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		rem := fields[2]
-		i := strings.IndexByte(rem, ':')
-		if i < 0 {
-			continue
-		}
-		p, err := strconv.ParseUint(rem[i+1:], 16, 16)
-		if err != nil || int(p) != port {
-			continue
-		}
-		q := fields[4]
-		j := strings.IndexByte(q, ':')
-		if j < 0 {
-			continue
-		}
-		rx, err := strconv.ParseUint(q[j+1:], 16, 32)
-		if err != nil {
-			continue
-		}
-		total += int(rx)
-	}
-	return total, sc.Err()
-}
-
-// modelPort is the fake model's port.
-func (w *world) modelPort() int {
-	w.t.Helper()
-	u, err := url.Parse(w.model.URL())
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	p, err := strconv.Atoi(u.Port())
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return p
 }
 
 // session is an `opencode export`: the session and its messages.
@@ -290,15 +211,15 @@ func parseSession(t *testing.T, raw []byte) session {
 // folder is copied, and `opencode session list` and `opencode export` run
 // on the host against the copy.
 func (w *world) exportSaved(root string) session {
-	w.t.Helper()
+	w.T.Helper()
 	datas, _ := filepath.Glob(filepath.Join(root, local.RootFolder, "state", "opencode", "*", "data"))
 	if len(datas) != 1 {
-		w.t.Fatalf("OpenCode data folders in %s: %v, want one", root, datas)
+		w.T.Fatalf("OpenCode data folders in %s: %v, want one", root, datas)
 	}
-	scratch := w.t.TempDir()
+	scratch := w.T.TempDir()
 	data := filepath.Join(scratch, "data")
 	if out, err := exec.Command("cp", "-a", "--", datas[0], data).CombinedOutput(); err != nil {
-		w.t.Fatalf("copy %s: %v: %s", datas[0], err, out)
+		w.T.Fatalf("copy %s: %v: %s", datas[0], err, out)
 	}
 	env := hostEnv(scratch, data)
 	list := w.runOpenCode(env, scratch, "session", "list", "--format", "json")
@@ -307,7 +228,7 @@ func (w *world) exportSaved(root string) session {
 		ParentID string `json:"parentID"`
 	}
 	if err := json.Unmarshal(bytes.TrimSpace(list), &sessions); err != nil {
-		w.t.Fatalf("opencode session list printed %q: %v", list, err)
+		w.T.Fatalf("opencode session list printed %q: %v", list, err)
 	}
 	var top []string
 	for _, s := range sessions {
@@ -316,9 +237,9 @@ func (w *world) exportSaved(root string) session {
 		}
 	}
 	if len(top) != 1 {
-		w.t.Fatalf("sessions saved in %s: %v, want one", datas[0], top)
+		w.T.Fatalf("sessions saved in %s: %v, want one", datas[0], top)
 	}
-	return parseSession(w.t, w.runOpenCode(env, scratch, "export", top[0]))
+	return parseSession(w.T, w.runOpenCode(env, scratch, "export", top[0]))
 }
 
 // hostEnv is the environment of OpenCode run on the host by the tests:
@@ -337,8 +258,8 @@ func hostEnv(scratch, data string) []string {
 
 // runOpenCode runs the world's OpenCode on the host (see runOpenCodeOn).
 func (w *world) runOpenCode(env []string, dir string, args ...string) []byte {
-	w.t.Helper()
-	return runOpenCodeOn(w.t, w.oc, env, dir, args...)
+	w.T.Helper()
+	return runOpenCodeOn(w.T, w.oc, env, dir, args...)
 }
 
 // runOpenCodeOn runs OpenCode bin on the host in a process group of its

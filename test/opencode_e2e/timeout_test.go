@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/test/fakemodel"
@@ -67,24 +68,24 @@ func testPausedTimeCountsTowardToolTimeout(t *testing.T, ver openCode) {
 		}
 	}})
 	p := newParticipant()
-	h := w.start(w.runner(w.adapter(nil), p), 1)
-	sb := w.waitSandbox(1)
-	l1 := w.launchID(1, 1, sb)
-	w.waitProc(sb, l1, "sleep")
+	h := w.Start(w.Runner(w.adapter(nil), p), 1)
+	sb := w.WaitSandbox(1)
+	l1 := w.LaunchID(1, 1, sb)
+	w.WaitProc(sb, l1, "sleep")
 	seen := time.Now()
 
-	w.prepare(p, "ck-1")
+	w.Prepare(p, "ck-1")
 	paused := time.Now()
-	a := w.observe(sb, l1)
-	if !slices.Contains(comms(a), "sleep") {
+	a := w.Observe(sb, l1)
+	if !slices.Contains(harnesstest.Comms(a), "sleep") {
 		t.Fatalf("the command had ended before the pause held it (paused %v, %s after it was seen running): the machine is too slow for this test",
-			comms(a), paused.Sub(seen).Round(time.Millisecond))
+			harnesstest.Comms(a), paused.Sub(seen).Round(time.Millisecond))
 	}
 	time.Sleep(toolPause)
-	w.resume(p, "ck-1")
+	w.Resume(p, "ck-1")
 	continued := time.Now()
 
-	raw, err := w.wait(h)
+	raw, err := w.Wait(h)
 	if err != nil {
 		t.Fatalf("the run failed: %v", err)
 	}
@@ -92,7 +93,7 @@ func testPausedTimeCountsTowardToolTimeout(t *testing.T, ver openCode) {
 	if len(r.Launches) != 1 || r.Launches[0].Pauses != 1 || r.Launches[0].Outcome != driver.OutcomeFinished {
 		t.Errorf("launches %+v; want one, paused once, finished (OpenCode itself exits 0)", r.Launches)
 	}
-	mains := mainTurns(byAttempt(w.model.Requests(), 1))
+	mains := mainTurns(harnesstest.ByAttempt(w.Model.Requests(), 1))
 	if len(mains) != 2 {
 		t.Fatalf("%d main-turn model requests, want the tool call and the request after it", len(mains))
 	}
@@ -102,7 +103,7 @@ func testPausedTimeCountsTowardToolTimeout(t *testing.T, ver openCode) {
 			result.Role, result.Content, timeoutText)
 	}
 	steps := strings.Count(result.Content, "step ")
-	_, err = os.Stat(filepath.Join(w.local.HostPath(sb), local.WorkFolder, "done.txt"))
+	_, err = os.Stat(filepath.Join(w.Local.HostPath(sb), local.WorkFolder, "done.txt"))
 	t.Logf("the command (timeout %d ms, %d steps of 1 s) was seen running, paused %s later, held for %s; the model's next request came %s after the continue: "+
 		"the tool result says it timed out after %d of %d steps (done.txt written: %v; reward %v): %q",
 		toolTimeoutMS, toolSteps, paused.Sub(seen).Round(time.Millisecond), continued.Sub(paused).Round(time.Millisecond),

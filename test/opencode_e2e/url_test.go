@@ -25,12 +25,12 @@ func testRolloutURLEscapedInOpenCode(t *testing.T, ver openCode) {
 	w := newWorld(t, ver, "url", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	sb, err := w.local.Create(ctx, "url-1")
+	sb, err := w.Local.Create(ctx, "url-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	lent := driver.LentSandbox{Sandbox: sb}
-	rollout := w.rollout + "?x=1#f/g%41"
+	rollout := w.Rollout + "?x=1#f/g%41"
 	a := w.adapter(nil)
 	state, err := a.NewState(rollout, 1, lent)
 	if err != nil {
@@ -45,7 +45,7 @@ func testRolloutURLEscapedInOpenCode(t *testing.T, ver openCode) {
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("opencode run: exit %d (%v): %.2000s", res.ExitCode, err, res.Stderr)
 	}
-	reqs := w.model.Requests()
+	reqs := w.Model.Requests()
 	if len(reqs) != 3 {
 		t.Errorf("%d model requests, want 3 (title, tool call, final)", len(reqs))
 	}

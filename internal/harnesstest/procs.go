@@ -1,4 +1,4 @@
-package opencodee2e
+package harnesstest
 
 import (
 	"bufio"
@@ -17,67 +17,73 @@ import (
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
-// procStat is what the tests read of /proc/PID/stat.
-type procStat struct {
-	PID        int
-	Comm       string
-	State      byte
-	PPID       int
+// ProcStat is what the tests read of /proc/PID/stat.
+type ProcStat struct {
+	PID        int    // the process id
+	Comm       string // field 2, the command name
+	State      byte   // field 3 (R, S, T, Z, ...)
+	PPID       int    // field 4, the parent's pid
 	UTime      uint64 // field 14, clock ticks
 	STime      uint64 // field 15
 	StartTicks uint64 // field 22
 }
 
 // CPU is the process's CPU time so far (user + system), in clock ticks.
-func (s procStat) CPU() uint64 { return s.UTime + s.STime }
+func (s ProcStat) CPU() uint64 { return s.UTime + s.STime }
 
-// readStat reads /proc/PID/stat; ok is false when the process is gone.
-func readStat(pid int) (procStat, bool) {
+// ReadStat reads /proc/PID/stat; ok is false when the process is gone.
+func ReadStat(pid int) (ProcStat, bool) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return procStat{}, false
+		return ProcStat{}, false
 	}
 	open := bytes.IndexByte(data, '(')
 	closing := bytes.LastIndexByte(data, ')')
 	if open < 0 || closing < open {
-		return procStat{}, false
+		return ProcStat{}, false
 	}
 	f := strings.Fields(string(data[closing+1:]))
 	// f[0] is field 3 (state): field N is f[N-3].
 	if len(f) < 20 || len(f[0]) != 1 {
-		return procStat{}, false
+		return ProcStat{}, false
 	}
 	num := func(i int) uint64 {
 		n, _ := strconv.ParseUint(f[i], 10, 64)
 		return n
 	}
 	ppid, _ := strconv.Atoi(f[1])
-	return procStat{
+	return ProcStat{
 		PID: pid, Comm: string(data[open+1 : closing]), State: f[0][0], PPID: ppid,
 		UTime: num(11), STime: num(12), StartTicks: num(19),
 	}, true
 }
 
-// sameProc reports whether pid is still the process that started at start
+// SameProc reports whether pid is still the process that started at start
 // and is not a zombie.
-func sameProc(pid int, start uint64) bool {
-	st, ok := readStat(pid)
+func SameProc(pid int, start uint64) bool {
+	st, ok := ReadStat(pid)
 	return ok && st.StartTicks == start && st.State != 'Z' && st.State != 'X'
 }
 
-// procInfo is a live process as the leak checks see it.
-type procInfo struct {
-	stat      procStat
-	tag       string // its launch tag ("" if none)
-	mountRoot string // the host folder mounted at /sandbox in its namespace
-	cmdline   string
+// ProcInfo is a live process as the leak checks see it.
+type ProcInfo struct {
+	// Stat is its /proc/PID/stat.
+	Stat ProcStat
+	// Tag is its launch tag ("" if none).
+	Tag string
+	// MountRoot is the host folder mounted at /sandbox in its namespace.
+	MountRoot string
+	// Cmdline is its command line, cut at 160 bytes.
+	Cmdline string
 }
 
-func (p procInfo) String() string {
-	return fmt.Sprintf("%d %c (%s) tag=%q sandbox=%q %q", p.stat.PID, p.stat.State, p.stat.Comm, p.tag, p.mountRoot, p.cmdline)
+// String is one line about p, for logs.
+func (p ProcInfo) String() string {
+	return fmt.Sprintf("%d %c (%s) tag=%q sandbox=%q %q", p.Stat.PID, p.Stat.State, p.Stat.Comm, p.Tag, p.MountRoot, p.Cmdline)
 }
 
-func describeAll(ps []procInfo) string {
+// DescribeAll is one line about ps, for logs.
+func DescribeAll(ps []ProcInfo) string {
 	var out []string
 	for _, p := range ps {
 		out = append(out, p.String())
@@ -85,33 +91,33 @@ func describeAll(ps []procInfo) string {
 	return strings.Join(out, "; ")
 }
 
-// leftovers lists the live processes (zombies left out) that match.
-func leftovers(match func(procInfo) bool) []procInfo {
+// Leftovers lists the live processes (zombies left out) that match.
+func Leftovers(match func(ProcInfo) bool) []ProcInfo {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
-	var out []procInfo
+	var out []ProcInfo
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 || pid == os.Getpid() {
 			continue
 		}
-		st, ok := readStat(pid)
+		st, ok := ReadStat(pid)
 		if !ok || st.State == 'Z' || st.State == 'X' {
 			continue
 		}
-		p := procInfo{stat: st, tag: tagOf(pid), mountRoot: sandboxRoot(pid), cmdline: cmdline(pid)}
+		p := ProcInfo{Stat: st, Tag: TagOf(pid), MountRoot: SandboxRoot(pid), Cmdline: cmdline(pid)}
 		if match(p) {
 			out = append(out, p)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].stat.PID < out[j].stat.PID })
+	sort.Slice(out, func(i, j int) bool { return out[i].Stat.PID < out[j].Stat.PID })
 	return out
 }
 
-// tagOf is the launch tag in the process's environment ("" if none).
-func tagOf(pid int) string {
+// TagOf is the launch tag in the process's environment ("" if none).
+func TagOf(pid int) string {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 	if err != nil {
 		return ""
@@ -124,8 +130,8 @@ func tagOf(pid int) string {
 	return ""
 }
 
-// envOf is one variable of the process's environment ("" if unset).
-func envOf(pid int, key string) string {
+// EnvOf is one variable of the process's environment ("" if unset).
+func EnvOf(pid int, key string) string {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 	if err != nil {
 		return ""
@@ -138,10 +144,10 @@ func envOf(pid int, key string) string {
 	return ""
 }
 
-// sandboxRoot is the root of the mount at /sandbox in the process's mount
+// SandboxRoot is the root of the mount at /sandbox in the process's mount
 // namespace: for a process of a local sandbox, that sandbox's host folder
 // (as its filesystem names it). "" when nothing is mounted there.
-func sandboxRoot(pid int) string {
+func SandboxRoot(pid int) string {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/mountinfo", pid))
 	if err != nil {
 		return ""
@@ -171,25 +177,25 @@ func cmdline(pid int) string {
 	return s
 }
 
-// killIdentified kills p (SIGKILL, then SIGCONT so a stopped one dies) if a
+// KillIdentified kills p (SIGKILL, then SIGCONT so a stopped one dies) if a
 // pidfd still holds the same process (same start time), so a reused pid is
 // never signalled.
-func killIdentified(p procInfo) {
-	fd, err := unix.PidfdOpen(p.stat.PID, 0)
+func KillIdentified(p ProcInfo) {
+	fd, err := unix.PidfdOpen(p.Stat.PID, 0)
 	if err != nil {
 		return
 	}
 	defer unix.Close(fd)
-	if !sameProc(p.stat.PID, p.stat.StartTicks) {
+	if !SameProc(p.Stat.PID, p.Stat.StartTicks) {
 		return
 	}
 	_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 	_ = unix.PidfdSendSignal(fd, unix.SIGCONT, nil, 0)
 }
 
-// tree runs `ngsup tree --dir DIR --json` on the host with the built ngsup:
-// the processes of the launch whose folder is at hostDir.
-func tree(hostDir string) (proto.TreeResult, error) {
+// Tree runs `ngsup tree --dir DIR --json` on the host with the built ngsup
+// ngsupHost: the processes of the launch whose folder is at hostDir.
+func Tree(ngsupHost, hostDir string) (proto.TreeResult, error) {
 	cmd := exec.Command(ngsupHost, "tree", "--dir", hostDir, "--json")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -1,0 +1,88 @@
+package harnesstest
+
+import (
+	"errors"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/proto"
+	"github.com/ngharness/ngharness/test/fakemodel"
+)
+
+// Crash is what CrashAfterSnapshot leaves: the sandbox attempt 1 ran in,
+// the fork the restore made, the snapshot, the committed records, the
+// model requests of attempt 1 and the processes of its launch at the
+// checkpoint.
+type Crash struct {
+	// Old is the sandbox attempt 1 ran in; Fork the one the restore made.
+	Old, Fork string
+	// Snapshot is the owner's snapshot of Old.
+	Snapshot string
+	// Committed is what the checkpoint wrote.
+	Committed Committed
+	// Attempt1 are the model requests of attempt 1.
+	Attempt1 []fakemodel.Request
+	// OldProcs are the processes of attempt 1's launch at the checkpoint.
+	OldProcs []proto.TreeProc
+}
+
+// CrashAfterSnapshot runs attempt 1 with a on p1 until ready (the moment
+// to checkpoint), checkpoints it ("ck-1": pause, the owner's snapshot,
+// commit, continue), lets it go on until the runner continued it and
+// lasts returned (the same state still lasts), then crashes the driver
+// (the run is cancelled with driver.ErrCrashed: nothing is cleaned up).
+// The owner restores the checkpoint: it stops every launch of the old
+// sandbox and forks the snapshot under a new sandbox id. The test fails
+// unless there is one snapshot and one record, the record continues the
+// paused launch, the restore forked, and no process of the crashed launch
+// survived.
+func (w *World) CrashAfterSnapshot(a driver.Adapter, p1 *driver.Participant, ready, lasts func(sandboxID, launchID string)) Crash {
+	t := w.T
+	t.Helper()
+	var c Crash
+	h1 := w.Start(w.Runner(a, p1), 1)
+	c.Old = w.WaitSandbox(1)
+	l1 := w.LaunchID(1, 1, c.Old)
+	ready(c.Old, l1)
+
+	w.Prepare(p1, "ck-1")
+	tr, err := w.Suite.Tree(w.LaunchDir(c.Old, l1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.OldProcs = tr.Processes
+	snaps, ck := w.Commit(p1, "ck-1")
+	if len(snaps) != 1 || len(ck.Records) != 1 {
+		t.Fatalf("checkpoint ck-1: snapshots %v, records %d; want one of each", snaps, len(ck.Records))
+	}
+	for _, s := range snaps {
+		c.Snapshot = s
+	}
+	c.Committed = ck
+	_, bm, err := driver.ParseAgentRecord(ck.Records[0])
+	if err != nil || bm.Next != driver.StageHarness || !bm.Resume || bm.Paused == nil || bm.Paused.ID != l1 {
+		t.Fatalf("the committed bookmark (%v) does not continue the paused launch %s: %s", err, l1, ck.Records[0].JSON)
+	}
+	w.Resume(p1, "ck-1")
+	// The run continues its launch once the checkpoint opens: crash only
+	// after that, as the same state still lasts.
+	w.WaitContinued(1)
+	lasts(c.Old, l1)
+
+	h1.Cancel(driver.ErrCrashed)
+	if _, err := w.Wait(h1); !errors.Is(err, driver.ErrCrashed) {
+		t.Fatalf("attempt 1 returned %v, want the crash", err)
+	}
+	c.Attempt1 = ByAttempt(w.Model.Requests(), 1)
+
+	w.RestoreOwner("ck-1", c.Committed)
+	c.Fork = w.WaitSandbox(2)
+	if c.Fork == c.Old {
+		t.Fatalf("the restore did not fork: sandboxes %v", w.Sandboxes())
+	}
+	for _, p := range c.OldProcs {
+		if SameProc(p.PID, p.StartTicks) {
+			t.Errorf("process %d (%s) of the crashed launch survived the restore", p.PID, p.Comm)
+		}
+	}
+	return c
+}

@@ -1,0 +1,162 @@
+// Package harnesstest is what the end-to-end test packages of the real
+// harnesses (test/codex_e2e, test/opencode_e2e) share: the test process's
+// setup and last look (Suite: the module root, the static ngsup and
+// friends built once, the leak check over the whole process), the world of
+// one test (World: its own fake model server, a local backend in a folder
+// of its own, a local owner, runners, waits, checkpoints, looks at a paused
+// launch) and the /proc helpers the leak checks use. What differs between
+// harnesses (the adapter, the harness binary, what is read of its session)
+// stays in each package; a package passes it in through Suite and
+// WorldOptions. Processes are ended by pid (pidfd) or through `ngsup stop`,
+// never by name.
+package harnesstest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/internal/cgrouptest"
+	"github.com/ngharness/ngharness/pkg/proto"
+)
+
+// Suite is one e2e test package's process-wide setup, filled in by Main.
+type Suite struct {
+	// Name names the package in the lines it prints ("codex_e2e").
+	Name string
+	// TagPrefix starts RunTag ("cxe2e"): the name of every rollout and
+	// base folder of this test process starts with RunTag.
+	TagPrefix string
+	// Binaries are the commands of the module Main builds static into
+	// BinDir as <name>-linux-<GOARCH> ("ngsup", "ngresume"): the names
+	// launch.FindBinaries looks for. ngsup must be among them.
+	Binaries []string
+	// SkipBuild, when set, makes Main build nothing (BinDir and NgsupHost
+	// stay empty).
+	SkipBuild bool
+	// BeforeRun, if set, runs once the setup is done, before the tests.
+	BeforeRun func()
+	// VerboseEnv names the variable that, when set, copies every world's
+	// log (driver, owner, fake model) to stderr as it is written.
+	VerboseEnv string
+	// Patience bounds every wait on something that should happen:
+	// generous, never an assertion about speed.
+	Patience time.Duration
+
+	// ModuleRoot is the folder of go.mod (set by Main).
+	ModuleRoot string
+	// BinDir holds the built Binaries (set by Main).
+	BinDir string
+	// NgsupHost is the built ngsup, run on the host for `ngsup tree` (set
+	// by Main).
+	NgsupHost string
+	// RunTag starts the name of every rollout and base folder of this test
+	// process, so that the final check finds what it left, and only that
+	// (set by Main).
+	RunTag string
+}
+
+// Main is the body of the package's TestMain; it returns the exit code.
+// It skips on anything but Linux, finds the module root two levels above
+// the package, builds the Binaries (unless SkipBuild), runs the tests,
+// then removes the empty cgroups of the process's launches and takes the
+// last look: a process tagged by one of its launches, or running in one
+// of its sandboxes, is a leak (killed by pidfd, and the code is 1).
+func (s *Suite) Main(m *testing.M) int {
+	if runtime.GOOS != "linux" {
+		fmt.Printf("%s: skipped, these tests need Linux (/proc, mount namespaces)\n", s.Name)
+		return 0
+	}
+	root, err := FindModuleRoot()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", s.Name, err)
+		return 1
+	}
+	s.ModuleRoot = root
+	s.RunTag = fmt.Sprintf("%s%d", s.TagPrefix, os.Getpid())
+	if !s.SkipBuild {
+		dir, err := os.MkdirTemp("", s.RunTag+"-bin-")
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", s.Name, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		for _, name := range s.Binaries {
+			out := filepath.Join(dir, name+"-linux-"+runtime.GOARCH)
+			if err := BuildStatic(root, out, "./cmd/"+name); err != nil {
+				fmt.Fprintf(os.Stderr, "%s: %v\n", s.Name, err)
+				return 1
+			}
+		}
+		s.BinDir = dir
+		s.NgsupHost = filepath.Join(dir, "ngsup-linux-"+runtime.GOARCH)
+	}
+	if s.BeforeRun != nil {
+		s.BeforeRun()
+	}
+	code := m.Run()
+	// The empty cgroups of launches whose sandbox a test removed.
+	cgrouptest.RemoveEmpty(s.RunTag)
+	// Every test stops what it started; this is the last look, over the
+	// whole test process.
+	if left := Leftovers(func(p ProcInfo) bool {
+		return strings.Contains(p.Tag, s.RunTag) || strings.Contains(p.MountRoot, s.RunTag)
+	}); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "%s: processes left after the tests: %s\n", s.Name, DescribeAll(left))
+		for _, p := range left {
+			KillIdentified(p)
+		}
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+// Tree is `ngsup tree` of the launch whose folder is at hostDir, run with
+// the suite's built ngsup.
+func (s *Suite) Tree(hostDir string) (proto.TreeResult, error) { return Tree(s.NgsupHost, hostDir) }
+
+// FindModuleRoot is the folder of go.mod, two levels above the test
+// package (the working directory of `go test`).
+func FindModuleRoot() (string, error) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil || !strings.Contains(string(data), "module github.com/ngharness/ngharness") {
+		return "", fmt.Errorf("cannot find the module root above %s", root)
+	}
+	return root, nil
+}
+
+// BuildStatic builds pkg into out as `make build` does: static (no cgo),
+// -trimpath, for this machine's architecture.
+func BuildStatic(root, out, pkg string) error {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, pkg)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build %s: %v\n%s", pkg, err, msg)
+	}
+	return nil
+}
+
+// RequireRoot skips t unless the test process runs as root (the local
+// sandboxes' mount namespaces need it).
+func RequireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("these tests need root: local sandboxes in mount namespaces of their own")
+	}
+}
