@@ -64,7 +64,13 @@ install() {
 
 start_engine() {
 	if answers; then
-		# Not ours (or left by a run that never stopped it): never stopped.
+		# The dockerd an earlier start of this script left running stays
+		# on record, so `stop` still ends it; any other engine is never
+		# stopped.
+		if [ -s "$pidfile" ] && [ "$(cat /proc/"$(cat "$pidfile")"/comm 2>/dev/null)" = dockerd ]; then
+			say "the dockerd this script started (pid $(cat "$pidfile")) answers: using it"
+			return
+		fi
 		rm -f "$pidfile"
 		say "an engine already answers: using it (not stopping it at the end)"
 		return
