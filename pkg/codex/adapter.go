@@ -241,9 +241,9 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 		spec.Argv = append(append([]string{a.opt.Codex, "exec", "resume"}, flags...), "--", s.ID, *a.opt.ResumePrompt)
 		return spec, nil
 	}
-	task, err := taskText(lc.Input)
+	task, err := driver.TaskText(lc.Input)
 	if err != nil {
-		return driver.LaunchSpec{}, err
+		return driver.LaunchSpec{}, fmt.Errorf("codex: %w", err)
 	}
 	if strings.IndexByte(task, 0) >= 0 {
 		return driver.LaunchSpec{}, errors.New("codex: the task holds a NUL byte, which no command-line argument can carry")
@@ -401,54 +401,6 @@ func linesJSON(data []byte) []byte {
 	}
 	b.WriteByte(']')
 	return []byte(b.String())
-}
-
-// taskText reads the task from a run body: "task", or the last user input
-// of responses_create_params (as the OpenCode adapter does).
-func taskText(body json.RawMessage) (string, error) {
-	var b struct {
-		Task   *string `json:"task"`
-		Params struct {
-			Input json.RawMessage `json:"input"`
-		} `json:"responses_create_params"`
-	}
-	if err := json.Unmarshal(body, &b); err != nil {
-		return "", fmt.Errorf("codex: read the task: %w", err)
-	}
-	if b.Task != nil && *b.Task != "" {
-		return *b.Task, nil
-	}
-	var s string
-	if json.Unmarshal(b.Params.Input, &s) == nil && s != "" {
-		return s, nil
-	}
-	var msgs []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	}
-	if json.Unmarshal(b.Params.Input, &msgs) == nil {
-		for i := len(msgs) - 1; i >= 0; i-- {
-			if msgs[i].Role != "user" {
-				continue
-			}
-			if json.Unmarshal(msgs[i].Content, &s) == nil && s != "" {
-				return s, nil
-			}
-			var parts []struct {
-				Text string `json:"text"`
-			}
-			if json.Unmarshal(msgs[i].Content, &parts) == nil {
-				var t []string
-				for _, p := range parts {
-					t = append(t, p.Text)
-				}
-				if j := strings.Join(t, "\n"); j != "" {
-					return j, nil
-				}
-			}
-		}
-	}
-	return "", errors.New("codex: the run body has no task (a \"task\" string or responses_create_params.input)")
 }
 
 func tail(s string, n int) string {

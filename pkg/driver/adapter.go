@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"strings"
@@ -165,4 +166,54 @@ func StateDir(sb LentSandbox, adapter, rollout string, attempt int) string {
 		return '_'
 	}, rollout)
 	return path.Join(sb.Root(), "state", adapter, fmt.Sprintf("%s-a%d-%d", clean, attempt, time.Now().UnixNano()))
+}
+
+// TaskText reads a harness's task from a run body: "task", else the last
+// user input of responses_create_params (a string, or a message whose
+// content is a string or text parts, joined by newlines). Every adapter
+// that gives its harness one prompt reads it this way.
+func TaskText(body json.RawMessage) (string, error) {
+	var b struct {
+		Task   *string `json:"task"`
+		Params struct {
+			Input json.RawMessage `json:"input"`
+		} `json:"responses_create_params"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return "", fmt.Errorf("read the task: %w", err)
+	}
+	if b.Task != nil && *b.Task != "" {
+		return *b.Task, nil
+	}
+	var s string
+	if json.Unmarshal(b.Params.Input, &s) == nil && s != "" {
+		return s, nil
+	}
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if json.Unmarshal(b.Params.Input, &msgs) == nil {
+		for i := len(msgs) - 1; i >= 0; i-- {
+			if msgs[i].Role != "user" {
+				continue
+			}
+			if json.Unmarshal(msgs[i].Content, &s) == nil && s != "" {
+				return s, nil
+			}
+			var parts []struct {
+				Text string `json:"text"`
+			}
+			if json.Unmarshal(msgs[i].Content, &parts) == nil {
+				var t []string
+				for _, p := range parts {
+					t = append(t, p.Text)
+				}
+				if j := strings.Join(t, "\n"); j != "" {
+					return j, nil
+				}
+			}
+		}
+	}
+	return "", errors.New("the run body has no task (a \"task\" string or responses_create_params.input)")
 }

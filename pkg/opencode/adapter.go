@@ -185,54 +185,6 @@ func rolloutSegment(rollout string, attempt int) string {
 	return url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
 }
 
-// taskText reads the task from a run body: "task", or the last user input
-// of responses_create_params.
-func taskText(body json.RawMessage) (string, error) {
-	var b struct {
-		Task   *string `json:"task"`
-		Params struct {
-			Input json.RawMessage `json:"input"`
-		} `json:"responses_create_params"`
-	}
-	if err := json.Unmarshal(body, &b); err != nil {
-		return "", fmt.Errorf("opencode: read the task: %w", err)
-	}
-	if b.Task != nil && *b.Task != "" {
-		return *b.Task, nil
-	}
-	var s string
-	if json.Unmarshal(b.Params.Input, &s) == nil && s != "" {
-		return s, nil
-	}
-	var msgs []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	}
-	if json.Unmarshal(b.Params.Input, &msgs) == nil {
-		for i := len(msgs) - 1; i >= 0; i-- {
-			if msgs[i].Role != "user" {
-				continue
-			}
-			if json.Unmarshal(msgs[i].Content, &s) == nil && s != "" {
-				return s, nil
-			}
-			var parts []struct {
-				Text string `json:"text"`
-			}
-			if json.Unmarshal(msgs[i].Content, &parts) == nil {
-				var t []string
-				for _, p := range parts {
-					t = append(t, p.Text)
-				}
-				if j := strings.Join(t, "\n"); j != "" {
-					return j, nil
-				}
-			}
-		}
-	}
-	return "", errors.New("opencode: the run body has no task (a \"task\" string or responses_create_params.input)")
-}
-
 // Launch implements driver.Adapter: `opencode run --format json <task>` for
 // a fresh session; ngresume (uploaded now) to continue a saved one.
 func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
@@ -253,9 +205,9 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 		spec.Argv = []string{bin, "--opencode", a.opt.OpenCode}
 		return spec, nil
 	}
-	task, err := taskText(lc.Input)
+	task, err := driver.TaskText(lc.Input)
 	if err != nil {
-		return driver.LaunchSpec{}, err
+		return driver.LaunchSpec{}, fmt.Errorf("opencode: %w", err)
 	}
 	// The task goes in on stdin: opencode run stores a message argument
 	// that holds a space with literal quotes around it, and fails on one
