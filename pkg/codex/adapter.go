@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
 // Options configures the adapter (the `codex:` part of the config).
@@ -200,10 +199,6 @@ func rolloutSegment(rollout string, attempt int) string {
 	return url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
 }
 
-// maxArg is Linux's bound on one argument string (MAX_ARG_STRLEN, 32
-// pages), terminating NUL included.
-const maxArg = 32 * 4096
-
 // flags are the flags of every `codex exec`: JSON events, no git check, no
 // approvals and no sandbox of Codex's own (the lent sandbox is the
 // sandbox).
@@ -241,15 +236,9 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 		spec.Argv = append(append([]string{a.opt.Codex, "exec", "resume"}, flags...), "--", s.ID, *a.opt.ResumePrompt)
 		return spec, nil
 	}
-	task, err := driver.TaskText(lc.Input)
+	task, err := driver.TaskArg(lc.Input)
 	if err != nil {
 		return driver.LaunchSpec{}, fmt.Errorf("codex: %w", err)
-	}
-	if strings.IndexByte(task, 0) >= 0 {
-		return driver.LaunchSpec{}, errors.New("codex: the task holds a NUL byte, which no command-line argument can carry")
-	}
-	if len(task) >= maxArg {
-		return driver.LaunchSpec{}, fmt.Errorf("codex: the task is %d bytes; Linux passes at most %d bytes in one argument", len(task), maxArg-1)
 	}
 	if err := lc.Sandbox.Upload(ctx, path.Join(st.codexHome(), "config.toml"), []byte(cfg), 0o600); err != nil {
 		return driver.LaunchSpec{}, fmt.Errorf("codex: write config.toml: %w", err)
@@ -270,32 +259,17 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 // decision can check the session starts with it.
 const taskFileName = "task.txt"
 
-// sessionScript prints the newest session file of the CODEX_HOME $1
-// (sessions/YYYY/MM/DD/rollout-<ts>-<uuid>.jsonl; the names sort by
-// time), its path on the first line and its content after; nothing when
-// there is none. Everything arrives as an argument, never as shell text.
-const sessionScript = `last=
-for f in "$1"/sessions/*/*/*/rollout-*.jsonl; do [ -f "$f" ] && last=$f; done
-[ -n "$last" ] || exit 0
-printf '%s\n' "$last" && cat -- "$last"`
+// sessionGlob is where, below CODEX_HOME, Codex keeps its session files.
+const sessionGlob = "sessions/*/*/*/rollout-*.jsonl"
 
 // readSession reads the state's newest session file: its path and
 // content, or "" and nil when there is none.
 func readSession(ctx context.Context, sb driver.LentSandbox, st State) (string, []byte, error) {
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{
-		Argv: []string{"/bin/sh", "-c", sessionScript, "sh", st.codexHome()}, Timeout: 2 * time.Minute})
+	file, data, err := driver.ReadNewestFile(ctx, sb, st.codexHome(), sessionGlob)
 	if err != nil {
-		return "", nil, fmt.Errorf("codex: read the session: %w", err)
+		return "", nil, fmt.Errorf("codex: %w", err)
 	}
-	if res.ExitCode != 0 {
-		return "", nil, fmt.Errorf("codex: read the session: exit code %d: %.300s", res.ExitCode, res.Stderr)
-	}
-	out := res.Stdout
-	if len(out) == 0 {
-		return "", nil, nil
-	}
-	first, rest, _ := strings.Cut(string(out), "\n")
-	return first, []byte(rest), nil
+	return file, data, nil
 }
 
 // ResumeDecision implements driver.Adapter. Codex has no way to continue a
@@ -329,18 +303,14 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 	if err != nil {
 		return fresh(fmt.Sprintf("the saved session %s could not be read (%v)", path.Base(file), err))
 	}
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(st.Home, taskFileName)}, Timeout: time.Minute})
+	task, _, err := driver.ReadSandboxFile(ctx, sb, path.Join(st.Home, taskFileName))
 	if err != nil {
 		if ctx.Err() != nil {
 			return driver.Decision{}, err
 		}
 		return fresh(fmt.Sprintf("the task beside the saved session could not be read (%v)", err))
 	}
-	task := ""
-	if res.ExitCode == 0 {
-		task = string(res.Stdout)
-	}
-	ok, why := s.Continuable(task)
+	ok, why := s.Continuable(string(task))
 	switch {
 	case !ok:
 		return fresh(why)
@@ -372,42 +342,14 @@ func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.
 		}
 		out["session_path"] = file
 		out["session_id"] = s.ID
-		out["session"] = json.RawMessage(linesJSON(data))
+		out["session"] = driver.JSONLinesArray(data)
 		if t := s.FinalText(); t != "" {
 			out["final_text"] = t
 		}
 	}
-	out["stdout_tail"] = tail(string(res.Stdout), 4000)
-	out["stderr_tail"] = tail(string(res.Stderr), 4000)
+	out["stdout_tail"] = driver.Tail(string(res.Stdout), 4000)
+	out["stderr_tail"] = driver.Tail(string(res.Stderr), 4000)
 	return json.Marshal(out)
-}
-
-// linesJSON turns JSON lines into one JSON array of them (the lines that
-// are not JSON left out).
-func linesJSON(data []byte) []byte {
-	var b strings.Builder
-	b.WriteByte('[')
-	n := 0
-	for _, l := range strings.Split(string(data), "\n") {
-		l = strings.TrimSpace(l)
-		if l == "" || !json.Valid([]byte(l)) {
-			continue
-		}
-		if n > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(l)
-		n++
-	}
-	b.WriteByte(']')
-	return []byte(b.String())
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 // plural is "s" unless n is 1.

@@ -89,7 +89,7 @@ func TestLaunchRefuses(t *testing.T) {
 		resume bool
 		want   string
 	}{
-		{strings.Repeat("x", maxArg), false, "at most 131071 bytes"},
+		{strings.Repeat("x", driver.MaxArg), false, "at most 131071 bytes"},
 		{"a\x00b", false, "NUL"},
 		{"ok", true, "without resume_prompt set"},
 	} {

@@ -5,12 +5,10 @@ package codex
 // session, and the adapter's codex_* fields beside it.
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"time"
 
+	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -38,29 +36,8 @@ type GymRunFields struct {
 // is the sum over the completed model responses. A nil session gives no
 // output and a null usage.
 func BuildGymResponse(s *Session, opt gym.ResponseOptions) gym.Response {
+	r := gym.NewResponse(&opt)
 	newHex := opt.NewHex
-	if newHex == nil {
-		newHex = randomHex
-	}
-	r := gym.Response{
-		ID: opt.ID, CreatedAt: opt.CreatedAt, Model: opt.Model, Object: "response",
-		Output: []gym.Item{}, ToolChoice: opt.ToolChoice, Tools: opt.Tools, ParallelToolCalls: true,
-	}
-	if r.ID == "" {
-		r.ID = "resp_" + newHex()
-	}
-	if r.CreatedAt == 0 {
-		r.CreatedAt = time.Now().Unix()
-	}
-	if r.ToolChoice == nil {
-		r.ToolChoice = json.RawMessage(`"auto"`)
-	}
-	if r.Tools == nil {
-		r.Tools = json.RawMessage(`[]`)
-	}
-	if opt.ParallelToolCalls != nil {
-		r.ParallelToolCalls = *opt.ParallelToolCalls
-	}
 	if s == nil {
 		return r
 	}
@@ -136,16 +113,12 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 	if err != nil {
 		return nil, nil, err
 	}
+	data, err := driver.ArrayJSONLines(r.Session)
+	if err != nil {
+		return nil, nil, fmt.Errorf("codex: %w", err)
+	}
 	var s *Session
-	if len(r.Session) > 0 && string(r.Session) != "null" {
-		var lines []json.RawMessage
-		if err := json.Unmarshal(r.Session, &lines); err != nil {
-			return nil, nil, fmt.Errorf("codex: the stored session is not a list of lines: %w", err)
-		}
-		var data []byte
-		for _, l := range lines {
-			data = append(append(data, l...), '\n')
-		}
+	if data != nil {
 		if s, err = ParseSession(data); err != nil {
 			return nil, nil, fmt.Errorf("codex: the stored session: %w", err)
 		}
@@ -154,7 +127,7 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 	if err != nil {
 		return nil, nil, err
 	}
-	data, err := json.Marshal(GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr,
+	data, err = json.Marshal(GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr,
 		SessionFound: s != nil, Finished: r.ExitCode == 0})
 	if err != nil {
 		return nil, nil, err
@@ -176,8 +149,3 @@ func unanswered(after []Item) string {
 	return ""
 }
 
-func randomHex() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never returns an error (Go 1.24 and later)
-	return hex.EncodeToString(b[:])
-}

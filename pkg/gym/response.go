@@ -8,8 +8,11 @@ package gym
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"time"
 )
 
 // Response is Gym's NeMoGymResponse (OpenAI's Responses API Response),
@@ -216,4 +219,42 @@ func nonNull(raw json.RawMessage) json.RawMessage {
 		return nil
 	}
 	return raw
+}
+
+// NewResponse is the response of opt with no output yet: the request-side
+// fields from opt and Gym's defaults where opt has none (an id "resp_"
+// and NewHex's hex, created now, tool_choice "auto", tools [], parallel
+// tool calls on). opt.NewHex is filled in (random hex) when nil, so the
+// caller's item ids come from the same source.
+func NewResponse(opt *ResponseOptions) Response {
+	if opt.NewHex == nil {
+		opt.NewHex = RandomHex
+	}
+	r := Response{
+		ID: opt.ID, CreatedAt: opt.CreatedAt, Model: opt.Model, Object: "response",
+		Output: []Item{}, ToolChoice: opt.ToolChoice, Tools: opt.Tools, ParallelToolCalls: true,
+	}
+	if r.ID == "" {
+		r.ID = "resp_" + opt.NewHex()
+	}
+	if r.CreatedAt == 0 {
+		r.CreatedAt = time.Now().Unix()
+	}
+	if r.ToolChoice == nil {
+		r.ToolChoice = json.RawMessage(`"auto"`)
+	}
+	if r.Tools == nil {
+		r.Tools = json.RawMessage(`[]`)
+	}
+	if opt.ParallelToolCalls != nil {
+		r.ParallelToolCalls = *opt.ParallelToolCalls
+	}
+	return r
+}
+
+// RandomHex is 32 random hex digits, as Python's uuid4().hex.
+func RandomHex() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never returns an error (Go 1.24 and later)
+	return hex.EncodeToString(b[:])
 }

@@ -21,8 +21,6 @@ package opencode
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,7 +28,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 	"unicode/utf16"
 
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -76,28 +73,7 @@ func nonNull(raw json.RawMessage) json.RawMessage {
 // missing) is an error naming the message and what is wrong; a text part
 // without text counts as empty.
 func BuildGymResponse(export json.RawMessage, opt gym.ResponseOptions) (gym.Response, bool, error) {
-	if opt.NewHex == nil {
-		opt.NewHex = randomHex
-	}
-	r := gym.Response{
-		ID: opt.ID, CreatedAt: opt.CreatedAt, Model: opt.Model, Object: "response",
-		Output: []gym.Item{}, ToolChoice: opt.ToolChoice, Tools: opt.Tools, ParallelToolCalls: true,
-	}
-	if r.ID == "" {
-		r.ID = "resp_" + opt.NewHex()
-	}
-	if r.CreatedAt == 0 {
-		r.CreatedAt = time.Now().Unix()
-	}
-	if r.ToolChoice == nil {
-		r.ToolChoice = json.RawMessage(`"auto"`)
-	}
-	if r.Tools == nil {
-		r.Tools = json.RawMessage(`[]`)
-	}
-	if opt.ParallelToolCalls != nil {
-		r.ParallelToolCalls = *opt.ParallelToolCalls
-	}
+	r := gym.NewResponse(&opt)
 	e, found, err := parseGymExport(export)
 	if err != nil || !found {
 		return r, found, err
@@ -339,12 +315,6 @@ func tokenCount(n json.Number) (int64, error) {
 		return 0, fmt.Errorf("%s is not a whole number", n)
 	}
 	return int64(f), nil
-}
-
-func randomHex() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never returns an error (Go 1.24 and later)
-	return hex.EncodeToString(b[:])
 }
 
 // pythonJSON writes a JSON value as Python's json.dumps does by default:

@@ -1,0 +1,130 @@
+package driver
+
+// Helpers for adapters of command-line harnesses (Codex, Claude Code):
+// the task as one argument, the newest session file of a state folder,
+// and the session's JSON lines kept in a response. They hold no harness's
+// names; each adapter passes its own.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+)
+
+// MaxArg is Linux's bound on one argument string (MAX_ARG_STRLEN, 32
+// pages), its terminating NUL included.
+const MaxArg = 32 * 4096
+
+// TaskArg reads the task of a run body (TaskText) and checks that it can
+// be one command-line argument: no NUL byte, shorter than MaxArg.
+func TaskArg(body json.RawMessage) (string, error) {
+	task, err := TaskText(body)
+	if err != nil {
+		return "", err
+	}
+	if strings.IndexByte(task, 0) >= 0 {
+		return "", errors.New("the task holds a NUL byte, which no command-line argument can carry")
+	}
+	if len(task) >= MaxArg {
+		return "", fmt.Errorf("the task is %d bytes; Linux passes at most %d bytes in one argument", len(task), MaxArg-1)
+	}
+	return task, nil
+}
+
+// newestScript prints the newest regular file matching the glob $2 below
+// the folder $1, its path on the first line and its content after;
+// nothing when none matches. The folder arrives quoted; the glob is the
+// adapter's constant, expanded on purpose. Nothing is shell text from a
+// run.
+const newestScript = `last=
+for f in "$1"/$2; do
+  [ -f "$f" ] || continue
+  if [ -z "$last" ] || [ "$f" -nt "$last" ]; then last=$f; fi
+done
+[ -n "$last" ] || exit 0
+printf '%s\n' "$last" && cat -- "$last"`
+
+// ReadNewestFile reads, inside the sandbox, the newest file (by modification
+// time) below dir matching glob (a shell pattern relative to dir, such as
+// "projects/*/*.jsonl"): its path and content, or "" and nil when none
+// matches.
+func ReadNewestFile(ctx context.Context, sb LentSandbox, dir, glob string) (string, []byte, error) {
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{
+		Argv: []string{"/bin/sh", "-c", newestScript, "sh", dir, glob}, Timeout: 2 * time.Minute})
+	if err != nil {
+		return "", nil, fmt.Errorf("read %s/%s: %w", dir, glob, err)
+	}
+	if res.ExitCode != 0 {
+		return "", nil, fmt.Errorf("read %s/%s: exit code %d: %.300s", dir, glob, res.ExitCode, res.Stderr)
+	}
+	if len(res.Stdout) == 0 {
+		return "", nil, nil
+	}
+	first, rest, _ := strings.Cut(string(res.Stdout), "\n")
+	return first, []byte(rest), nil
+}
+
+// ReadSandboxFile reads one file inside the sandbox; a file that is not
+// there reads as ok false with no error.
+func ReadSandboxFile(ctx context.Context, sb LentSandbox, file string) (data []byte, ok bool, err error) {
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", "--", file}, Timeout: time.Minute})
+	if err != nil {
+		return nil, false, fmt.Errorf("read %s: %w", file, err)
+	}
+	if res.ExitCode != 0 {
+		return nil, false, nil
+	}
+	return res.Stdout, true, nil
+}
+
+// JSONLinesArray turns JSON lines into one JSON array of them, leaving
+// out the lines that are not JSON (a last line cut short by a kill), so a
+// session file can be kept whole inside a JSON response.
+func JSONLinesArray(data []byte) json.RawMessage {
+	var b strings.Builder
+	b.WriteByte('[')
+	n := 0
+	for _, l := range strings.Split(string(data), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || !json.Valid([]byte(l)) {
+			continue
+		}
+		if n > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(l)
+		n++
+	}
+	b.WriteByte(']')
+	return json.RawMessage(b.String())
+}
+
+// ArrayJSONLines is JSONLinesArray undone: a JSON array's elements, one a
+// line. Null or empty reads as no data and no error.
+func ArrayJSONLines(raw json.RawMessage) ([]byte, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var lines []json.RawMessage
+	if err := json.Unmarshal(raw, &lines); err != nil {
+		return nil, fmt.Errorf("the stored session is not a list of lines: %w", err)
+	}
+	var data []byte
+	for _, l := range lines {
+		data = append(append(data, l...), '\n')
+	}
+	return data, nil
+}
+
+// Tail is the last n bytes of s.
+func Tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
