@@ -85,8 +85,8 @@ func (k Adapters) Names() string {
 	return strings.Join(names, ", ")
 }
 
-// fields are the top-level keys of a file that are Config's own.
-var fields = func() map[string]bool {
+// ownKeys are the top-level keys of a file that are Config's own fields.
+var ownKeys = func() map[string]bool {
 	m := map[string]bool{}
 	t := reflect.TypeFor[Config]()
 	for i := range t.NumField() {
@@ -107,7 +107,7 @@ func (k Adapters) CheckSections(n *yaml.Node, at string) error {
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		key, v := n.Content[i], n.Content[i+1]
-		if fields[key.Value] {
+		if ownKeys[key.Value] {
 			continue
 		}
 		if _, ok := k[key.Value]; !ok {
