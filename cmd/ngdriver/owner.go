@@ -91,7 +91,7 @@ Sandboxes no session uses any more are then removed unless
 				}
 				lender = localowner.Local(backend)
 			} else {
-				cfg, err := config.Load(cfgPath)
+				cfg, err := config.Load(cfgPath, builtIn())
 				if err != nil {
 					return usageError{err.Error()}
 				}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/config"
@@ -34,9 +35,10 @@ type runFlags struct {
 	check        string
 	rollout      string
 	adapter      string
-	openCode     string
+	harnessBin   string
 	modelURL     string
 	model        string
+	set          []string
 	steps        int
 	step         time.Duration
 	ignoreSIGINT bool
@@ -52,15 +54,24 @@ type runFlags struct {
 }
 
 func newRunCmd() *cobra.Command {
+	c, _ := runCmd()
+	return c
+}
+
+// runCmd is `ngdriver run` and the flags it fills.
+func runCmd() (*cobra.Command, *runFlags) {
 	var f runFlags
 	c := &cobra.Command{
 		Use:   "run [flags]",
 		Short: "Run one rollout end to end on local sandboxes",
 		Long: `Run one rollout end to end on the embedded default: a local sandbox (a folder
 on this machine, seen at /sandbox in a mount namespace of its own) lent by an
-embedded local owner, with the fake adapter unless told otherwise. Progress
-(stage, launch, pause, continue, stop, relaunch) goes to stderr; the result
-JSON, with the launch log ng_harness_launches, goes to stdout.
+embedded local owner, with the fake adapter unless --adapter names another.
+The adapter's settings are its section of a serve config, filled from the
+flags: --harness-bin its binary, --model-url and --model its model server,
+--set any other key. Progress (stage, launch, pause, continue, stop, relaunch)
+goes to stderr; the result JSON, with the launch log ng_harness_launches, goes
+to stdout.
 
 --checkpoint-at opens a checkpoint at each given time: the run parks (its
 harness paused in place, or stopped with --pause=false), the owner snapshots
@@ -82,10 +93,12 @@ checkpoint, if it was committed, is never opened and is the one restored.`,
 	fl.StringVar(&f.task, "task", "count to the end, one step at a time", "the task text given to the harness")
 	fl.StringVar(&f.check, "check", "", "shell command the owner runs in the workdir to verify (exit 0 = reward 1); default: every step is in ./progress")
 	fl.StringVar(&f.rollout, "rollout-id", "", "the rollout id (default: a new one, run-<time>-<random>, printed in the log)")
-	fl.StringVar(&f.adapter, "adapter", "fake", "the harness adapter: fake or opencode")
-	fl.StringVar(&f.openCode, "opencode", "", "opencode adapter: the opencode binary (as the sandbox sees it)")
-	fl.StringVar(&f.modelURL, "model-url", "", "opencode adapter: the OpenAI-compatible model server's base URL (without /v1)")
-	fl.StringVar(&f.model, "model", "policy", "opencode adapter: the served model's name")
+	fl.StringVar(&f.adapter, "adapter", "fake", "the harness adapter: "+builtIn().Names())
+	fl.StringVar(&f.harnessBin, "harness-bin", "", "the harness binary as the sandbox sees it (fills the adapter's binary key: "+binaryKeys()+")")
+	fl.StringVar(&f.harnessBin, "opencode", "", "the same as --harness-bin (its name from when opencode was the only harness)")
+	fl.StringVar(&f.modelURL, "model-url", "", "the model server's base URL, without /v1 (the adapter's model_url)")
+	fl.StringVar(&f.model, "model", "", "the served model's name (the adapter's model; unset: the adapter's own default)")
+	fl.StringArrayVar(&f.set, "set", nil, "KEY=VALUE: a key of the adapter's section, VALUE read as YAML (e.g. --set timeout=1h); repeatable, wins over the flags above")
 	fl.IntVar(&f.steps, "steps", 12, "fake adapter: steps the harness takes")
 	fl.DurationVar(&f.step, "step", 500*time.Millisecond, "fake adapter: time per step")
 	fl.BoolVar(&f.ignoreSIGINT, "ignore-sigint", false, "fake adapter: the harness ignores SIGINT")
@@ -98,7 +111,57 @@ checkpoint, if it was committed, is never opened and is the one restored.`,
 	fl.StringVar(&f.ngsupDir, "ngsup-dir", "", "folder holding ngsup-linux-amd64/arm64 (default: beside ngdriver)")
 	fl.StringVar(&f.isolation, "isolation", "auto", "local sandboxes: auto, namespace or none")
 	fl.BoolVar(&f.unsupervised, "unsupervised", false, "launch harnesses tagged only, without ngsup run (the fallback path)")
-	return c
+	return c, &f
+}
+
+// binaryKeys lists each adapter's binary key, for --harness-bin's help.
+func binaryKeys() string {
+	var keys []string
+	for name, a := range adapters {
+		if a.keys.Binary != "" {
+			keys = append(keys, name+"."+a.keys.Binary)
+		}
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, ", ")
+}
+
+// runSection is the chosen adapter's config section from the flags:
+// --harness-bin, --model-url and --model in its common keys, then --set.
+func runSection(f runFlags) (map[string]any, error) {
+	a, ok := adapters[f.adapter]
+	if !ok {
+		return nil, usagef("--adapter %q is not built into this ngdriver (it has %s)", f.adapter, builtIn().Names())
+	}
+	sec := map[string]any{}
+	if f.harnessBin != "" {
+		if a.keys.Binary == "" {
+			return nil, usagef("--harness-bin: the %s adapter runs no harness binary", f.adapter)
+		}
+		sec[a.keys.Binary] = f.harnessBin
+	}
+	switch {
+	case a.keys.Model:
+		for key, v := range map[string]string{"model_url": f.modelURL, "model": f.model} {
+			if v != "" {
+				sec[key] = v
+			}
+		}
+	case f.modelURL != "" || f.model != "":
+		return nil, usagef("--model-url, --model: the %s adapter calls no model server", f.adapter)
+	}
+	for _, kv := range f.set {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, usagef("--set %q: want KEY=VALUE", kv)
+		}
+		var val any
+		if err := yaml.Unmarshal([]byte(v), &val); err != nil {
+			return nil, usagef("--set %s: %q is not a YAML value", k, v)
+		}
+		sec[k] = val
+	}
+	return sec, nil
 }
 
 // parseTimes reads "3s,8s" into sorted durations.
@@ -176,8 +239,12 @@ func newLogger(level slog.Leveler) *slog.Logger {
 }
 
 func runRollout(ctx context.Context, f runFlags) error {
+	section, err := runSection(f)
+	if err != nil {
+		return err
+	}
 	adapter, err := buildAdapter(config.Config{Adapter: f.adapter, NgsupDir: f.ngsupDir,
-		OpenCode: map[string]any{"opencode": f.openCode, "model_url": f.modelURL, "model": f.model}})
+		Sections: map[string]map[string]any{f.adapter: section}})
 	if err != nil {
 		return err
 	}

@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -59,17 +57,17 @@ from this server's entry of the Gym config ($NEMO_GYM_CONFIG_PATH or
 				return usagef("--config and --gym-config are two sources of the same settings: give one")
 			case gymPath != "":
 				var err error
-				if gs, err = gymconfig.Load(gymPath, gymInstance); err != nil {
+				if gs, err = gymconfig.Load(gymPath, gymInstance, builtIn()); err != nil {
 					return usageError{err.Error()}
 				}
 			case cfgPath != "":
 				var err error
-				if cfg, err = config.Load(cfgPath); err != nil {
+				if cfg, err = config.Load(cfgPath, builtIn()); err != nil {
 					return usageError{err.Error()}
 				}
 			default:
 				var err error
-				if gs, _, err = gymconfig.FromEnv(gymInstance); err != nil {
+				if gs, _, err = gymconfig.FromEnv(gymInstance, builtIn()); err != nil {
 					return usageError{err.Error()}
 				}
 			}
@@ -97,7 +95,7 @@ from this server's entry of the Gym config ($NEMO_GYM_CONFIG_PATH or
 			if fl.Changed("log-format") {
 				cfg.LogFormat = over.LogFormat
 			}
-			if err := cfg.Validate(); err != nil {
+			if err := cfg.Validate(builtIn()); err != nil {
 				return usageError{err.Error()}
 			}
 			return runServe(c.Context(), cfg, gs)
@@ -186,61 +184,80 @@ func buildRunner(cfg config.Config, log *slog.Logger) (*driver.Runner, error) {
 	}, nil
 }
 
+// adapterEntry is one harness adapter built into ngdriver: what the config
+// knows of its section, and how to build it.
+type adapterEntry struct {
+	// keys are the common keys its section takes (the harness binary's,
+	// model_url and model): `ngdriver run` and a Gym config fill them.
+	keys config.AdapterKeys
+	// build makes the adapter from its section of the config (nil when
+	// the config has none) and the rest of the config.
+	build func(section map[string]any, cfg config.Config) (driver.Adapter, error)
+}
+
 // adapters is the one table of harness adapters, by the name the config's
-// `adapter` (and `ngdriver run --adapter`) gives: adding one touches only
-// here. Each builds its adapter from its own section of the config.
-var adapters = map[string]func(cfg config.Config) (driver.Adapter, error){
-	"fake": func(cfg config.Config) (driver.Adapter, error) {
+// `adapter` (and `ngdriver run --adapter`) gives and its section's key:
+// adding one touches only here.
+var adapters = map[string]adapterEntry{
+	"fake": {build: func(section map[string]any, cfg config.Config) (driver.Adapter, error) {
 		a := &fake.Adapter{Pause: true}
-		if err := remarshal(cfg.Fake, &a.Defaults); err != nil {
+		if err := remarshal(section, &a.Defaults); err != nil {
 			return nil, usagef("fake: %v", err)
 		}
 		return a, nil
-	},
-	"opencode": func(cfg config.Config) (driver.Adapter, error) {
-		var opt opencode.Options
-		if err := remarshal(cfg.OpenCode, &opt); err != nil {
-			return nil, usagef("opencode: %v", err)
-		}
-		opt.ResumeBinaries = launch.FindBinaries(cfg.NgsupDir, "ngresume")
-		if len(opt.ResumeBinaries) == 0 {
-			return nil, fmt.Errorf("no ngresume binary found in %q (build with `make build`, or set ngsup_dir)", cfg.NgsupDir)
-		}
-		a, err := opencode.New(opt)
-		if err != nil {
-			return nil, usageError{err.Error()}
-		}
-		return a, nil
-	},
-	"codex": func(cfg config.Config) (driver.Adapter, error) {
-		var opt codex.Options
-		if err := remarshal(cfg.Codex, &opt); err != nil {
-			return nil, usagef("codex: %v", err)
-		}
-		a, err := codex.New(opt)
-		if err != nil {
-			return nil, usageError{err.Error()}
-		}
-		return a, nil
-	},
+	}},
+	"opencode": {keys: config.AdapterKeys{Binary: "opencode", Model: true},
+		build: func(section map[string]any, cfg config.Config) (driver.Adapter, error) {
+			var opt opencode.Options
+			if err := remarshal(section, &opt); err != nil {
+				return nil, usagef("opencode: %v", err)
+			}
+			opt.ResumeBinaries = launch.FindBinaries(cfg.NgsupDir, "ngresume")
+			if len(opt.ResumeBinaries) == 0 {
+				return nil, fmt.Errorf("no ngresume binary found in %q (build with `make build`, or set ngsup_dir)", cfg.NgsupDir)
+			}
+			return built(opencode.New(opt))
+		}},
+	"codex": {keys: config.AdapterKeys{Binary: "codex", Model: true}, build: fromSection("codex", codex.New)},
 }
 
-// adapterNames lists the adapters this ngdriver has, for errors.
-func adapterNames() string {
-	names := make([]string, 0, len(adapters))
-	for n := range adapters {
-		names = append(names, n)
+// fromSection is the build of an adapter whose options are its section:
+// the section is read into O strictly (an unknown key is an error naming
+// it), then newAdapter makes the adapter.
+func fromSection[O any, A driver.Adapter](name string, newAdapter func(O) (A, error)) func(map[string]any, config.Config) (driver.Adapter, error) {
+	return func(section map[string]any, _ config.Config) (driver.Adapter, error) {
+		var opt O
+		if err := remarshal(section, &opt); err != nil {
+			return nil, usagef("%s: %v", name, err)
+		}
+		return built(newAdapter(opt))
 	}
-	slices.Sort(names)
-	return strings.Join(names, ", ")
+}
+
+// built is what an adapter's New returned, its error (bad options) a
+// usage error.
+func built[A driver.Adapter](a A, err error) (driver.Adapter, error) {
+	if err != nil {
+		return nil, usageError{err.Error()}
+	}
+	return a, nil
+}
+
+// builtIn is what the config knows of the adapters in the table.
+func builtIn() config.Adapters {
+	k := config.Adapters{}
+	for name, a := range adapters {
+		k[name] = a.keys
+	}
+	return k
 }
 
 func buildAdapter(cfg config.Config) (driver.Adapter, error) {
-	build, ok := adapters[cfg.Adapter]
+	a, ok := adapters[cfg.Adapter]
 	if !ok {
-		return nil, usagef("adapter %q is not built into this ngdriver (it has %s)", cfg.Adapter, adapterNames())
+		return nil, usagef("adapter %q is not built into this ngdriver (it has %s)", cfg.Adapter, builtIn().Names())
 	}
-	return build(cfg)
+	return a.build(cfg.Sections[cfg.Adapter], cfg)
 }
 
 func runServe(ctx context.Context, cfg config.Config, gs *gymconfig.Settings) error {

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,7 +34,8 @@ type Config struct {
 	LeaseGrace Duration `yaml:"lease_grace"`
 	// MaxRuns bounds the runs in flight (0: no limit).
 	MaxRuns int `yaml:"max_runs"`
-	// Adapter names the harness adapter: fake, opencode or codex.
+	// Adapter names the harness adapter: one of the adapters built in
+	// (the Adapters given to Parse).
 	Adapter string `yaml:"adapter"`
 	// PauseAtCheckpoints: false stops and relaunches at every checkpoint
 	// instead of pausing in place. Unset: the adapter's own default.
@@ -49,12 +52,73 @@ type Config struct {
 	Owner Owner `yaml:"owner"`
 	// Backends configures the sandbox backends.
 	Backends Backends `yaml:"backends"`
-	// Fake configures the fake adapter.
-	Fake map[string]any `yaml:"fake"`
-	// OpenCode configures the OpenCode adapter.
-	OpenCode map[string]any `yaml:"opencode"`
-	// Codex configures the Codex CLI adapter.
-	Codex map[string]any `yaml:"codex"`
+	// Sections holds each adapter's own settings, by the adapter's name:
+	// a top-level key that is none of the fields above (`fake:`,
+	// `opencode:`, `codex:`, ...). Only the adapter Adapter names reads
+	// its section; each built-in adapter may have one.
+	Sections map[string]map[string]any `yaml:",inline"`
+}
+
+// Adapters is what the configuration knows of the adapters built into an
+// ngdriver, by name: the names `adapter` may take and the sections a file
+// may hold.
+type Adapters map[string]AdapterKeys
+
+// AdapterKeys says which of the keys common to harness adapters one
+// adapter's section takes.
+type AdapterKeys struct {
+	// Binary is the section's key naming the harness binary as the
+	// sandbox sees it ("" when the adapter has none).
+	Binary string
+	// Model: the harness calls a model server, and the section takes
+	// model_url (the server's base URL) and model (the served model).
+	Model bool
+}
+
+// Names lists the adapters, sorted and comma-separated, for messages.
+func (k Adapters) Names() string {
+	names := make([]string, 0, len(k))
+	for n := range k {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+// ownKeys are the top-level keys of a file that are Config's own fields.
+var ownKeys = func() map[string]bool {
+	m := map[string]bool{}
+	t := reflect.TypeFor[Config]()
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); name != "" {
+			m[name] = true
+		}
+	}
+	return m
+}()
+
+// CheckSections checks the keys of n, the mapping at the top of a
+// config, that are none of Config's own: each must be the section of an
+// adapter in k, and a mapping. at prefixes the keys named in errors ("" at
+// a file's top).
+func (k Adapters) CheckSections(n *yaml.Node, at string) error {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key, v := n.Content[i], n.Content[i+1]
+		if ownKeys[key.Value] {
+			continue
+		}
+		if _, ok := k[key.Value]; !ok {
+			return fmt.Errorf("line %d: %s%s: unknown key (neither a setting nor the section of an adapter built in: %s)",
+				key.Line, at, key.Value, k.Names())
+		}
+		if v.Kind != yaml.MappingNode && v.Tag != "!!null" {
+			return fmt.Errorf("line %d: %s%s: want a mapping (the %s adapter's settings)", v.Line, at, key.Value, key.Value)
+		}
+	}
+	return nil
 }
 
 // Owner is the sandbox owner's address and call budgets.
@@ -116,37 +180,57 @@ func Default() Config {
 	}
 }
 
-// Load reads path over the defaults. Unknown keys are an error naming them.
-func Load(path string) (Config, error) {
+// Load reads path over the defaults; known are the adapters built in.
+// Unknown keys are an error naming them.
+func Load(path string, known Adapters) (Config, error) {
 	cfg := Default()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return cfg, fmt.Errorf("read config: %w", err)
 	}
-	if err := Parse(data, &cfg); err != nil {
+	if err := Parse(data, &cfg, known); err != nil {
 		return cfg, fmt.Errorf("config %s: %w", path, err)
 	}
 	return cfg, nil
 }
 
-// Parse reads YAML into cfg strictly.
-func Parse(data []byte, cfg *Config) error {
+// Parse reads YAML into cfg strictly: a key that is neither a setting nor
+// the section of an adapter in known is an error naming it.
+func Parse(data []byte, cfg *Config, known Adapters) error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return oneLine(err)
+	}
+	if len(doc.Content) > 0 {
+		if err := known.CheckSections(doc.Content[0], ""); err != nil {
+			return err
+		}
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	// An empty file decodes to io.EOF: the defaults stand.
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-		msg := strings.TrimPrefix(err.Error(), "yaml: ")
-		return errors.New(strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", "; ")), " "))
+		return oneLine(err)
 	}
-	return cfg.Validate()
+	return cfg.Validate(known)
 }
 
-// Validate checks values a file could get wrong.
-func (c *Config) Validate() error {
-	switch c.Adapter {
-	case "fake", "opencode":
-	default:
-		return fmt.Errorf("adapter %q: want fake or opencode", c.Adapter)
+// oneLine is a YAML error on one line.
+func oneLine(err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	return errors.New(strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", "; ")), " "))
+}
+
+// Validate checks values a file could get wrong; known are the adapters
+// built in.
+func (c *Config) Validate(known Adapters) error {
+	if _, ok := known[c.Adapter]; !ok {
+		return fmt.Errorf("adapter %q is not built into this ngdriver (it has %s)", c.Adapter, known.Names())
+	}
+	for name := range c.Sections {
+		if _, ok := known[name]; !ok {
+			return fmt.Errorf("%s: no adapter of that name is built in (it has %s)", name, known.Names())
+		}
 	}
 	switch c.LogFormat {
 	case "auto", "json", "text":

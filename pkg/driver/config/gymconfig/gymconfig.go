@@ -18,11 +18,14 @@
 // A reference {type, name} resolves as Gym's ServerClient resolves it: to
 // http://<host>:<port> of the named entry's single server config. The
 // listen address comes from host and port, the owner URL from
-// resources_server, the OpenCode model_url from model_server, the name
-// from the instance, the control token and lease grace from the global
-// checkpoint block. The `ngdriver` block is strict (an unknown key is an
-// error naming it); Gym's own keys that ngdriver does not use are ignored
-// and reported in Settings.Ignored.
+// resources_server, the name from the instance, the control token and
+// lease grace from the global checkpoint block, and model_server's URL
+// becomes the model_url of the selected adapter's section (when its
+// harness calls a model server); with the opencode adapter, the keys of
+// Gym's OpenCode agent that have an equivalent fill the opencode section.
+// The `ngdriver` block is strict (an unknown key is an error naming it);
+// Gym's own keys that ngdriver does not use are ignored and reported in
+// Settings.Ignored.
 package gymconfig
 
 import (
@@ -105,13 +108,14 @@ type Settings struct {
 	Ignored []string
 }
 
-// Load reads a Gym config document from a file.
-func Load(path, instance string) (*Settings, error) {
+// Load reads a Gym config document from a file; known are the adapters
+// built in.
+func Load(path, instance string, known config.Adapters) (*Settings, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read gym config: %w", err)
 	}
-	s, err := Parse(data, instance)
+	s, err := Parse(data, instance, known)
 	if err != nil {
 		return nil, fmt.Errorf("gym config %s: %w", path, err)
 	}
@@ -120,12 +124,12 @@ func Load(path, instance string) (*Settings, error) {
 
 // FromEnv reads the config Gym's launcher passed in NEMO_GYM_CONFIG_DICT;
 // ok is false when the variable is not set.
-func FromEnv(instance string) (s *Settings, ok bool, err error) {
+func FromEnv(instance string, known config.Adapters) (s *Settings, ok bool, err error) {
 	data, ok := os.LookupEnv(EnvConfigDict)
 	if !ok {
 		return nil, false, nil
 	}
-	s, err = Parse([]byte(data), instance)
+	s, err = Parse([]byte(data), instance, known)
 	if err != nil {
 		return nil, true, fmt.Errorf("gym config in $%s: %w", EnvConfigDict, err)
 	}
@@ -134,8 +138,9 @@ func FromEnv(instance string) (s *Settings, ok bool, err error) {
 
 // Parse reads a whole Gym config document and maps this server's entry.
 // instance names the entry; empty means $NEMO_GYM_CONFIG_PATH, else the
-// only agent entry holding an ngdriver block.
-func Parse(data []byte, instance string) (*Settings, error) {
+// only agent entry holding an ngdriver block. known are the adapters built
+// in: the names the block's adapter may take and its sections.
+func Parse(data []byte, instance string, known config.Adapters) (*Settings, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, errors.New(oneLine(strings.TrimPrefix(err.Error(), "yaml: ")))
@@ -147,7 +152,7 @@ func Parse(data []byte, instance string) (*Settings, error) {
 	if root.Kind != yaml.MappingNode {
 		return nil, fmt.Errorf("line %d: the config is not a mapping of server instances", root.Line)
 	}
-	g := &gym{root: root}
+	g := &gym{root: root, known: known}
 	if instance == "" {
 		instance = os.Getenv(EnvConfigPath)
 	}
@@ -160,8 +165,11 @@ func Parse(data []byte, instance string) (*Settings, error) {
 	return g.settings(instance)
 }
 
-// gym is a parsed document.
-type gym struct{ root *yaml.Node }
+// gym is a parsed document, and the adapters built in.
+type gym struct {
+	root  *yaml.Node
+	known config.Adapters
+}
 
 // soleNgdriverAgent is the one agent entry that has an ngdriver block.
 func (g *gym) soleNgdriverAgent() (string, error) {
@@ -240,7 +248,7 @@ func (g *gym) settings(instance string) (*Settings, error) {
 	if s.ModelServer, err = g.ref(server, "model_server", ModelType, at); err != nil {
 		return nil, err
 	}
-	if err := g.openCode(server, s, used, at); err != nil {
+	if err := g.adapterSection(server, s, used, at); err != nil {
 		return nil, err
 	}
 	if s.Checkpoint, err = g.checkpoint(); err != nil {
@@ -258,7 +266,7 @@ func (g *gym) settings(instance string) (*Settings, error) {
 		}
 	}
 	slices.Sort(s.Ignored)
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.Validate(g.known); err != nil {
 		return nil, fmt.Errorf("%s.%s: %w", at, OurKey, err)
 	}
 	return s, nil
@@ -285,6 +293,9 @@ func (g *gym) decodeOurs(n *yaml.Node, cfg *config.Config, at string) error {
 	}
 	if owner := lookup(n, "owner"); owner != nil && lookup(owner, "url") != nil {
 		return fmt.Errorf("line %d: %s.owner.url: set by resources_server in a Gym config; remove it", owner.Line, at)
+	}
+	if err := g.known.CheckSections(n, at+"."); err != nil {
+		return err
 	}
 	if err := checkKeys(n, reflect.TypeFor[config.Config](), at); err != nil {
 		return err
@@ -373,22 +384,46 @@ func (g *gym) ref(server *yaml.Node, key, want, at string) (*Ref, error) {
 	return &Ref{Type: typ, Name: name, URL: "http://" + net.JoinHostPort(host, port)}, nil
 }
 
-// openCode fills the opencode section from the model server and from the
-// keys of Gym's OpenCode agent that have an equivalent; what the ngdriver
-// block's opencode section says wins.
-func (g *gym) openCode(server *yaml.Node, s *Settings, used map[string]bool, at string) error {
-	oc := s.Config.OpenCode
-	if oc == nil {
-		oc = map[string]any{}
+// adapterSection fills the section of the adapter the config selects:
+// model_url from the model server (for an adapter whose harness calls
+// one) and, for opencode, the keys of Gym's OpenCode agent that have an
+// equivalent (with another adapter they are ignored). What the ngdriver
+// block's section says wins.
+func (g *gym) adapterSection(server *yaml.Node, s *Settings, used map[string]bool, at string) error {
+	cfg := &s.Config
+	keys, ok := g.known[cfg.Adapter]
+	if !ok {
+		return nil // Validate names it
+	}
+	sec := cfg.Sections[cfg.Adapter]
+	if sec == nil {
+		sec = map[string]any{}
 	}
 	set := func(key string, v any) {
-		if _, ok := oc[key]; !ok {
-			oc[key] = v
+		if _, ok := sec[key]; !ok {
+			sec[key] = v
 		}
 	}
-	if s.ModelServer != nil {
+	if s.ModelServer != nil && keys.Model {
 		set("model_url", s.ModelServer.URL)
 	}
+	if cfg.Adapter == "opencode" {
+		if err := g.openCodeKeys(server, s, used, at, set); err != nil {
+			return err
+		}
+	}
+	if len(sec) > 0 {
+		if cfg.Sections == nil {
+			cfg.Sections = map[string]map[string]any{}
+		}
+		cfg.Sections[cfg.Adapter] = sec
+	}
+	return nil
+}
+
+// openCodeKeys sets (through set) the opencode section's keys that Gym's
+// OpenCode agent's keys have an equivalent for.
+func (g *gym) openCodeKeys(server *yaml.Node, s *Settings, used map[string]bool, at string, set func(string, any)) error {
 	scalars := []struct{ gym, ours string }{
 		{"remote_opencode_binary_path", "opencode"},
 		{"opencode_max_context_window", "context_window"},
@@ -436,9 +471,6 @@ func (g *gym) openCode(server *yaml.Node, s *Settings, used map[string]bool, at 
 				s.Ignored = append(s.Ignored, at+".opencode_config."+key)
 			}
 		}
-	}
-	if len(oc) > 0 {
-		s.Config.OpenCode = oc
 	}
 	return nil
 }
@@ -616,7 +648,9 @@ func pairs(n *yaml.Node) func(func(string, *yaml.Node) bool) {
 
 // checkKeys refuses a key of mapping n that struct type t has no yaml
 // field for, recursing into struct fields (maps and untyped values are
-// checked later by their own decoders).
+// checked later by their own decoders). A struct with an inline map takes
+// any other key (Config's adapter sections: Adapters.CheckSections checks
+// them).
 func checkKeys(n *yaml.Node, t reflect.Type, at string) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -625,9 +659,14 @@ func checkKeys(n *yaml.Node, t reflect.Type, at string) error {
 		return nil
 	}
 	fields := map[string]reflect.Type{}
+	inline := false
 	for i := range t.NumField() {
 		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if opts == "inline" && f.Type.Kind() == reflect.Map {
+			inline = true
+			continue
+		}
 		if name == "" {
 			name = strings.ToLower(f.Name)
 		}
@@ -635,6 +674,9 @@ func checkKeys(n *yaml.Node, t reflect.Type, at string) error {
 	}
 	for key, v := range pairs(n) {
 		ft, ok := fields[key]
+		if !ok && inline {
+			continue
+		}
 		if !ok {
 			return fmt.Errorf("line %d: %s.%s: unknown key", v.Line, at, key)
 		}

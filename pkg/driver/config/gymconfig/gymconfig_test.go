@@ -10,7 +10,12 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ngharness/ngharness/pkg/driver/config"
 )
+
+// known stands for the adapter table of cmd/ngdriver.
+var known = config.Adapters{"fake": {}, "opencode": {Binary: "opencode", Model: true}, "codex": {Binary: "codex", Model: true}}
 
 func fixture(t *testing.T) string {
 	t.Helper()
@@ -28,7 +33,7 @@ func fixture(t *testing.T) string {
 // block; Gym's other keys are listed as ignored.
 func TestParseLauncherDict(t *testing.T) {
 	t.Setenv(EnvConfigPath, "ngdriver_agent")
-	s, err := Parse([]byte(fixture(t)), "")
+	s, err := Parse([]byte(fixture(t)), "", known)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,19 +59,19 @@ func TestParseLauncherDict(t *testing.T) {
 		{"verify timeout", c.Owner.VerifyTimeout.D(), 10 * time.Minute},
 		{"owner timeout (default)", c.Owner.Timeout.D(), 60 * time.Second},
 		{"local base", c.Backends.Local.Base, "/var/tmp/ngharness-local"},
-		{"opencode model_url", c.OpenCode["model_url"], "http://127.0.0.1:14012"},
-		{"opencode model (interpolated)", c.OpenCode["model"], "nemotron-super"},
-		{"opencode binary", c.OpenCode["opencode"], "/usr/local/bin/opencode"},
-		{"opencode context window", c.OpenCode["context_window"], 262144},
-		{"opencode timeout", c.OpenCode["timeout"], "3h0m0s"},
-		{"opencode output tokens", c.OpenCode["output_tokens"], 8192},
+		{"opencode model_url", c.Sections["opencode"]["model_url"], "http://127.0.0.1:14012"},
+		{"opencode model (interpolated)", c.Sections["opencode"]["model"], "nemotron-super"},
+		{"opencode binary", c.Sections["opencode"]["opencode"], "/usr/local/bin/opencode"},
+		{"opencode context window", c.Sections["opencode"]["context_window"], 262144},
+		{"opencode timeout", c.Sections["opencode"]["timeout"], "3h0m0s"},
+		{"opencode output tokens", c.Sections["opencode"]["output_tokens"], 8192},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
 			t.Errorf("%s: got %v (%T), want %v (%T)", ch.what, ch.got, ch.got, ch.want, ch.want)
 		}
 	}
-	perm, _ := json.Marshal(c.OpenCode["permission"])
+	perm, _ := json.Marshal(c.Sections["opencode"]["permission"])
 	if want := `{"*":"allow","bash":{"*":"allow","*pkill*":"deny"}}`; string(perm) != want {
 		t.Errorf("permission %s, want %s", perm, want)
 	}
@@ -77,7 +82,7 @@ func TestParseLauncherDict(t *testing.T) {
 		t.Errorf("ignored %q, want %q", s.Ignored, want)
 	}
 	t.Setenv("GYMCONFIG_TEST_TOKEN", "from-env")
-	if s, err = Parse([]byte(fixture(t)), ""); err != nil || s.Config.Token != "from-env" {
+	if s, err = Parse([]byte(fixture(t)), "", known); err != nil || s.Config.Token != "from-env" {
 		t.Errorf("token from ${oc.env:...}: %v, %v", s, err)
 	}
 }
@@ -95,7 +100,7 @@ func TestParseJSONAndSoleAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Parse(data, "")
+	s, err := Parse(data, "", known)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,21 +115,21 @@ func TestParseJSONAndSoleAgent(t *testing.T) {
 func TestFromEnvAndLoad(t *testing.T) {
 	t.Setenv(EnvConfigPath, "ngdriver_agent")
 	os.Unsetenv(EnvConfigDict)
-	if _, ok, err := FromEnv(""); ok || err != nil {
+	if _, ok, err := FromEnv("", known); ok || err != nil {
 		t.Fatalf("unset: ok %v err %v", ok, err)
 	}
 	t.Setenv(EnvConfigDict, fixture(t))
-	s, ok, err := FromEnv("")
+	s, ok, err := FromEnv("", known)
 	if !ok || err != nil || s.Config.Listen != "127.0.0.1:14013" {
 		t.Fatalf("from env: %v %v %v", s, ok, err)
 	}
 	t.Setenv(EnvConfigDict, "ngdriver_agent: [")
-	if _, _, err := FromEnv(""); err == nil || !strings.Contains(err.Error(), EnvConfigDict) {
+	if _, _, err := FromEnv("", known); err == nil || !strings.Contains(err.Error(), EnvConfigDict) {
 		t.Errorf("bad env: %v, want an error naming %s", err, EnvConfigDict)
 	}
 	path := filepath.Join(t.TempDir(), "run.yaml")
 	os.WriteFile(path, []byte(strings.Replace(fixture(t), "max_runs: 32", "max_runz: 32", 1)), 0o644)
-	if _, err := Load(path, ""); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "max_runz") {
+	if _, err := Load(path, "", known); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "max_runz") {
 		t.Errorf("bad file: %v, want an error naming the file and the key", err)
 	}
 }
@@ -140,7 +145,7 @@ func TestCheckpointOff(t *testing.T) {
 		"absent":   "",
 		"disabled": "checkpoint:\n  enabled: false\n  control_auth_token: abc\n",
 	} {
-		s, err := Parse([]byte(base[:i]+block+base[j:]), "ngdriver_agent")
+		s, err := Parse([]byte(base[:i]+block+base[j:]), "ngdriver_agent", known)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -214,7 +219,7 @@ func TestParseErrors(t *testing.T) {
 			if inst == "" {
 				inst = "ngdriver_agent"
 			}
-			_, err := Parse([]byte(doc), inst)
+			_, err := Parse([]byte(doc), inst, known)
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -238,7 +243,7 @@ func TestSoleAgentAmbiguous(t *testing.T) {
 	i := strings.Index(base, "ngdriver_agent:\n")
 	j := strings.Index(base, "checkpoint:\n")
 	second := strings.Replace(base[i:j], "ngdriver_agent:\n  responses", "ngdriver_agent_2:\n  responses", 1)
-	_, err := Parse([]byte(base+"\n"+second), "")
+	_, err := Parse([]byte(base+"\n"+second), "", known)
 	if err == nil || !strings.Contains(err.Error(), "ngdriver_agent_2") || !strings.Contains(err.Error(), "--gym-instance") {
 		t.Errorf("got %v, want an error naming both entries", err)
 	}
@@ -261,13 +266,93 @@ policy_model:
     vllm_model: {entrypoint: app.py, host: 127.0.0.1, port: 15003}
 `
 	t.Setenv("NG_CONTROL_TOKEN", "example-token")
-	s, err := Parse([]byte(doc), "ngdriver_agent")
+	s, err := Parse([]byte(doc), "ngdriver_agent", known)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Config.Listen != "127.0.0.1:15001" || s.Config.Owner.URL != "http://127.0.0.1:15002" ||
-		s.Config.OpenCode["model_url"] != "http://127.0.0.1:15003" || s.Config.Token != "example-token" {
+		s.Config.Sections["opencode"]["model_url"] != "http://127.0.0.1:15003" || s.Config.Token != "example-token" {
 		t.Errorf("example: listen %q owner %q model %v token %q", s.Config.Listen, s.Config.Owner.URL,
-			s.Config.OpenCode["model_url"], s.Config.Token)
+			s.Config.Sections["opencode"]["model_url"], s.Config.Token)
+	}
+}
+
+// withAdapter is the fixture with the ngdriver block selecting adapter
+// and holding section (YAML lines indented under the block) instead of
+// its opencode section.
+func withAdapter(t *testing.T, adapter, section string) string {
+	t.Helper()
+	doc := fixture(t)
+	old := "        opencode:\n          model: ${policy_model_name}\n          output_tokens: 8192\n"
+	if !strings.Contains(doc, old) || !strings.Contains(doc, "adapter: opencode") {
+		t.Fatal("the fixture's ngdriver block has changed")
+	}
+	doc = strings.Replace(doc, old, section, 1)
+	return strings.Replace(doc, "adapter: opencode", "adapter: "+adapter, 1)
+}
+
+// TestModelServerToSelectedAdapter: model_server's URL goes to the section
+// of the adapter the block selects (codex here; an adapter the table
+// gains, claude, alike), unless that section gives its own; Gym's
+// OpenCode agent keys fill no section then and are listed as ignored; an
+// adapter without a model server (fake) gets no model_url.
+func TestModelServerToSelectedAdapter(t *testing.T) {
+	s, err := Parse([]byte(withAdapter(t, "codex", "        codex:\n          codex: /opt/codex\n          model: ${policy_model_name}\n")), "ngdriver_agent", known)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cx := s.Config.Sections["codex"]
+	if s.Config.Adapter != "codex" || cx["model_url"] != "http://127.0.0.1:14012" || cx["model"] != "nemotron-super" || cx["codex"] != "/opt/codex" {
+		t.Errorf("adapter %q, codex section %v", s.Config.Adapter, cx)
+	}
+	if oc, ok := s.Config.Sections["opencode"]; ok {
+		t.Errorf("an opencode section %v, with adapter codex", oc)
+	}
+	at := "ngdriver_agent.responses_api_agents.ngdriver_agent."
+	for _, k := range []string{"remote_opencode_binary_path", "opencode_max_context_window", "opencode_config", "sandbox_timeout"} {
+		if !slices.Contains(s.Ignored, at+k) {
+			t.Errorf("%s not listed as ignored with adapter codex: %q", k, s.Ignored)
+		}
+	}
+
+	s, err = Parse([]byte(withAdapter(t, "codex", "        codex:\n          model_url: http://gpu-1:8000\n")), "ngdriver_agent", known)
+	if err != nil || s.Config.Sections["codex"]["model_url"] != "http://gpu-1:8000" {
+		t.Errorf("the section's own model_url: %v, %v", s, err)
+	}
+
+	s, err = Parse([]byte(withAdapter(t, "fake", "")), "ngdriver_agent", known)
+	if err != nil || len(s.Config.Sections) != 0 {
+		t.Errorf("adapter fake: sections %v, %v; want none", s, err)
+	}
+
+	withClaude := config.Adapters{"claude": {Binary: "claude", Model: true}}
+	s, err = Parse([]byte(withAdapter(t, "claude", "")), "ngdriver_agent", withClaude)
+	if err != nil || s.Config.Sections["claude"]["model_url"] != "http://127.0.0.1:14012" {
+		t.Errorf("a fifth adapter: %v, %v", s, err)
+	}
+}
+
+// TestUnknownAdapterOrSection: in the ngdriver block, an adapter not built
+// in and a section of none are refused naming them and the adapters
+// there are.
+func TestUnknownAdapterOrSection(t *testing.T) {
+	for _, c := range []struct {
+		doc   string
+		words []string
+	}{
+		{withAdapter(t, "claude", ""), []string{"ngdriver", "claude", "codex, fake, opencode"}},
+		{withAdapter(t, "codex", "        codx:\n          codex: /opt/codex\n"), []string{"line", "ngdriver.codx", "unknown key"}},
+		{withAdapter(t, "codex", "        codex: /opt/codex\n"), []string{"line", "ngdriver.codex", "want a mapping"}},
+	} {
+		_, err := Parse([]byte(c.doc), "ngdriver_agent", known)
+		if err == nil {
+			t.Errorf("no error for %v", c.words)
+			continue
+		}
+		for _, w := range c.words {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("the error %q does not name %q", err, w)
+			}
+		}
 	}
 }
