@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/pkg/claude"
 	"github.com/ngharness/ngharness/pkg/codex"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/config"
@@ -218,7 +219,8 @@ var adapters = map[string]adapterEntry{
 			}
 			return built(opencode.New(opt))
 		}},
-	"codex": {keys: config.AdapterKeys{Binary: "codex", Model: true}, build: fromSection("codex", codex.New)},
+	"codex":  {keys: config.AdapterKeys{Binary: "codex", Model: true}, build: fromSection("codex", codex.New)},
+	"claude": {keys: config.AdapterKeys{Binary: "claude", Model: true}, build: fromSection("claude", claude.New)},
 }
 
 // fromSection is the build of an adapter whose options are its section:

@@ -1,0 +1,358 @@
+// Package claude puts Claude Code (@anthropic-ai/claude-code) on the
+// driver: where Claude Code keeps its session (a per-rollout
+// CLAUDE_CONFIG_DIR in the sandbox's ngharness state folder, carried by
+// the snapshot), how it is launched (`claude -p --output-format
+// stream-json`, fully local, pointed at the rollout's model URL on the
+// Messages API), the resume decision, and the NeMoGymResponse of the /run
+// reply built from the saved session (gymresponse.go).
+//
+// After a crash the saved session is continued without a turn the task
+// did not have: `claude -p --resume` alone would add one (a synthetic
+// assistant "No response requested." and a new prompt), but resuming at
+// the session's last chain entry (--resume-session-at) with the message
+// that was due on stdin (--input-format stream-json: an interrupted tool
+// call's error result, or the tool results or prompt whose answer never
+// came) sends the model exactly the saved history and that message
+// (Session.Continuation; docs/claude.md). A session that cannot be
+// continued (not the task's, or no completed model response) starts over
+// in a fresh folder. Claude Code pauses in place at checkpoints by
+// default.
+package claude
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+)
+
+// Options configures the adapter (the `claude:` part of the config).
+type Options struct {
+	// Claude is the claude binary inside the sandbox (the native one of
+	// @anthropic-ai/claude-code-linux-<arch>, or the npm wrapper).
+	Claude string `json:"claude"`
+	// ModelURL is the model server's base URL (speaking the Messages API
+	// below /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added,
+	// so every model call is attributed to its rollout attempt.
+	ModelURL string `json:"model_url"`
+	// Model is the served model's name (Claude Code's --model); APIKey is
+	// sent to it as x-api-key.
+	Model  string `json:"model"`
+	APIKey string `json:"api_key"`
+	// PauseAtCheckpoints: false restores stop and relaunch (default true).
+	PauseAtCheckpoints *bool `json:"pause_at_checkpoints"`
+	// Env is added to Claude Code's environment (after the adapter's own,
+	// so it may override them).
+	Env map[string]string `json:"env"`
+	// Timeout bounds one launch's running time (paused time not counted).
+	Timeout string `json:"timeout"`
+}
+
+// Adapter is the Claude Code adapter.
+type Adapter struct {
+	opt     Options
+	timeout time.Duration
+}
+
+// New checks the options and returns the adapter.
+func New(opt Options) (*Adapter, error) {
+	if opt.Claude == "" {
+		return nil, errors.New("claude: the claude binary (claude.claude) is required")
+	}
+	if opt.ModelURL == "" {
+		return nil, errors.New("claude: the model server (claude.model_url) is required")
+	}
+	if u, err := url.Parse(opt.ModelURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("claude: model_url %q is not an http(s) URL", opt.ModelURL)
+	}
+	if opt.Model == "" {
+		opt.Model = "policy"
+	}
+	if opt.APIKey == "" {
+		opt.APIKey = "none"
+	}
+	for k := range opt.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, fmt.Errorf("claude: env name %q is not a variable name", k)
+		}
+	}
+	a := &Adapter{opt: opt}
+	if opt.Timeout != "" {
+		d, err := time.ParseDuration(opt.Timeout)
+		if err != nil {
+			return nil, fmt.Errorf("claude: timeout %q: %v", opt.Timeout, err)
+		}
+		a.timeout = d
+	}
+	return a, nil
+}
+
+// State is where Claude Code keeps one rollout attempt's session.
+type State struct {
+	// Home holds home/ (HOME), config/ (CLAUDE_CONFIG_DIR: .claude.json
+	// and projects/<cwd>/<uuid>.jsonl), tmp/ (TMPDIR: its shell snapshots
+	// and tool output) and task.txt.
+	Home string `json:"home"`
+}
+
+// Name implements driver.Adapter.
+func (a *Adapter) Name() string { return "claude" }
+
+// PausesAtCheckpoints implements driver.PausesAtCheckpoints: on unless the
+// config says pause_at_checkpoints: false.
+func (a *Adapter) PausesAtCheckpoints() bool {
+	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
+}
+
+// NewState implements driver.Adapter.
+func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
+	return json.Marshal(State{Home: driver.StateDir(sb, "claude", rollout, attempt)})
+}
+
+func parseState(raw json.RawMessage) (State, error) {
+	var s State
+	if err := json.Unmarshal(raw, &s); err != nil || s.Home == "" || !path.IsAbs(s.Home) {
+		return s, fmt.Errorf("claude: the state %s names no absolute folder", raw)
+	}
+	return s, nil
+}
+
+func (s State) configDir() string { return path.Join(s.Home, "config") }
+
+// sessionGlob is where, below CLAUDE_CONFIG_DIR, Claude Code keeps its
+// session files (one folder a working directory).
+const sessionGlob = "projects/*/*.jsonl"
+
+// baseURL is ANTHROPIC_BASE_URL for a rollout attempt: the model URL and
+// the rollout prefix (Claude Code adds /v1/messages).
+func (a *Adapter) baseURL(rollout string, attempt int) string {
+	return strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
+}
+
+// env is Claude Code's environment for a state and rollout attempt: HOME,
+// CLAUDE_CONFIG_DIR and TMPDIR in the state folder; the model server and
+// its key; no retries (a retry is a repeated model call); every call home
+// off (telemetry, error reports, update checks, the bug command, the
+// nonessential traffic such as its API host lookups); IS_SANDBOX=1, which
+// lets the permission bypass run as root (the lent sandbox is the
+// sandbox); then the options' additions.
+func (a *Adapter) env(st State, rollout string, attempt int) map[string]string {
+	env := map[string]string{
+		"HOME":                                     path.Join(st.Home, "home"),
+		"CLAUDE_CONFIG_DIR":                        st.configDir(),
+		"TMPDIR":                                   path.Join(st.Home, "tmp"),
+		"ANTHROPIC_BASE_URL":                       a.baseURL(rollout, attempt),
+		"ANTHROPIC_API_KEY":                        a.opt.APIKey,
+		"CLAUDE_CODE_MAX_RETRIES":                  "0",
+		"DISABLE_TELEMETRY":                        "1",
+		"DISABLE_ERROR_REPORTING":                  "1",
+		"DISABLE_AUTOUPDATER":                      "1",
+		"DISABLE_BUG_COMMAND":                      "1",
+		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+		"IS_SANDBOX":                               "1",
+	}
+	for k, v := range a.opt.Env {
+		env[k] = v
+	}
+	return env
+}
+
+// flags are the flags of every `claude -p`: stream-json events (which
+// need --verbose), no permission prompts (the lent sandbox is the
+// sandbox), the served model.
+func (a *Adapter) flags() []string {
+	return []string{"-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", a.opt.Model}
+}
+
+// taskFileName is the task's text, kept beside the session, so the resume
+// decision can check the session starts with it.
+const taskFileName = "task.txt"
+
+// Launch implements driver.Adapter: the state's folders are made, then
+// `claude -p --output-format stream-json --verbose
+// --dangerously-skip-permissions --model MODEL -- TASK`, the task one argv
+// element (never shell text), stdin /dev/null (ngsup's). A resume
+// continues the saved session instead (continueSession).
+func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+	st, err := parseState(lc.State)
+	if err != nil {
+		return driver.LaunchSpec{}, err
+	}
+	spec := driver.LaunchSpec{Env: a.env(st, lc.RolloutID, lc.Attempt), Dir: lc.Sandbox.Workdir(), Timeout: a.timeout}
+	if lc.Resume {
+		return a.continueSession(ctx, lc, st, spec)
+	}
+	task, err := driver.TaskArg(lc.Input)
+	if err != nil {
+		return driver.LaunchSpec{}, fmt.Errorf("claude: %w", err)
+	}
+	// The task beside the session, for the resume decision; the other
+	// files make the folders Claude Code expects to exist.
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{
+		{taskFileName, []byte(task)},
+		{"home/.keep", nil},
+		{"tmp/.keep", nil},
+		{"config/.keep", nil},
+	} {
+		if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, f.name), f.data, 0o600); err != nil {
+			return driver.LaunchSpec{}, fmt.Errorf("claude: write %s: %w", f.name, err)
+		}
+	}
+	spec.Argv = append(append([]string{a.opt.Claude}, a.flags()...), "--", task)
+	return spec, nil
+}
+
+// stdinScript runs the harness $0 with the arguments after $1, its stdin
+// the file $1: `sh -c` execs it, so the harness keeps the launch's pid.
+// Everything arrives as arguments, never as shell text.
+const stdinScript = `in=$1; shift; exec "$0" "$@" <"$in"`
+
+// continueSession is the launch of a resume: the saved session's
+// Continuation, its input written into the state folder, then `claude -p
+// ... --resume ID --resume-session-at AT --input-format stream-json` with
+// that file as stdin.
+func (a *Adapter) continueSession(ctx context.Context, lc driver.LaunchContext, st State, spec driver.LaunchSpec) (driver.LaunchSpec, error) {
+	file, data, err := driver.ReadNewestFile(ctx, lc.Sandbox, st.configDir(), sessionGlob)
+	if err != nil {
+		return driver.LaunchSpec{}, fmt.Errorf("claude: %w", err)
+	}
+	s, err := ParseSession(data)
+	if file == "" || err != nil || s.ID == "" {
+		return driver.LaunchSpec{}, fmt.Errorf("claude: no saved session with an id to continue in %s (%v)", st.configDir(), err)
+	}
+	c, err := s.Continuation()
+	if err != nil {
+		return driver.LaunchSpec{}, fmt.Errorf("claude: continue session %s: %w", s.ID, err)
+	}
+	in := path.Join(st.Home, fmt.Sprintf("continue-%s.jsonl", lc.LaunchID))
+	var input []byte
+	if c.Input != nil {
+		input = append(append(input, c.Input...), '\n')
+	}
+	if err := lc.Sandbox.Upload(ctx, in, input, 0o600); err != nil {
+		return driver.LaunchSpec{}, fmt.Errorf("claude: write the continuation's input: %w", err)
+	}
+	spec.Argv = append(append([]string{"/bin/sh", "-c", stdinScript, a.opt.Claude, in}, a.flags()...),
+		"--resume", s.ID, "--resume-session-at", c.At, "--input-format", "stream-json")
+	return spec, nil
+}
+
+// ResumeDecision implements driver.Adapter: a saved session that starts
+// with the task, holds a completed model response and has a Continuation
+// is continued (the reason says what the model is sent); any other starts
+// over with the task in a fresh folder, the reason saying why. Only a
+// cancelled ctx, or a state that names no folder, is an error.
+func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, rollout string, attempt int) (driver.Decision, error) {
+	st, err := parseState(raw)
+	if err != nil {
+		return driver.Decision{}, err
+	}
+	fresh := func(why string) (driver.Decision, error) {
+		s, _ := json.Marshal(State{Home: driver.StateDir(sb, "claude", rollout, attempt)})
+		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CLAUDE_CONFIG_DIR", State: s}, nil
+	}
+	file, data, err := driver.ReadNewestFile(ctx, sb, st.configDir(), sessionGlob)
+	if err != nil {
+		if ctx.Err() != nil {
+			return driver.Decision{}, err
+		}
+		return fresh(fmt.Sprintf("the saved session could not be read (%v)", err))
+	}
+	if file == "" {
+		return fresh("the saved CLAUDE_CONFIG_DIR holds no session")
+	}
+	s, err := ParseSession(data)
+	if err != nil {
+		return fresh(fmt.Sprintf("the saved session %s could not be read (%v)", path.Base(file), err))
+	}
+	task, _, err := driver.ReadSandboxFile(ctx, sb, path.Join(st.Home, taskFileName))
+	if err != nil {
+		if ctx.Err() != nil {
+			return driver.Decision{}, err
+		}
+		return fresh(fmt.Sprintf("the task beside the saved session could not be read (%v)", err))
+	}
+	ok, why := s.Continuable(string(task))
+	if !ok {
+		return fresh(why)
+	}
+	c, err := s.Continuation()
+	if err != nil {
+		return fresh(fmt.Sprintf("%s, but it cannot be continued (%v)", why, err))
+	}
+	return driver.Decision{Resume: true, Reason: fmt.Sprintf("%s; continuing it at its last entry with claude --resume --resume-session-at, sending %s (no turn added)", why, c.What)}, nil
+}
+
+// Response implements driver.Adapter: the exit code, the session file
+// (path, id and its lines), the final assistant text and the output tails.
+func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+	st, err := parseState(raw)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]any{"exit_code": res.ExitCode}
+	file, data, err := driver.ReadNewestFile(ctx, sb, st.configDir(), sessionGlob)
+	switch {
+	case err != nil:
+		out["session_error"] = "claude: " + err.Error()
+	case file == "":
+		out["session_error"] = "claude: no session file in " + st.configDir()
+	default:
+		s, err := ParseSession(data)
+		if err != nil {
+			out["session_error"] = fmt.Sprintf("claude: the session %s: %v", file, err)
+			break
+		}
+		out["session_path"] = file
+		out["session_id"] = s.ID
+		out["session"] = driver.JSONLinesArray(messageLines(data))
+		if t := s.FinalText(); t != "" {
+			out["final_text"] = t
+		}
+	}
+	out["stdout_tail"] = driver.Tail(string(res.Stdout), 4000)
+	out["stderr_tail"] = driver.Tail(string(res.Stderr), 4000)
+	return json.Marshal(out)
+}
+
+// messageLines are the lines of a session file a NeMoGymResponse is built
+// from: the user and assistant lines whole, and of every other line in
+// the chain only its type, uuid and parentUuid (the rest is Claude Code's
+// bookkeeping, whose request copies, system prompt and tool list, make up
+// most of the file).
+func messageLines(data []byte) []byte {
+	var out []byte
+	for _, l := range bytes.Split(data, []byte{'\n'}) {
+		var line struct {
+			Type      string `json:"type"`
+			UUID      string `json:"uuid"`
+			Parent    string `json:"parentUuid"`
+			SessionID string `json:"sessionId"`
+		}
+		if json.Unmarshal(l, &line) != nil {
+			continue
+		}
+		switch {
+		case line.Type == "user" || line.Type == "assistant":
+			out = append(append(out, bytes.TrimSpace(l)...), '\n')
+		case line.UUID != "":
+			slim, _ := json.Marshal(line)
+			out = append(append(out, slim...), '\n')
+		}
+	}
+	return out
+}
+
+var _ driver.Adapter = (*Adapter)(nil)
+var _ driver.PausesAtCheckpoints = (*Adapter)(nil)
+var _ driver.GymResulter = (*Adapter)(nil)

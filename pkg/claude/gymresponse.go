@@ -1,0 +1,171 @@
+package claude
+
+// NeMo Gym's view of a Claude Code rollout: the `response` of the /run
+// reply, a NeMoGymResponse (gym.Response and its items) built from the
+// saved session, and the adapter's claude_* fields beside it.
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/gym"
+)
+
+// GymRunFields are the fields the adapter adds beside `response` in the
+// /run reply.
+type GymRunFields struct {
+	// SessionPath is the session file inside the sandbox, "" when none was
+	// found.
+	SessionPath string `json:"claude_session_path"`
+	// RunStdout and RunStderr are (the tails of) what `claude -p` printed:
+	// its stream-json events and its errors.
+	RunStdout string `json:"claude_run_stdout"`
+	RunStderr string `json:"claude_run_stderr"`
+	// SessionFound: a session file was read.
+	SessionFound bool `json:"claude_session_found"`
+	// Finished: `claude -p` exited 0.
+	Finished bool `json:"claude_finished"`
+}
+
+// BuildGymResponse builds the NeMoGymResponse of a run from its session:
+// the output is every message after the task (the first user turn) as
+// Responses items: an assistant message's text blocks as one output
+// message, its thinking blocks as reasoning (the thinking as the summary)
+// and its tool_use blocks as function calls (arguments the input as JSON
+// text), each tool_result as a function call output (a call the session
+// holds no result for gets an empty one), and later user turns as input
+// messages; Claude Code's synthetic assistant messages and its notes are
+// left out. The usage is the sum over the completed model responses, the
+// input counting cache reads and writes (cache reads also as cached
+// tokens). A nil session gives no output and a null usage.
+func BuildGymResponse(s *Session, opt gym.ResponseOptions) gym.Response {
+	r := gym.NewResponse(&opt)
+	if s == nil {
+		return r
+	}
+	answered := map[string]bool{}
+	for _, m := range s.Messages {
+		for _, b := range m.Blocks {
+			if b.Type == "tool_result" {
+				answered[b.ToolUseID] = true
+			}
+		}
+	}
+	task := false
+	for _, m := range s.Messages {
+		if !task {
+			task = m.IsUserTurn()
+			continue
+		}
+		switch {
+		case m.Role == "assistant" && m.Model != "<synthetic>":
+			r.Output = append(r.Output, assistantItems(m, answered, opt.NewHex)...)
+		case m.IsUserTurn():
+			r.Output = append(r.Output, &gym.InputMessage{
+				Content: []gym.InputText{{Text: m.Text(), Type: "input_text"}}, Role: "user", Type: "message",
+			})
+		case m.Role == "user" && !m.Meta:
+			for _, b := range m.Blocks {
+				if b.Type == "tool_result" {
+					r.Output = append(r.Output, &gym.FunctionCallOutput{CallID: b.ToolUseID, Output: b.ResultText(), Type: "function_call_output"})
+				}
+			}
+		}
+	}
+	var u gym.Usage
+	for _, m := range s.Responses() {
+		in := m.Usage.InputTokens + m.Usage.CacheCreationInputTokens + m.Usage.CacheReadInputTokens
+		u.InputTokens += in
+		u.InputTokensDetails.CachedTokens += m.Usage.CacheReadInputTokens
+		u.OutputTokens += m.Usage.OutputTokens
+		u.TotalTokens += in + m.Usage.OutputTokens
+	}
+	r.Usage = &u
+	return r
+}
+
+// assistantItems are one assistant message's items, in block order: its
+// thinking as reasoning, its text as one message, its tool calls (each
+// without a result in the session followed by an empty output).
+func assistantItems(m Message, answered map[string]bool, newHex func() string) []gym.Item {
+	var items []gym.Item
+	text := m.Text()
+	textDone := false
+	for _, b := range m.Blocks {
+		switch b.Type {
+		case "thinking":
+			items = append(items, &gym.Reasoning{ID: "rs_" + newHex(), Type: "reasoning",
+				Summary: []gym.Summary{{Text: b.Thinking, Type: "summary_text"}}})
+		case "text":
+			if textDone || text == "" {
+				continue
+			}
+			textDone = true
+			items = append(items, &gym.OutputMessage{
+				ID:      "msg_" + newHex(),
+				Content: []gym.OutputText{{Annotations: []json.RawMessage{}, Text: text, Type: "output_text"}},
+				Role:    "assistant", Status: "completed", Type: "message",
+			})
+		case "tool_use":
+			args := compactJSON(b.Input)
+			items = append(items, &gym.FunctionCall{Arguments: args, CallID: b.ID, Name: b.Name, Type: "function_call"})
+			if !answered[b.ID] {
+				items = append(items, &gym.FunctionCallOutput{CallID: b.ID, Output: "", Type: "function_call_output"})
+			}
+		}
+	}
+	return items
+}
+
+// compactJSON is a tool input as JSON text, "{}" when it has none.
+func compactJSON(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if len(bytes.TrimSpace(raw)) == 0 || json.Compact(&b, raw) != nil {
+		return "{}"
+	}
+	return b.String()
+}
+
+// GymResult implements driver.GymResulter: `response` is the
+// NeMoGymResponse of the saved session (BuildGymResponse, the request side
+// from the body's responses_create_params, the model from Options.Model),
+// and the claude_* fields go beside it.
+func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, map[string]json.RawMessage, error) {
+	var r struct {
+		ExitCode    int             `json:"exit_code"`
+		Session     json.RawMessage `json:"session"`
+		SessionPath string          `json:"session_path"`
+		Stdout      string          `json:"stdout_tail"`
+		Stderr      string          `json:"stderr_tail"`
+	}
+	if err := json.Unmarshal(response, &r); err != nil {
+		return nil, nil, fmt.Errorf("claude: the stored response is not the adapter's: %w", err)
+	}
+	opt, err := gym.ResponseOptionsFromBody(body, a.opt.Model)
+	if err != nil {
+		return nil, nil, err
+	}
+	data, err := driver.ArrayJSONLines(r.Session)
+	if err != nil {
+		return nil, nil, fmt.Errorf("claude: %w", err)
+	}
+	var s *Session
+	if data != nil {
+		if s, err = ParseSession(data); err != nil {
+			return nil, nil, fmt.Errorf("claude: the stored session: %w", err)
+		}
+	}
+	resp, err := json.Marshal(BuildGymResponse(s, opt))
+	if err != nil {
+		return nil, nil, err
+	}
+	fields, err := json.Marshal(GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr,
+		SessionFound: s != nil, Finished: r.ExitCode == 0})
+	if err != nil {
+		return nil, nil, err
+	}
+	var out map[string]json.RawMessage
+	return resp, out, json.Unmarshal(fields, &out)
+}

@@ -1,0 +1,449 @@
+package claudee2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/internal/harnesstest"
+	"github.com/ngharness/ngharness/pkg/claude"
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/test/fakemodel"
+)
+
+// checkNoRepeats fails the test if any request carried the history of an
+// earlier one (fakemodel.Request.HistoryKey).
+func checkNoRepeats(t *testing.T, reqs []fakemodel.Request) {
+	t.Helper()
+	seen := map[string]int{}
+	for i, r := range reqs {
+		k := r.HistoryKey()
+		if j, ok := seen[k]; ok {
+			t.Errorf("model request %d repeats request %d: %s", i+1, j+1, harnesstest.DescribeRequest(r))
+		}
+		seen[k] = i
+	}
+}
+
+// userTurns are the user turns of a request, each byte for byte: the text
+// parts of its user messages that are not Claude Code's own
+// <system-reminder> blocks (it sends those as text parts of the first
+// user message), a message with none of its own left out.
+func userTurns(r fakemodel.Request) []string {
+	var out []string
+	for _, m := range r.Messages {
+		if m.Role != "user" {
+			continue
+		}
+		var own []string
+		for _, p := range m.Parts {
+			if !strings.HasPrefix(p, "<system-reminder>") {
+				own = append(own, p)
+			}
+		}
+		if len(own) > 0 {
+			out = append(out, strings.Join(own, ""))
+		}
+	}
+	return out
+}
+
+// isInterrupted tells Claude Code's synthetic result of a tool call
+// interrupted by a crash.
+func isInterrupted(m fakemodel.Message) bool {
+	return m.Role == "tool" && strings.Contains(m.Content, "interrupted")
+}
+
+// checkOneToolRun checks the model requests of one completed single-tool
+// run of an attempt: exactly two (the Bash call, the final), the task the
+// only user turn byte for byte, the second ending with the call the model
+// made and its real result, none repeated, all on the attempt's prefix.
+// It returns a summary.
+func (w *world) checkOneToolRun(reqs []fakemodel.Request, attempt int) string {
+	t := w.T
+	t.Helper()
+	checkNoRepeats(t, reqs)
+	if len(reqs) != 2 {
+		for i, r := range reqs {
+			t.Logf("model request %d: %s", i+1, harnesstest.DescribeRequest(r))
+		}
+		t.Fatalf("%d model requests, want 2 (the tool call, the final)", len(reqs))
+	}
+	prefix := "/ng-rollout/" + fmt.Sprintf("%s-a%d", w.Rollout, attempt) + "/v1/messages"
+	for _, r := range reqs {
+		if r.Attempt != attempt || r.Path != prefix || r.API != fakemodel.APIMessages {
+			t.Errorf("request %s (%s): attempt %d, want %d on %s", r.Path, r.API, r.Attempt, attempt, prefix)
+		}
+		if u := userTurns(r); len(u) != 1 || u[0] != w.Task {
+			t.Errorf("request %s: user turns %d (%.80q), want the task alone, byte for byte", r.Path, len(u), u)
+		}
+	}
+	final := reqs[1]
+	n := len(final.Messages)
+	if n < 3 {
+		t.Fatalf("the final request's history is %+v", final.Messages)
+	}
+	call, res := final.Messages[n-2], final.Messages[n-1]
+	if res.Role != "tool" || call.Role != "assistant" || len(call.ToolCalls) != 1 || call.ToolCalls[0].ID != res.ToolCallID || call.ToolCalls[0].Name != "Bash" {
+		t.Errorf("the final request ends with %+v then %+v, want the Bash call and its result", call, res)
+	}
+	if isInterrupted(res) {
+		t.Errorf("the tool result is Claude Code's synthetic %q", res.Content)
+	}
+	return fmt.Sprintf("%d model requests (tool call, final), none repeated, the task the only user turn", len(reqs))
+}
+
+// TestClaudeRunVerified: the real Claude Code under the driver runs the task
+// to a verified result (the owner's check finds done.txt): one launch,
+// finished, exit 0; two model requests on the rollout's prefix, the task
+// the only user turn; the response holds the session file and the final
+// text, and its NeMoGymResponse the call, its output, the final message
+// and the usage.
+func TestClaudeRunVerified(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "run", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
+	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
+	r := w.mustSucceed(h)
+	w.CheckOneLaunch(r.Launches, 0)
+	if !strings.Contains(r.Response.SessionPath, "/state/claude/") || !strings.HasSuffix(r.Response.SessionPath, "/"+r.Response.SessionID+".jsonl") {
+		t.Errorf("session %s at %q, want the rollout file in the state folder", r.Response.SessionID, r.Response.SessionPath)
+	}
+	t.Logf("verified in one launch of %.1f s; %s", r.Launches[0].DurationS, w.checkOneToolRun(w.Model.Requests(), 1))
+}
+
+// TestClaudePauseMidTool: a checkpoint pauses Claude Code while its Bash
+// runs `sleep`. Every process of the launch (Claude Code, the tool's bash in a
+// session and process group of its own, sleep) is stopped; every file of
+// the sandbox (Claude Code's session file and SQLite files among them) and every
+// process's CPU time stay unchanged while the owner snapshots the sandbox
+// and the checkpoint holds; no model request arrives. After the checkpoint
+// opens the SAME Claude Code process finishes (one launch, pauses 1), each model
+// call made once, and the owner verifies done.txt.
+func TestClaudePauseMidTool(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "midtool", fakemodel.Options{Script: script("echo start; sleep 8; touch done.txt", "touch done.txt")})
+	p := newParticipant()
+	h := w.Start(w.Runner(w.adapter(nil), p), 1)
+	sb := w.WaitSandbox(1)
+	l1 := w.LaunchID(1, 1, sb)
+	w.WaitProc(sb, l1, "sleep")
+	cx := w.Harness(sb, l1)
+
+	w.Prepare(p, "ck-1")
+	nreq := len(w.Model.Requests())
+	a := w.Observe(sb, l1)
+	if _, ok := a.Procs[cx.PID]; !ok || !slices.Contains(harnesstest.Comms(a), "sleep") || !slices.Contains(harnesstest.Comms(a), "bash") {
+		t.Fatalf("the paused launch holds %v (Claude Code %d), want Claude Code, the tool's bash and sleep", harnesstest.Comms(a), cx.PID)
+	}
+	tr, err := suite.Tree(w.LaunchDir(sb, l1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claudeSID int
+	for _, q := range tr.Processes {
+		if q.PID == cx.PID {
+			claudeSID = q.SID
+		}
+	}
+	for _, q := range tr.Processes {
+		if q.Comm == "bash" && (q.SID != q.PID || q.PGID != q.PID || q.SID == claudeSID) {
+			t.Errorf("the tool's bash %d is in process group %d, session %d (Claude Code's session %d): want a session and group of its own", q.PID, q.PGID, q.SID, claudeSID)
+		}
+	}
+	w.Commit(p, "ck-1")
+	time.Sleep(harnesstest.Hold)
+	b := w.Observe(sb, l1)
+	t.Logf("paused mid-tool, processes (comm pid/ppid/pgid/sid) %s: %s", harnesstest.DescribeSessions(tr), compareStill(t, a, b))
+	if n := len(w.Model.Requests()); n != nreq {
+		t.Errorf("%d model requests arrived while paused", n-nreq)
+	}
+	w.Resume(p, "ck-1")
+
+	r := w.mustSucceed(h)
+	w.CheckOneLaunch(r.Launches, 1)
+	w.CheckSameHarnessFinished(sb, l1, cx)
+	t.Logf("after continue: the same Claude Code %d finished; %s", cx.PID, w.checkOneToolRun(w.Model.Requests(), 1))
+}
+
+// crashed is what crashAfterSnapshot leaves: the sandbox attempt 1 ran in,
+// the fork the restore made, the committed records, the session saved in
+// the snapshot, and the model requests of attempt 1.
+type crashed struct {
+	harnesstest.Crash
+	saved *claude.Session
+}
+
+// crashAfterSnapshot runs attempt 1 until ready, checkpoints it (pause,
+// the owner's snapshot, commit, continue), lets it go on, then crashes the
+// driver (the run is cancelled with driver.ErrCrashed: nothing is cleaned
+// up) while lasts holds. The owner restores the checkpoint: it stops every
+// launch of the old sandbox and forks the snapshot under a new sandbox id.
+func (w *world) crashAfterSnapshot(ready, lasts func(sandboxID, launchID string)) crashed {
+	t := w.T
+	t.Helper()
+	c := crashed{Crash: w.CrashAfterSnapshot(w.adapter(nil), newParticipant(), ready, lasts)}
+	files, _ := filepath.Glob(filepath.Join(w.Local.SnapshotPath(c.Snapshot), local.RootFolder, "state", "claude", "*", "config", "projects", "*", "*.jsonl"))
+	if len(files) != 1 {
+		t.Fatalf("session files in the snapshot: %v, want one", files)
+	}
+	data, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.saved, err = claude.ParseSession(data); err != nil {
+		t.Fatalf("the saved session: %v", err)
+	}
+	return c
+}
+
+// relaunch restores the committed records into a new participant (a new
+// driver after the crash) and runs attempt 2, which must be verified, in
+// two launches: the crashed one in the old sandbox, the relaunch in the
+// fork.
+func (w *world) relaunch(c crashed) result {
+	w.T.Helper()
+	p2 := newParticipant()
+	w.Restore(p2, "ck-1", c.Committed)
+	h2 := w.Start(w.Runner(w.adapter(nil), p2), 2)
+	r := w.mustSucceed(h2)
+	if len(r.Launches) != 2 {
+		w.T.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
+	}
+	l1, l2 := r.Launches[0], r.Launches[1]
+	if l1.SandboxID != c.Old || l1.Outcome != driver.OutcomeInterrupted {
+		w.T.Errorf("launch 1: %+v; want in %s, interrupted (the crash)", l1, c.Old)
+	}
+	if l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 {
+		w.T.Errorf("launch 2: %+v; want in the fork %s, finished, exit code 0", l2, c.Fork)
+	}
+	return r
+}
+
+// sameHistory says where b's messages first differ from a's (role, text,
+// tool calls and results), "" when a is a prefix of b.
+func sameHistory(a, b []fakemodel.Message) string {
+	if len(b) < len(a) {
+		return fmt.Sprintf("%d messages, fewer than the %d before", len(b), len(a))
+	}
+	for i, m := range a {
+		n := b[i]
+		if m.Role != n.Role || m.Content != n.Content || m.ToolCallID != n.ToolCallID || fmt.Sprint(m.ToolCalls) != fmt.Sprint(n.ToolCalls) {
+			return fmt.Sprintf("message %d: %s %.120q, then %s %.120q", i, m.Role, m.Content, n.Role, n.Content)
+		}
+	}
+	return ""
+}
+
+// checkContinued checks what the model got from a relaunch that continued
+// the saved session: the first request of attempt 2 is the request attempt
+// 1 made last (its history byte for byte as normalised: system, the task,
+// tool calls and results), then the model's reply to it where it had one
+// (replied: the tool call), then only the message due, which ends it
+// (want); the task is its only user turn; no request of attempt 2 repeats
+// one attempt 1 got an answer to, nor another of its own. It returns the
+// first request of attempt 2.
+func (w *world) checkContinued(c crashed, replied bool, want func(fakemodel.Message) bool) fakemodel.Request {
+	t := w.T
+	t.Helper()
+	a1 := c.Attempt1
+	a2 := harnesstest.ByAttempt(w.Model.Requests(), 2)
+	if len(a2) == 0 {
+		t.Fatal("attempt 2 made no model request")
+	}
+	answered := a1
+	if !replied {
+		answered = a1[:len(a1)-1] // the last was in flight at the crash
+	}
+	checkNoRepeats(t, append(slices.Clone(answered), a2...))
+	first, before := a2[0], a1[len(a1)-1]
+	extra := 0 // the request in flight at the crash, sent again
+	if replied {
+		extra = 2 // the call the model made, and the message due
+	}
+	d := sameHistory(before.Messages, first.Messages)
+	if d == "" && len(first.Messages) != len(before.Messages)+extra {
+		d = fmt.Sprintf("%d messages, want %d (the history and %d more)", len(first.Messages), len(before.Messages)+extra, extra)
+	}
+	if d != "" {
+		t.Errorf("attempt 2's first request against attempt 1's last: %s\n%s\n%s", d, harnesstest.DescribeRequest(before), harnesstest.DescribeRequest(first))
+	}
+	if last := first.LastMessage(); !want(last) {
+		t.Errorf("attempt 2's first request ends with %s %.200q, not the message due", last.Role, last.Content)
+	}
+	for _, q := range a2 {
+		if u := userTurns(q); len(u) != 1 || u[0] != w.Task {
+			t.Errorf("attempt 2 request %s: user turns %.80q, want the task alone", harnesstest.DescribeRequest(q), u)
+		}
+		for _, m := range q.Messages {
+			if m.Role == "assistant" && strings.Contains(m.Content, "No response requested") {
+				t.Errorf("attempt 2 sent Claude Code's synthetic assistant message: %s", harnesstest.DescribeRequest(q))
+			}
+		}
+	}
+	if n := len(harnesstest.ByAttempt(w.Model.Requests(), 1)); n != len(a1) {
+		t.Errorf("attempt 1's Claude Code made %d more model requests after the crash", n-len(a1))
+	}
+	return first
+}
+
+// TestClaudeCrashMidToolResumes: a checkpoint is taken while Claude Code's
+// Bash call runs, the run goes on, and the driver crashes before the tool
+// ends. The saved session (in the snapshot) starts with the task and
+// holds the completed response that made the call, with no result for it.
+// The relaunch in the fork continues it (resumed, the reason saying what
+// is sent): the model's first request of attempt 2 is attempt 1's request,
+// then the call the model made, then Claude Code's own interrupted result
+// for it and nothing else: no synthetic assistant message, no added user
+// turn. The model calls the tool again, gets its result, answers, and the
+// run is verified; the session is the saved one, its user turns unchanged.
+func TestClaudeCrashMidToolResumes(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "crash", fakemodel.Options{Script: script("echo start; sleep 25; touch done.txt", "touch done.txt")})
+	waitSleep := func(sandboxID, launchID string) { w.WaitProc(sandboxID, launchID, "sleep") }
+	c := w.crashAfterSnapshot(waitSleep, waitSleep)
+	if ok, why := c.saved.Continuable(task); !ok || len(c.saved.Responses()) != 1 {
+		t.Fatalf("the saved session: continuable %v (%s), %d responses; want the task and one completed response", ok, why, len(c.saved.Responses()))
+	}
+	if n := len(c.Attempt1); n != 1 {
+		t.Fatalf("attempt 1 made %d model requests, want the tool call alone", n)
+	}
+	r := w.relaunch(c)
+	l2 := r.Launches[1]
+	if !l2.Resumed || !strings.Contains(l2.Reason, "starts with the task and holds 1 completed model response; continuing it") ||
+		!strings.Contains(l2.Reason, "the interrupted tool call with Claude Code's interrupted result (no turn added)") {
+		t.Errorf("launch 2: resumed %v, reason %q; want resumed at the interrupted call", l2.Resumed, l2.Reason)
+	}
+	first := w.checkContinued(c, true, func(m fakemodel.Message) bool { return isInterrupted(m) && m.Content == claude.InterruptedText })
+	n := len(first.Messages)
+	if call := first.Messages[n-2]; len(call.ToolCalls) != 1 || call.ToolCalls[0].ID != first.LastMessage().ToolCallID {
+		t.Errorf("attempt 2's first request ends with %+v then %+v, want attempt 1's call and its interrupted result", call, first.LastMessage())
+	}
+	a2 := harnesstest.ByAttempt(w.Model.Requests(), 2)
+	if len(a2) != 2 {
+		t.Errorf("attempt 2 made %d model requests, want 2 (the call again, the final)", len(a2))
+	}
+	if r.Response.SessionID != c.saved.ID {
+		t.Errorf("attempt 2 ended in session %s, want the saved %s continued", r.Response.SessionID, c.saved.ID)
+	}
+	after := parseResponseSession(t, r)
+	if u := after.UserTurns(); !slices.Equal(u, c.saved.UserTurns()) {
+		t.Errorf("the session's user turns after the relaunch %q, saved %q", u, c.saved.UserTurns())
+	}
+	t.Logf("launch 2 reason %q; attempt 2's first request: %s", l2.Reason, harnesstest.DescribeRequest(first))
+}
+
+// TestClaudeCrashAfterToolResumes: the checkpoint is taken while the
+// model's reply to the tool's result is held (the tool has run: its result
+// is saved, its answer never came), and the driver crashes. The relaunch
+// continues the session by sending the saved tool result again: attempt
+// 2's first request is exactly the request that was in flight at the
+// crash (the same history, the real result, nothing added), the one model
+// call for the interrupted turn; the model answers and the run is
+// verified.
+func TestClaudeCrashAfterToolResumes(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "after", fakemodel.Options{Script: script("touch done.txt", "touch done.txt"),
+		Holdable: func(r fakemodel.Request) bool { return r.LastMessage().Role == "tool" }})
+	w.Model.Hold(1)
+	// Claude Code writes the tool result into its session file a moment
+	// after it sends the request that carries it: the checkpoint waits
+	// for it, so the saved session holds the result (one saved without
+	// it is continued as TestClaudeCrashMidToolResumes shows).
+	ready := func(sandboxID, _ string) {
+		w.WaitHeld(1)
+		w.Eventually("the tool result in the session file", func() (bool, string) {
+			files, _ := filepath.Glob(filepath.Join(w.Local.HostPath(sandboxID), local.RootFolder, "state", "claude", "*", "config", "projects", "*", "*.jsonl"))
+			for _, f := range files {
+				if data, err := os.ReadFile(f); err == nil && strings.Contains(string(data), `"type":"tool_result"`) {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("session files %v", files)
+		})
+	}
+	c := w.crashAfterSnapshot(ready, func(string, string) {
+		if w.Model.Held() != 1 {
+			w.T.Fatalf("the reply to the tool result is no longer held")
+		}
+	})
+	defer w.Model.Release() // attempt 1's request, whose client is gone
+	if len(c.Attempt1) != 2 {
+		t.Fatalf("attempt 1 made %d model requests, want the tool call and the one held", len(c.Attempt1))
+	}
+	r := w.relaunch(c)
+	l2 := r.Launches[1]
+	if !l2.Resumed || !strings.Contains(l2.Reason, "sending the saved tool results whose answer never came (no turn added)") {
+		t.Errorf("launch 2: resumed %v, reason %q; want resumed with the saved tool results", l2.Resumed, l2.Reason)
+	}
+	first := w.checkContinued(c, false, func(m fakemodel.Message) bool { return m.Role == "tool" && !isInterrupted(m) })
+	held := c.Attempt1[1]
+	if first.HistoryKey() != held.HistoryKey() {
+		t.Errorf("attempt 2's first request is not the one in flight at the crash:\n%s\n%s", harnesstest.DescribeRequest(held), harnesstest.DescribeRequest(first))
+	}
+	if a2 := harnesstest.ByAttempt(w.Model.Requests(), 2); len(a2) != 1 {
+		t.Errorf("attempt 2 made %d model requests, want 1 (the final)", len(a2))
+	}
+	t.Logf("launch 2 reason %q; attempt 2's only request is the one held at the crash: %s", l2.Reason, harnesstest.DescribeRequest(first))
+}
+
+// parseResponseSession is the session the run's response holds.
+func parseResponseSession(t *testing.T, r result) *claude.Session {
+	t.Helper()
+	var lines []json.RawMessage
+	if err := json.Unmarshal(r.Response.Session, &lines); err != nil {
+		t.Fatalf("the response's session: %v", err)
+	}
+	var data []byte
+	for _, l := range lines {
+		data = append(append(data, l...), '\n')
+	}
+	s, err := claude.ParseSession(data)
+	if err != nil {
+		t.Fatalf("the response's session: %v", err)
+	}
+	return s
+}
+
+// hostileTask is a task of about 100 KB that a shell would mangle: a
+// leading dash, quotes of both kinds, $(...), backticks, ${...}, a
+// backslash before n, tabs, newlines inside and at the end, and text
+// outside ASCII.
+func hostileTask() string {
+	head := "-- --json '\"$(touch pwned-dollar)\"' `touch pwned-tick` ${HOME} \\n \t; echo \"x\" > pwned-redirect\n" +
+		"naïve — 中文 🙂 %s %d \x01\r\nthen run the tool\n"
+	var b strings.Builder
+	b.WriteString(head)
+	for i := 0; b.Len() < 100*1024; i++ {
+		fmt.Fprintf(&b, "line %d: 'single' \"double\" $(date) `uname` $((1+1)) \\ \\\\ \n", i)
+	}
+	b.WriteString("end\n")
+	return b.String()
+}
+
+// TestClaudeHostileTask: a hostile task of about 100 KB reaches the model
+// byte for byte as the only user turn, runs nothing it names (no pwned-*
+// file anywhere in the sandbox), and the run is verified.
+func TestClaudeHostileTask(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "hostile", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
+	w.Task = hostileTask()
+	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
+	r := w.mustSucceed(h)
+	w.CheckOneLaunch(r.Launches, 0)
+	summary := w.checkOneToolRun(w.Model.Requests(), 1)
+	for _, id := range w.Sandboxes() {
+		_ = filepath.WalkDir(w.Local.HostPath(id), func(p string, d os.DirEntry, err error) error {
+			if err == nil && strings.HasPrefix(d.Name(), "pwned") {
+				t.Errorf("the task ran a command: %s exists", p)
+			}
+			return nil
+		})
+	}
+	t.Logf("a %d-byte hostile task reached the model byte for byte; %s", len(w.Task), summary)
+}

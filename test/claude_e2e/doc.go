@@ -1,0 +1,28 @@
+// Package claudee2e holds the end-to-end tests of the Claude Code adapter:
+// real Claude Code (installed by scripts/install-harnesses.sh into
+// .tools/) driven by the real driver (driver.Runner and
+// driver.Participant, in process), under the real static ngsup, in real
+// local sandboxes (a mount namespace per exec, the sandbox's folder at
+// /sandbox), lent by the real local owner, with the project's fake model
+// server (test/fakemodel, on the Messages API) standing in for the model.
+//
+// The tests prove: a run goes to a verified result with its
+// NeMoGymResponse built from Claude Code's session file; a checkpoint
+// taken mid-tool stops every process of Claude Code and of its tool (state
+// T), changes no file of the sandbox and no CPU time, and the same Claude
+// Code process finishes after it with no model call repeated; likewise
+// mid-stream and while a reply is held (the reply waits unread in its
+// socket); two rollouts at once never touch each other's processes; a
+// crash before any completed response starts fresh; with the
+// resume_prompt opt-in a crash resumes with the added turn marked; after
+// a crash following a mid-tool checkpoint the fork starts over fresh
+// (Claude Code cannot continue a saved session without a new user turn,
+// which a probe of `claude --resume` on the saved session shows on the
+// model's log), with the task the only user turn, byte for byte; a hostile
+// task text (quotes, $(...), backticks, newlines, 100 KB) reaches the
+// model byte for byte.
+//
+// TestMain builds the static ngsup. A test that needs Claude Code fails
+// when it is missing and CI is set, and skips otherwise, naming the
+// install script. The tests live in the _test.go files.
+package claudee2e

@@ -1,0 +1,184 @@
+package claudee2e
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngharness/ngharness/internal/harnesstest"
+	"github.com/ngharness/ngharness/pkg/claude"
+	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/test/fakemodel"
+)
+
+// patience bounds every wait on something that should happen: generous
+// (Claude Code starts in about a second alone, slower beside the other
+// tests on 2 cores), never an assertion about speed.
+const patience = 4 * time.Minute
+
+// The run body's task and check, and the final text of the scripted
+// model.
+const (
+	task      = "run the tool"
+	check     = "test -f done.txt"
+	finalText = "all done"
+)
+
+// bashCall is a reply calling Claude Code's Bash tool with cmd.
+func bashCall(r fakemodel.Request, cmd string) fakemodel.Reply {
+	return fakemodel.Reply{ToolCall: r.ShellCall(cmd)}
+}
+
+// script is the fake model of these tests, deciding each reply from the
+// request alone: one whose history ends with an interrupted tool call's
+// result gets a Bash call running again; one that ends with another tool
+// result gets the final text; any other gets a Bash call, running first
+// in attempt 1 and again in later attempts (the rollout prefix names the
+// attempt).
+func script(first, again string) func(fakemodel.Request) fakemodel.Reply {
+	return func(r fakemodel.Request) fakemodel.Reply {
+		last := r.LastMessage()
+		switch {
+		case last.Role == "tool" && strings.Contains(last.Content, "interrupted"):
+			return bashCall(r, again)
+		case last.Role == "tool":
+			return fakemodel.Reply{Text: finalText}
+		case r.Attempt > 1:
+			return bashCall(r, again)
+		default:
+			return bashCall(r, first)
+		}
+	}
+}
+
+// world is one test's world (harnesstest.World) running Claude Code.
+type world struct {
+	*harnesstest.World
+	claude string // the claude binary (host path, visible in sandboxes)
+}
+
+// newWorld makes a world for t, named name (in its folders and rollout). It
+// needs Claude Code (see claudeBin). Its cleanup is harnesstest.World's.
+func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
+	t.Helper()
+	bin := claudeBin(t)
+	return &world{World: suite.NewWorld(t, harnesstest.WorldOptions{
+		Name: name, Model: model, Harness: "Claude Code", HarnessBin: bin, Task: task, Check: check,
+	}), claude: bin}
+}
+
+// adapter is the Claude Code adapter of the world: the host path of
+// Claude Code, the fake model's URL, and env added to its environment.
+func (w *world) adapter(env map[string]string) *claude.Adapter {
+	w.T.Helper()
+	return w.adapterWith(claude.Options{Env: env})
+}
+
+// adapterWith is the Claude Code adapter of the world with opt (its
+// binary and model URL filled in).
+func (w *world) adapterWith(opt claude.Options) *claude.Adapter {
+	w.T.Helper()
+	opt.Claude, opt.ModelURL = w.claude, w.Model.URL()
+	a, err := claude.New(opt)
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	return a
+}
+
+// checkGymReply shapes the adapter's response as the /run reply carries it
+// (a NeMoGymResponse from the session file, and claude_* fields) and
+// checks it: the output holds a Bash call and its output, the final
+// answer is the last output message, the usage is counted, the run
+// finished and its session was found.
+func (w *world) checkGymReply(response, body json.RawMessage) {
+	w.T.Helper()
+	resp, fields, err := w.adapter(nil).GymResult(response, body)
+	if err != nil {
+		w.T.Fatalf("the Gym response of the run: %v", err)
+	}
+	var gr struct {
+		Object string `json:"object"`
+		Model  string `json:"model"`
+		Output []struct {
+			Type    string `json:"type"`
+			Name    string `json:"name"`
+			Role    string `json:"role"`
+			Content []struct {
+				Text string `json:"text"`
+			} `json:"content"`
+		} `json:"output"`
+		Usage *struct {
+			TotalTokens int `json:"total_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(resp, &gr); err != nil {
+		w.T.Fatalf("the Gym response is not JSON: %v\n%s", err, resp)
+	}
+	last, calls, outputs := "", 0, 0
+	for _, it := range gr.Output {
+		switch {
+		case it.Type == "message" && it.Role == "assistant" && len(it.Content) > 0:
+			last = it.Content[len(it.Content)-1].Text
+		case it.Type == "function_call" && it.Name == "Bash":
+			calls++
+		case it.Type == "function_call_output":
+			outputs++
+		}
+	}
+	if calls == 0 || calls != outputs {
+		w.T.Errorf("the Gym response holds %d Bash calls and %d outputs, want one output a call", calls, outputs)
+	}
+	if gr.Object != "response" || gr.Model == "" || last != finalText || gr.Usage == nil || gr.Usage.TotalTokens == 0 {
+		w.T.Errorf("the Gym response: object %q model %q last assistant text %q usage %+v; want response, a model, %q, counted", gr.Object, gr.Model, last, gr.Usage, finalText)
+	}
+	if string(fields["claude_finished"]) != "true" || string(fields["claude_session_found"]) != "true" || len(fields["claude_session_path"]) < 3 {
+		w.T.Errorf("the claude_* fields %v: want finished, session found and its path", fields)
+	}
+}
+
+// result is a run's result: the owner's verdict and the launch log
+// (harnesstest.Verdict), and Claude Code's response (what the adapter
+// collected).
+type result struct {
+	harnesstest.Verdict
+	Response struct {
+		ExitCode     int             `json:"exit_code"`
+		SessionID    string          `json:"session_id"`
+		SessionPath  string          `json:"session_path"`
+		Session      json.RawMessage `json:"session"`
+		FinalText    string          `json:"final_text"`
+		SessionError string          `json:"session_error"`
+		StderrTail   string          `json:"stderr_tail"`
+	} `json:"response"`
+}
+
+// mustSucceed waits for the run, which must return a result with reward 1
+// (the owner's check found done.txt in the workdir of the current sandbox),
+// Claude Code's exit code 0, its session read and the final text, and a Gym
+// reply that checkGymReply accepts.
+func (w *world) mustSucceed(h *harnesstest.Run) result {
+	w.T.Helper()
+	return harnesstest.MustSucceed(w.World, h, func(r result, response json.RawMessage) {
+		w.T.Helper()
+		if r.Response.ExitCode != 0 || r.Response.SessionError != "" || r.Response.FinalText != finalText {
+			w.T.Errorf("response: exit code %d, session error %q, final text %q (want 0, none, %q); stderr tail %q",
+				r.Response.ExitCode, r.Response.SessionError, r.Response.FinalText, finalText, r.Response.StderrTail)
+		}
+		w.checkGymReply(response, w.Body())
+	})
+}
+
+// newParticipant is a participant for the Claude Code adapter.
+func newParticipant() *driver.Participant {
+	return driver.MustParticipant(driver.ParticipantConfig{Adapter: "claude"})
+}
+
+// compareStill is harnesstest.CompareStill for Claude Code, whose session
+// file and shell snapshots are among the sandbox's files (its state
+// folder is in the sandbox).
+func compareStill(t *testing.T, a, b harnesstest.Still) string {
+	t.Helper()
+	return harnesstest.CompareStill(t, a, b, " (the session file and Claude Code's shell snapshots among them)")
+}
