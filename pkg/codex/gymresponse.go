@@ -148,4 +148,3 @@ func unanswered(after []Item) string {
 	}
 	return ""
 }
-
