@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/claude"
@@ -16,20 +15,6 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
-
-// checkNoRepeats fails the test if any request carried the history of an
-// earlier one (fakemodel.Request.HistoryKey).
-func checkNoRepeats(t *testing.T, reqs []fakemodel.Request) {
-	t.Helper()
-	seen := map[string]int{}
-	for i, r := range reqs {
-		k := r.HistoryKey()
-		if j, ok := seen[k]; ok {
-			t.Errorf("model request %d repeats request %d: %s", i+1, j+1, harnesstest.DescribeRequest(r))
-		}
-		seen[k] = i
-	}
-}
 
 // userTurns are the user turns of a request, each byte for byte: the text
 // parts of its user messages that are not Claude Code's own
@@ -68,7 +53,7 @@ func isInterrupted(m fakemodel.Message) bool {
 func (w *world) checkOneToolRun(reqs []fakemodel.Request, attempt int) string {
 	t := w.T
 	t.Helper()
-	checkNoRepeats(t, reqs)
+	harnesstest.CheckNoRepeats(t, reqs)
 	if len(reqs) != 2 {
 		for i, r := range reqs {
 			t.Logf("model request %d: %s", i+1, harnesstest.DescribeRequest(r))
@@ -97,78 +82,6 @@ func (w *world) checkOneToolRun(reqs []fakemodel.Request, attempt int) string {
 		t.Errorf("the tool result is Claude Code's synthetic %q", res.Content)
 	}
 	return fmt.Sprintf("%d model requests (tool call, final), none repeated, the task the only user turn", len(reqs))
-}
-
-// TestClaudeRunVerified: the real Claude Code under the driver runs the task
-// to a verified result (the owner's check finds done.txt): one launch,
-// finished, exit 0; two model requests on the rollout's prefix, the task
-// the only user turn; the response holds the session file and the final
-// text, and its NeMoGymResponse the call, its output, the final message
-// and the usage.
-func TestClaudeRunVerified(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, "run", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
-	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
-	r := w.mustSucceed(h)
-	w.CheckOneLaunch(r.Launches, 0)
-	if !strings.Contains(r.Response.SessionPath, "/state/claude/") || !strings.HasSuffix(r.Response.SessionPath, "/"+r.Response.SessionID+".jsonl") {
-		t.Errorf("session %s at %q, want the rollout file in the state folder", r.Response.SessionID, r.Response.SessionPath)
-	}
-	t.Logf("verified in one launch of %.1f s; %s", r.Launches[0].DurationS, w.checkOneToolRun(w.Model.Requests(), 1))
-}
-
-// TestClaudePauseMidTool: a checkpoint pauses Claude Code while its Bash
-// runs `sleep`. Every process of the launch (Claude Code, the tool's bash in a
-// session and process group of its own, sleep) is stopped; every file of
-// the sandbox (Claude Code's session file and SQLite files among them) and every
-// process's CPU time stay unchanged while the owner snapshots the sandbox
-// and the checkpoint holds; no model request arrives. After the checkpoint
-// opens the SAME Claude Code process finishes (one launch, pauses 1), each model
-// call made once, and the owner verifies done.txt.
-func TestClaudePauseMidTool(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, "midtool", fakemodel.Options{Script: script("echo start; sleep 8; touch done.txt", "touch done.txt")})
-	p := newParticipant()
-	h := w.Start(w.Runner(w.adapter(nil), p), 1)
-	sb := w.WaitSandbox(1)
-	l1 := w.LaunchID(1, 1, sb)
-	w.WaitProc(sb, l1, "sleep")
-	cx := w.Harness(sb, l1)
-
-	w.Prepare(p, "ck-1")
-	nreq := len(w.Model.Requests())
-	a := w.Observe(sb, l1)
-	if _, ok := a.Procs[cx.PID]; !ok || !slices.Contains(harnesstest.Comms(a), "sleep") || !slices.Contains(harnesstest.Comms(a), "bash") {
-		t.Fatalf("the paused launch holds %v (Claude Code %d), want Claude Code, the tool's bash and sleep", harnesstest.Comms(a), cx.PID)
-	}
-	tr, err := suite.Tree(w.LaunchDir(sb, l1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var claudeSID int
-	for _, q := range tr.Processes {
-		if q.PID == cx.PID {
-			claudeSID = q.SID
-		}
-	}
-	for _, q := range tr.Processes {
-		if q.Comm == "bash" && (q.SID != q.PID || q.PGID != q.PID || q.SID == claudeSID) {
-			t.Errorf("the tool's bash %d is in process group %d, session %d (Claude Code's session %d): want a session and group of its own", q.PID, q.PGID, q.SID, claudeSID)
-		}
-	}
-	w.Commit(p, "ck-1")
-	time.Sleep(harnesstest.Hold)
-	b := w.Observe(sb, l1)
-	t.Logf("paused mid-tool, processes (comm pid/ppid/pgid/sid) %s: %s", harnesstest.DescribeSessions(tr), compareStill(t, a, b))
-	if n := len(w.Model.Requests()); n != nreq {
-		t.Errorf("%d model requests arrived while paused", n-nreq)
-	}
-	w.Resume(p, "ck-1")
-
-	r := w.mustSucceed(h)
-	w.CheckOneLaunch(r.Launches, 1)
-	w.CheckSameHarnessFinished(sb, l1, cx)
-	t.Logf("after continue: the same Claude Code %d finished; %s", cx.PID, w.checkOneToolRun(w.Model.Requests(), 1))
 }
 
 // crashed is what crashAfterSnapshot leaves: the sandbox attempt 1 ran in,
@@ -260,7 +173,7 @@ func (w *world) checkContinued(c crashed, replied bool, want func(fakemodel.Mess
 	if !replied {
 		answered = a1[:len(a1)-1] // the last was in flight at the crash
 	}
-	checkNoRepeats(t, append(slices.Clone(answered), a2...))
+	harnesstest.CheckNoRepeats(t, append(slices.Clone(answered), a2...))
 	first, before := a2[0], a1[len(a1)-1]
 	extra := 0 // the request in flight at the crash, sent again
 	if replied {
@@ -408,42 +321,4 @@ func parseResponseSession(t *testing.T, r result) *claude.Session {
 		t.Fatalf("the response's session: %v", err)
 	}
 	return s
-}
-
-// hostileTask is a task of about 100 KB that a shell would mangle: a
-// leading dash, quotes of both kinds, $(...), backticks, ${...}, a
-// backslash before n, tabs, newlines inside and at the end, and text
-// outside ASCII.
-func hostileTask() string {
-	head := "-- --json '\"$(touch pwned-dollar)\"' `touch pwned-tick` ${HOME} \\n \t; echo \"x\" > pwned-redirect\n" +
-		"naïve — 中文 🙂 %s %d \x01\r\nthen run the tool\n"
-	var b strings.Builder
-	b.WriteString(head)
-	for i := 0; b.Len() < 100*1024; i++ {
-		fmt.Fprintf(&b, "line %d: 'single' \"double\" $(date) `uname` $((1+1)) \\ \\\\ \n", i)
-	}
-	b.WriteString("end\n")
-	return b.String()
-}
-
-// TestClaudeHostileTask: a hostile task of about 100 KB reaches the model
-// byte for byte as the only user turn, runs nothing it names (no pwned-*
-// file anywhere in the sandbox), and the run is verified.
-func TestClaudeHostileTask(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, "hostile", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
-	w.Task = hostileTask()
-	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
-	r := w.mustSucceed(h)
-	w.CheckOneLaunch(r.Launches, 0)
-	summary := w.checkOneToolRun(w.Model.Requests(), 1)
-	for _, id := range w.Sandboxes() {
-		_ = filepath.WalkDir(w.Local.HostPath(id), func(p string, d os.DirEntry, err error) error {
-			if err == nil && strings.HasPrefix(d.Name(), "pwned") {
-				t.Errorf("the task ran a command: %s exists", p)
-			}
-			return nil
-		})
-	}
-	t.Logf("a %d-byte hostile task reached the model byte for byte; %s", len(w.Task), summary)
 }

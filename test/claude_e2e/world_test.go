@@ -175,10 +175,35 @@ func newParticipant() *driver.Participant {
 	return driver.MustParticipant(driver.ParticipantConfig{Adapter: "claude"})
 }
 
-// compareStill is harnesstest.CompareStill for Claude Code, whose session
-// file and shell snapshots are among the sandbox's files (its state
-// folder is in the sandbox).
-func compareStill(t *testing.T, a, b harnesstest.Still) string {
-	t.Helper()
-	return harnesstest.CompareStill(t, a, b, " (the session file and Claude Code's shell snapshots among them)")
+// kit is what the shared matrix (harnesstest.Harness) needs of Claude
+// Code.
+var kit = harnesstest.Harness{
+	Name: "Claude Code",
+	NewRig: func(t *testing.T, name string, model fakemodel.Options) harnesstest.Rig {
+		return newWorld(t, name, model).rig()
+	},
+	Script:         script,
+	NewParticipant: newParticipant,
+	// Claude Code's Bash will not run a command that starts with sleep.
+	ToolPrefix:  "echo start; ",
+	ToolShell:   "bash",
+	FilesNote:   " (the session file and Claude Code's shell snapshots among them)",
+	FreshReason: "holds no completed model response; starting over with the task in a fresh CLAUDE_CONFIG_DIR",
+	SessionFile: func(id, path string) bool {
+		return strings.Contains(path, "/state/claude/") && strings.HasSuffix(path, "/"+id+".jsonl")
+	},
+}
+
+// rig is the world as the shared matrix drives it.
+func (w *world) rig() harnesstest.Rig {
+	return harnesstest.Rig{
+		World:   w.World,
+		Adapter: func() driver.Adapter { return w.adapter(nil) },
+		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
+			w.T.Helper()
+			r := w.mustSucceed(h)
+			return harnesstest.Finished{Verdict: r.Verdict, SessionID: r.Response.SessionID, SessionPath: r.Response.SessionPath}
+		},
+		CheckOneToolRun: w.checkOneToolRun,
+	}
 }

@@ -2,6 +2,7 @@ package codexe2e
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,10 +180,32 @@ func newParticipant() *driver.Participant {
 	return driver.MustParticipant(driver.ParticipantConfig{Adapter: "codex"})
 }
 
-// compareStill is harnesstest.CompareStill for Codex, whose session file
-// and SQLite files are among the sandbox's files (its state folder is in
-// the sandbox).
-func compareStill(t *testing.T, a, b harnesstest.Still) string {
-	t.Helper()
-	return harnesstest.CompareStill(t, a, b, " (the session file and Codex's SQLite files among them)")
+// kit is what the shared matrix (harnesstest.Harness) needs of Codex.
+var kit = harnesstest.Harness{
+	Name: "Codex",
+	NewRig: func(t *testing.T, name string, model fakemodel.Options) harnesstest.Rig {
+		return newWorld(t, name, model).rig()
+	},
+	Script:         script,
+	NewParticipant: newParticipant,
+	ToolShell:      "bash",
+	FilesNote:      " (the session file and Codex's SQLite files among them)",
+	FreshReason:    "holds no completed model response; starting over with the task in a fresh CODEX_HOME",
+	SessionFile: func(id, path string) bool {
+		return strings.Contains(path, "/state/codex/") && strings.HasSuffix(path, "-"+id+".jsonl")
+	},
+}
+
+// rig is the world as the shared matrix drives it.
+func (w *world) rig() harnesstest.Rig {
+	return harnesstest.Rig{
+		World:   w.World,
+		Adapter: func() driver.Adapter { return w.adapter(nil) },
+		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
+			w.T.Helper()
+			r := w.mustSucceed(h)
+			return harnesstest.Finished{Verdict: r.Verdict, SessionID: r.Response.SessionID, SessionPath: r.Response.SessionPath}
+		},
+		CheckOneToolRun: w.checkOneToolRun,
+	}
 }
