@@ -304,8 +304,8 @@ func PauseMidStream(t *testing.T, k Harness) {
 // keep running (none stopped), and it finishes while the first is held;
 // then the first continues and finishes too.
 func TwoRolloutsApart(t *testing.T, k Harness) {
-	wa := k.NewRig(t, "twoa", fakemodel.Options{Script: k.Script(k.ToolPrefix+"sleep 12; touch done.txt", "touch done.txt")})
-	wb := k.NewRig(t, "twob", fakemodel.Options{Script: k.Script(k.ToolPrefix+"sleep 3; touch done.txt", "touch done.txt")})
+	wa := k.NewRig(t, "twoa", fakemodel.Options{Script: k.Script(k.ToolPrefix+"sleep 20; touch done.txt", "touch done.txt")})
+	wb := k.NewRig(t, "twob", fakemodel.Options{Script: k.Script(k.ToolPrefix+"sleep 15; touch done.txt", "touch done.txt")})
 	pa, pb := k.NewParticipant(), k.NewParticipant()
 	ha := wa.Start(wa.Runner(wa.Adapter(), pa), 1)
 	hb := wb.Start(wb.Runner(wb.Adapter(), pb), 1)

@@ -198,3 +198,38 @@ func compareStill(t *testing.T, a, b harnesstest.Still) string {
 	t.Helper()
 	return harnesstest.CompareStill(t, a, b, "")
 }
+
+// kit is what the shared matrix (harnesstest.Harness) needs of OpenCode
+// oc. Its side request is the title request (no tools), made beside the
+// first main turn.
+func kit(oc openCode) harnesstest.Harness {
+	return harnesstest.Harness{
+		Name: "OpenCode",
+		NewRig: func(t *testing.T, name string, model fakemodel.Options) harnesstest.Rig {
+			return newWorld(t, oc, name, model).rig()
+		},
+		Script:         script,
+		NewParticipant: newParticipant,
+		ToolShell:      "bash",
+		MainTurn:       func(r fakemodel.Request) bool { return r.HasTools },
+		SideRequests:   1,
+		FreshReason:    "holds no completed model response",
+	}
+}
+
+// rig is the world as the shared matrix drives it.
+func (w *world) rig() harnesstest.Rig {
+	return harnesstest.Rig{
+		World:   w.World,
+		Adapter: func() driver.Adapter { return w.adapter(nil) },
+		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
+			w.T.Helper()
+			r := w.mustSucceed(h)
+			return harnesstest.Finished{Verdict: r.Verdict, SessionID: r.Response.SessionID}
+		},
+		CheckOneToolRun: func(reqs []fakemodel.Request, attempt int) string {
+			w.T.Helper()
+			return checkOneToolRun(w.T, reqs, attempt)
+		},
+	}
+}
