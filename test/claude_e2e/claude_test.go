@@ -45,43 +45,18 @@ func isInterrupted(m fakemodel.Message) bool {
 	return m.Role == "tool" && strings.Contains(m.Content, "interrupted")
 }
 
-// checkOneToolRun checks the model requests of one completed single-tool
-// run of an attempt: exactly two (the Bash call, the final), the task the
-// only user turn byte for byte, the second ending with the call the model
-// made and its real result, none repeated, all on the attempt's prefix.
-// It returns a summary.
+// toolRun is one completed single-tool run of Claude Code on the wire:
+// two Messages requests, the Bash call and its real result (not Claude
+// Code's interrupted one).
+var toolRun = harnesstest.ToolRun{
+	API: fakemodel.APIMessages, Path: "/v1/messages", Tool: "Bash", UserTurns: userTurns, Synthetic: isInterrupted,
+}
+
+// checkOneToolRun is harnesstest.World.CheckToolRun of Claude Code
+// (toolRun).
 func (w *world) checkOneToolRun(reqs []fakemodel.Request, attempt int) string {
-	t := w.T
-	t.Helper()
-	harnesstest.CheckNoRepeats(t, reqs)
-	if len(reqs) != 2 {
-		for i, r := range reqs {
-			t.Logf("model request %d: %s", i+1, harnesstest.DescribeRequest(r))
-		}
-		t.Fatalf("%d model requests, want 2 (the tool call, the final)", len(reqs))
-	}
-	prefix := "/ng-rollout/" + fmt.Sprintf("%s-a%d", w.Rollout, attempt) + "/v1/messages"
-	for _, r := range reqs {
-		if r.Attempt != attempt || r.Path != prefix || r.API != fakemodel.APIMessages {
-			t.Errorf("request %s (%s): attempt %d, want %d on %s", r.Path, r.API, r.Attempt, attempt, prefix)
-		}
-		if u := userTurns(r); len(u) != 1 || u[0] != w.Task {
-			t.Errorf("request %s: user turns %d (%.80q), want the task alone, byte for byte", r.Path, len(u), u)
-		}
-	}
-	final := reqs[1]
-	n := len(final.Messages)
-	if n < 3 {
-		t.Fatalf("the final request's history is %+v", final.Messages)
-	}
-	call, res := final.Messages[n-2], final.Messages[n-1]
-	if res.Role != "tool" || call.Role != "assistant" || len(call.ToolCalls) != 1 || call.ToolCalls[0].ID != res.ToolCallID || call.ToolCalls[0].Name != "Bash" {
-		t.Errorf("the final request ends with %+v then %+v, want the Bash call and its result", call, res)
-	}
-	if isInterrupted(res) {
-		t.Errorf("the tool result is Claude Code's synthetic %q", res.Content)
-	}
-	return fmt.Sprintf("%d model requests (tool call, final), none repeated, the task the only user turn", len(reqs))
+	w.T.Helper()
+	return w.CheckToolRun(reqs, attempt, toolRun)
 }
 
 // crashed is what crashAfterSnapshot leaves: the sandbox attempt 1 ran in,

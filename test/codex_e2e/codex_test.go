@@ -32,46 +32,18 @@ func userTurns(r fakemodel.Request) []string {
 	return out
 }
 
-// checkOneToolRun checks the model requests of one completed single-tool
-// run of an attempt: exactly two (the exec_command call, the final), the
-// first ending with the task as the only user turn byte for byte, the
-// second with the call the model made and its result, none repeated, all
-// on the attempt's prefix. It returns a summary.
+// toolRun is one completed single-tool run of Codex on the wire: two
+// Responses requests, the exec_command call and its real output (not
+// Codex's synthetic "aborted"), the first ending with the task.
+var toolRun = harnesstest.ToolRun{
+	API: fakemodel.APIResponses, Path: "/v1/responses", Tool: "exec_command", UserTurns: userTurns,
+	Synthetic: func(m fakemodel.Message) bool { return m.Content == "aborted" }, TaskLast: true,
+}
+
+// checkOneToolRun is harnesstest.World.CheckToolRun of Codex (toolRun).
 func (w *world) checkOneToolRun(reqs []fakemodel.Request, attempt int) string {
-	t := w.T
-	t.Helper()
-	harnesstest.CheckNoRepeats(t, reqs)
-	if len(reqs) != 2 {
-		for i, r := range reqs {
-			t.Logf("model request %d: %s", i+1, harnesstest.DescribeRequest(r))
-		}
-		t.Fatalf("%d model requests, want 2 (the tool call, the final)", len(reqs))
-	}
-	prefix := "/ng-rollout/" + fmt.Sprintf("%s-a%d", w.Rollout, attempt) + "/v1/responses"
-	for _, r := range reqs {
-		if r.Attempt != attempt || r.Path != prefix || r.API != fakemodel.APIResponses {
-			t.Errorf("request %s (%s): attempt %d, want %d on %s", r.Path, r.API, r.Attempt, attempt, prefix)
-		}
-		if u := userTurns(r); len(u) != 1 || u[0] != w.Task {
-			t.Errorf("request %s: user turns %d (%.80q), want the task alone, byte for byte", r.Path, len(u), u)
-		}
-	}
-	if last := reqs[0].LastMessage(); last.Role != "user" || len(last.Parts) != 1 || last.Parts[0] != w.Task {
-		t.Errorf("the first request ends with %s %.80q, want the user's task exactly", last.Role, last.Content)
-	}
-	final := reqs[1]
-	n := len(final.Messages)
-	if n < 3 {
-		t.Fatalf("the final request's history is %+v", final.Messages)
-	}
-	call, res := final.Messages[n-2], final.Messages[n-1]
-	if res.Role != "tool" || call.Role != "assistant" || len(call.ToolCalls) != 1 || call.ToolCalls[0].ID != res.ToolCallID || call.ToolCalls[0].Name != "exec_command" {
-		t.Errorf("the final request ends with %+v then %+v, want the exec_command call and its result", call, res)
-	}
-	if res.Content == "aborted" {
-		t.Errorf("the tool result is Codex's synthetic %q", res.Content)
-	}
-	return fmt.Sprintf("%d model requests (tool call, final), none repeated, the task the only user turn", len(reqs))
+	w.T.Helper()
+	return w.CheckToolRun(reqs, attempt, toolRun)
 }
 
 // crashed is what crashAfterSnapshot leaves: the sandbox attempt 1 ran in,

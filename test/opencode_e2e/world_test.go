@@ -95,42 +95,13 @@ func (w *world) adapter(env map[string]string) *opencode.Adapter {
 	return a
 }
 
-// checkGymReply shapes the adapter's response as the /run reply carries it
-// (a NeMoGymResponse from the session export, and opencode_* fields) and
-// checks it: the final answer is the last output message, the usage is
-// counted, the run finished and its export was found.
-func (w *world) checkGymReply(response, body json.RawMessage) {
+// checkGymReply checks the /run reply of the run (harnesstest's
+// CheckGymReply: the final answer is the last output message, the usage
+// is counted) and its opencode_* fields: the run finished, its export was
+// found, and its path.
+func (w *world) checkGymReply(response json.RawMessage) {
 	w.T.Helper()
-	resp, fields, err := w.adapter(nil).GymResult(response, body)
-	if err != nil {
-		w.T.Fatalf("the Gym response of the run: %v", err)
-	}
-	var gr struct {
-		Object string `json:"object"`
-		Model  string `json:"model"`
-		Output []struct {
-			Type    string `json:"type"`
-			Role    string `json:"role"`
-			Content []struct {
-				Text string `json:"text"`
-			} `json:"content"`
-		} `json:"output"`
-		Usage *struct {
-			TotalTokens int `json:"total_tokens"`
-		} `json:"usage"`
-	}
-	if err := json.Unmarshal(resp, &gr); err != nil {
-		w.T.Fatalf("the Gym response is not JSON: %v\n%s", err, resp)
-	}
-	last := ""
-	for _, it := range gr.Output {
-		if it.Type == "message" && it.Role == "assistant" && len(it.Content) > 0 {
-			last = it.Content[len(it.Content)-1].Text
-		}
-	}
-	if gr.Object != "response" || gr.Model == "" || last != finalText || gr.Usage == nil || gr.Usage.TotalTokens == 0 {
-		w.T.Errorf("the Gym response: object %q model %q last assistant text %q usage %+v; want response, a model, %q, counted", gr.Object, gr.Model, last, gr.Usage, finalText)
-	}
+	fields := w.CheckGymReply(w.adapter(nil), response, "", finalText)
 	if string(fields["opencode_finished"]) != "true" || string(fields["opencode_export_found"]) != "true" || len(fields["opencode_results_fpath"]) < 3 {
 		w.T.Errorf("the opencode_* fields %v: want finished, export found and its path", fields)
 	}
@@ -163,7 +134,7 @@ func (w *world) mustSucceed(h *harnesstest.Run) result {
 			w.T.Errorf("response: exit code %d, export error %q, final text %q (want 0, none, %q); stderr tail %q",
 				r.Response.ExitCode, r.Response.ExportError, r.Response.FinalText, finalText, r.Response.StderrTail)
 		}
-		w.checkGymReply(response, w.Body())
+		w.checkGymReply(response)
 	})
 }
 
