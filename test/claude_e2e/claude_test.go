@@ -447,3 +447,59 @@ func TestClaudeHostileTask(t *testing.T) {
 	}
 	t.Logf("a %d-byte hostile task reached the model byte for byte; %s", len(w.Task), summary)
 }
+
+// TestClaudeStopAtCheckpointContinues: with pause_at_checkpoints false, a
+// checkpoint stops Claude Code while its Bash call runs (SIGINT, as every
+// stop begins), and the launch after the checkpoint continues the saved
+// session. A SIGINT makes Claude Code record a rejection of the running
+// call ("The user doesn't want to proceed ...") and a note "[Request
+// interrupted by user for tool use]"; the continuation passes over both:
+// the model's next request is the first one's history, the call, and
+// Claude Code's interrupted result, with no added user turn and neither
+// record; the model calls the tool again and the run is verified.
+func TestClaudeStopAtCheckpointContinues(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "stopck", fakemodel.Options{Script: script("echo start; sleep 25; touch done.txt", "touch done.txt")})
+	off := false
+	p := newParticipant()
+	h := w.Start(w.Runner(w.adapterWith(claude.Options{PauseAtCheckpoints: &off}), p), 1)
+	sb := w.WaitSandbox(1)
+	l1 := w.LaunchID(1, 1, sb)
+	w.WaitProc(sb, l1, "sleep")
+	w.Prepare(p, "ck-1")
+	w.Commit(p, "ck-1")
+	w.Resume(p, "ck-1")
+	r := w.mustSucceed(h)
+	if len(r.Launches) != 2 {
+		t.Fatalf("%d launches, want 2 (stopped at the checkpoint, continued): %+v", len(r.Launches), r.Launches)
+	}
+	l2 := r.Launches[1]
+	if r.Launches[0].Outcome != driver.OutcomeInterrupted || !l2.Resumed || l2.Outcome != driver.OutcomeFinished ||
+		!strings.Contains(l2.Reason, "sending the interrupted tool call with Claude Code's interrupted result (no turn added)") {
+		t.Errorf("launches %+v; want the first interrupted, the second resumed at the interrupted call, finished", r.Launches)
+	}
+	reqs := w.Model.Requests()
+	checkNoRepeats(t, reqs)
+	if len(reqs) != 3 {
+		t.Fatalf("%d model requests, want 3 (the call, the call again after the continue, the final)", len(reqs))
+	}
+	before, next := reqs[0], reqs[1]
+	if d := sameHistory(before.Messages, next.Messages); d != "" || len(next.Messages) != len(before.Messages)+2 {
+		t.Errorf("the request after the continue against the first: %q, %d messages then %d\n%s\n%s", d, len(before.Messages), len(next.Messages),
+			harnesstest.DescribeRequest(before), harnesstest.DescribeRequest(next))
+	}
+	if last := next.LastMessage(); last.Content != claude.InterruptedText {
+		t.Errorf("the request after the continue ends with %s %.200q, want Claude Code's interrupted result", last.Role, last.Content)
+	}
+	for _, q := range reqs {
+		if u := userTurns(q); len(u) != 1 || u[0] != task {
+			t.Errorf("request %s: user turns %.120q, want the task alone", harnesstest.DescribeRequest(q), u)
+		}
+		for _, m := range q.Messages {
+			if strings.Contains(m.Content, "interrupted by user") || strings.Contains(m.Content, "doesn't want to proceed") {
+				t.Errorf("request %s carries Claude Code's interrupt record %.120q", harnesstest.DescribeRequest(q), m.Content)
+			}
+		}
+	}
+	t.Logf("launch 2 reason %q; the request after the continue: %s", l2.Reason, harnesstest.DescribeRequest(next))
+}
