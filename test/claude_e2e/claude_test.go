@@ -101,16 +101,7 @@ func (w *world) relaunch(c crashed) result {
 	w.Restore(p2, "ck-1", c.Committed)
 	h2 := w.Start(w.Runner(w.adapter(nil), p2), 2)
 	r := w.mustSucceed(h2)
-	if len(r.Launches) != 2 {
-		w.T.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
-	}
-	l1, l2 := r.Launches[0], r.Launches[1]
-	if l1.SandboxID != c.Old || l1.Outcome != driver.OutcomeInterrupted {
-		w.T.Errorf("launch 1: %+v; want in %s, interrupted (the crash)", l1, c.Old)
-	}
-	if l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 {
-		w.T.Errorf("launch 2: %+v; want in the fork %s, finished, exit code 0", l2, c.Fork)
-	}
+	w.CheckRelaunch(r.Launches, c.Crash)
 	return r
 }
 

@@ -114,14 +114,9 @@ func TestCodexCrashMidToolStartsFresh(t *testing.T) {
 	w.Restore(p2, "ck-1", c.Committed)
 	h2 := w.Start(w.Runner(w.adapter(nil), p2), 2)
 	r := w.mustSucceed(h2)
-	if len(r.Launches) != 2 {
-		t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
-	}
-	l1, l2 := r.Launches[0], r.Launches[1]
-	if l1.SandboxID != c.Old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
-		t.Errorf("launch 1: %+v; want in %s, interrupted (the crash), pauses 1", l1, c.Old)
-	}
-	if l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || l2.Resumed ||
+	w.CheckRelaunch(r.Launches, c.Crash)
+	l2 := r.Launches[1]
+	if l2.Resumed ||
 		!strings.Contains(l2.Reason, "starts with the task and holds 1 completed model response, but Codex cannot continue it without adding a user turn") ||
 		!strings.Contains(l2.Reason, "starting over with the task in a fresh CODEX_HOME") {
 		t.Errorf("launch 2: %+v; want in the fork %s, finished, not resumed, the reason saying why it starts over", l2, c.Fork)
@@ -229,9 +224,7 @@ func TestCodexCrashResumeOptIn(t *testing.T) {
 	w.Restore(p2, "ck-1", c.Committed)
 	h2 := w.Start(w.Runner(w.adapterWith(codex.Options{ResumePrompt: &prompt}), p2), 2)
 	r := w.mustSucceed(h2)
-	if len(r.Launches) != 2 {
-		t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
-	}
+	w.CheckRelaunch(r.Launches, c.Crash)
 	l2 := r.Launches[1]
 	if !l2.Resumed || l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished ||
 		!strings.Contains(l2.Reason, `adds the user turn "Continue." the task did not have (resume_prompt is set)`) {
