@@ -1,9 +1,11 @@
 package harnesstest
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
@@ -90,5 +92,150 @@ func (w *World) CheckSameHarnessFinished(sandboxID, launchID string, hp proto.Pr
 	if r.HarnessPID != hp.PID || r.HarnessStartTicks != hp.StartTicks || !r.Ended || r.ExitCode != 0 || r.Signal != 0 {
 		w.T.Errorf("receipt of %s: harness %d (start %d), ended %v, exit code %d, signal %d; want the paused %s %d (start %d), ended, 0",
 			launchID, r.HarnessPID, r.HarnessStartTicks, r.Ended, r.ExitCode, r.Signal, w.harness, hp.PID, hp.StartTicks)
+	}
+}
+
+// ToolRun is what one completed single-tool run looks like on a
+// harness's wire, for CheckToolRun.
+type ToolRun struct {
+	// API is the wire the harness speaks (fakemodel.APIResponses) and Path
+	// its endpoint after the rollout's prefix ("/v1/responses").
+	API, Path string
+	// Tool is the name of the harness's shell tool ("exec_command").
+	Tool string
+	// UserTurns are the user turns of a request, each byte for byte: the
+	// harness's own blocks left out.
+	UserTurns func(fakemodel.Request) []string
+	// Synthetic tells a tool result the harness made up for an interrupted
+	// call (Codex's "aborted") from a real one.
+	Synthetic func(fakemodel.Message) bool
+	// TaskLast, when set, wants the first request to end with the task as
+	// a user message of one part.
+	TaskLast bool
+}
+
+// CheckToolRun checks the model requests of one completed single-tool run
+// of an attempt: exactly two (the tool call, the final), all on the
+// attempt's prefix and the harness's wire, the task the only user turn of
+// each byte for byte, the second ending with the call the model made and
+// its real (not synthetic) result, none repeated. It returns a summary.
+func (w *World) CheckToolRun(reqs []fakemodel.Request, attempt int, run ToolRun) string {
+	t := w.T
+	t.Helper()
+	CheckNoRepeats(t, reqs)
+	if len(reqs) != 2 {
+		for i, r := range reqs {
+			t.Logf("model request %d: %s", i+1, DescribeRequest(r))
+		}
+		t.Fatalf("%d model requests, want 2 (the tool call, the final)", len(reqs))
+	}
+	prefix := fmt.Sprintf("/ng-rollout/%s-a%d%s", w.Rollout, attempt, run.Path)
+	for _, r := range reqs {
+		if r.Attempt != attempt || r.Path != prefix || r.API != run.API {
+			t.Errorf("request %s (%s): attempt %d, want %d on %s", r.Path, r.API, r.Attempt, attempt, prefix)
+		}
+		if u := run.UserTurns(r); len(u) != 1 || u[0] != w.Task {
+			t.Errorf("request %s: user turns %d (%.80q), want the task alone, byte for byte", r.Path, len(u), u)
+		}
+	}
+	if last := reqs[0].LastMessage(); run.TaskLast && (last.Role != "user" || len(last.Parts) != 1 || last.Parts[0] != w.Task) {
+		t.Errorf("the first request ends with %s %.80q, want the user's task exactly", last.Role, last.Content)
+	}
+	final := reqs[1]
+	n := len(final.Messages)
+	if n < 3 {
+		t.Fatalf("the final request's history is %+v", final.Messages)
+	}
+	call, res := final.Messages[n-2], final.Messages[n-1]
+	if res.Role != "tool" || call.Role != "assistant" || len(call.ToolCalls) != 1 || call.ToolCalls[0].ID != res.ToolCallID || call.ToolCalls[0].Name != run.Tool {
+		t.Errorf("the final request ends with %+v then %+v, want the %s call and its result", call, res, run.Tool)
+	}
+	if run.Synthetic(res) {
+		t.Errorf("the tool result is %s's synthetic %q", w.harness, res.Content)
+	}
+	return fmt.Sprintf("%d model requests (tool call, final), none repeated, the task the only user turn", len(reqs))
+}
+
+// GymShaper is an adapter that shapes its response as the /run reply of
+// `ngdriver serve` carries it: a NeMoGymResponse and fields of its own.
+type GymShaper interface {
+	GymResult(response, body json.RawMessage) (json.RawMessage, map[string]json.RawMessage, error)
+}
+
+// CheckGymReply shapes the adapter's response (a's GymResult, with the
+// world's run body) and checks the NeMoGymResponse: object "response", a
+// model, the last assistant text final, the usage counted, and, when tool
+// is set, calls of tool each with its output. It returns the reply's own
+// fields, for the suite to check.
+func (w *World) CheckGymReply(a GymShaper, response json.RawMessage, tool, final string) map[string]json.RawMessage {
+	t := w.T
+	t.Helper()
+	resp, fields, err := a.GymResult(response, w.Body())
+	if err != nil {
+		t.Fatalf("the Gym response of the run: %v", err)
+	}
+	var gr struct {
+		Object string `json:"object"`
+		Model  string `json:"model"`
+		Output []struct {
+			Type    string `json:"type"`
+			Name    string `json:"name"`
+			Role    string `json:"role"`
+			Content []struct {
+				Text string `json:"text"`
+			} `json:"content"`
+		} `json:"output"`
+		Usage *struct {
+			TotalTokens int `json:"total_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(resp, &gr); err != nil {
+		t.Fatalf("the Gym response is not JSON: %v\n%s", err, resp)
+	}
+	last, calls, outputs := "", 0, 0
+	for _, it := range gr.Output {
+		switch {
+		case it.Type == "message" && it.Role == "assistant" && len(it.Content) > 0:
+			last = it.Content[len(it.Content)-1].Text
+		case it.Type == "function_call" && it.Name == tool:
+			calls++
+		case it.Type == "function_call_output":
+			outputs++
+		}
+	}
+	if tool != "" && (calls == 0 || calls != outputs) {
+		t.Errorf("the Gym response holds %d %s calls and %d outputs, want one output a call", calls, tool, outputs)
+	}
+	if gr.Object != "response" || gr.Model == "" || last != final || gr.Usage == nil || gr.Usage.TotalTokens == 0 {
+		t.Errorf("the Gym response: object %q model %q last assistant text %q usage %+v; want response, a model, %q, counted", gr.Object, gr.Model, last, gr.Usage, final)
+	}
+	return fields
+}
+
+// SessionResponse is what the tests read of the response of an adapter
+// that collects the harness's session file (Codex, Claude Code).
+type SessionResponse struct {
+	// ExitCode is the harness's exit code.
+	ExitCode int `json:"exit_code"`
+	// SessionID and SessionPath are the session and its file in the
+	// sandbox; Session its lines.
+	SessionID   string          `json:"session_id"`
+	SessionPath string          `json:"session_path"`
+	Session     json.RawMessage `json:"session"`
+	// FinalText is the harness's last answer.
+	FinalText string `json:"final_text"`
+	// SessionError says why the session could not be read.
+	SessionError string `json:"session_error"`
+	// StderrTail is the end of the harness's stderr.
+	StderrTail string `json:"stderr_tail"`
+}
+
+// Check fails the test unless the harness exited 0, its session was read
+// and its final text is final.
+func (r SessionResponse) Check(t *testing.T, final string) {
+	t.Helper()
+	if r.ExitCode != 0 || r.SessionError != "" || r.FinalText != final {
+		t.Errorf("response: exit code %d, session error %q, final text %q (want 0, none, %q); stderr tail %q",
+			r.ExitCode, r.SessionError, r.FinalText, final, r.StderrTail)
 	}
 }

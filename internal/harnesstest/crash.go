@@ -86,3 +86,23 @@ func (w *World) CrashAfterSnapshot(a driver.Adapter, p1 *driver.Participant, rea
 	}
 	return c
 }
+
+// CheckRelaunch checks the launch log of the attempt after the crash c:
+// two launches, the first (launch 1 of attempt 1) in the old sandbox,
+// interrupted by the crash after its one pause, the second (launch 2, of
+// attempt 2) in the fork, supervised, finished with exit code 0. What the
+// second's resume decision was is the caller's to check.
+func (w *World) CheckRelaunch(launches []driver.LaunchRecord, c Crash) {
+	t := w.T
+	t.Helper()
+	if len(launches) != 2 {
+		t.Fatalf("%d launches, want 2: %+v", len(launches), launches)
+	}
+	l1, l2 := launches[0], launches[1]
+	if l1.ID != w.LaunchID(1, 1, c.Old) || l1.SandboxID != c.Old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
+		t.Errorf("launch 1: %+v; want %s in %s, interrupted (the crash), pauses 1", l1, w.LaunchID(1, 1, c.Old), c.Old)
+	}
+	if l2.ID != w.LaunchID(2, 2, c.Fork) || l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || !l2.Supervised {
+		t.Errorf("launch 2: %+v; want %s in the fork %s, finished, exit code 0, supervised", l2, w.LaunchID(2, 2, c.Fork), c.Fork)
+	}
+}

@@ -1,14 +1,18 @@
 // Package harnesstest is what the end-to-end test packages of the real
-// harnesses (test/codex_e2e, test/opencode_e2e) share: the test process's
-// setup and last look (Suite: the module root, the static ngsup and
-// friends built once, the leak check over the whole process), the world of
-// one test (World: its own fake model server, a local backend in a folder
-// of its own, a local owner, runners, waits, checkpoints, looks at a paused
-// launch) and the /proc helpers the leak checks use. What differs between
-// harnesses (the adapter, the harness binary, what is read of its session)
-// stays in each package; a package passes it in through Suite and
-// WorldOptions. Processes are ended by pid (pidfd) or through `ngsup stop`,
-// never by name.
+// harnesses (test/codex_e2e, test/claude_e2e, test/opencode_e2e) share:
+// the test process's setup and last look (Suite: the module root, the
+// static ngsup and friends built once, the leak check over the whole
+// process), the world of one test (World: its own fake model server, a
+// local backend in a folder of its own, a local owner, runners, waits,
+// checkpoints, looks at a paused launch), the /proc helpers the leak
+// checks use, and the matrix every real harness passes (matrix.go:
+// PauseMidTool, PauseHeldReply, PauseMidStream, TwoRolloutsApart,
+// CrashBeforeResponse, HostileTask, RunVerified). What differs between
+// harnesses (the adapter, the harness binary, its script, what is read of
+// its session) stays in each package; a package passes it in through
+// Suite, WorldOptions and Harness, and runs each matrix body from a test
+// of its own name. Processes are ended by pid (pidfd) or through `ngsup
+// stop`, never by name.
 package harnesstest
 
 import (
@@ -159,4 +163,31 @@ func RequireRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("these tests need root: local sandboxes in mount namespaces of their own")
 	}
+}
+
+// InstalledBinary is the harness binary the tests run: the one the
+// environment variable env names if set, else def (where the install
+// script puts it). When it is not an executable file the test fails if CI
+// is set and skips otherwise, with one line naming what (the harness and
+// its version) and the install command. The tests also need root
+// (RequireRoot).
+func InstalledBinary(t *testing.T, what, env, def, install string) string {
+	t.Helper()
+	bin := os.Getenv(env)
+	if bin == "" {
+		bin = def
+	}
+	st, err := os.Stat(bin)
+	if err == nil && (!st.Mode().IsRegular() || st.Mode()&0o111 == 0) {
+		err = fmt.Errorf("not an executable file (mode %v)", st.Mode())
+	}
+	if err != nil {
+		msg := fmt.Sprintf("%s is not installed at %s (%v): install it with `%s`", what, bin, err, install)
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	RequireRoot(t)
+	return bin
 }

@@ -101,6 +101,11 @@ func (s *Suite) NewWorld(t *testing.T, opt WorldOptions) *World {
 	// RunTag, so Main's last look finds its launches by their tags.
 	w := &World{T: t, Suite: s, Rollout: filepath.Base(base), Task: opt.Task, Check: opt.Check, Base: base,
 		Logs: &syncbuf.Buffer{}, Obs: &Observer{}, harness: opt.Harness, harnessBin: opt.HarnessBin}
+	// The kernel names a process's executable with every symlink resolved
+	// (.tools is often a link to another checkout's).
+	if real, err := filepath.EvalSymlinks(opt.HarnessBin); err == nil {
+		w.harnessBin = real
+	}
 	var out io.Writer = w.Logs
 	if s.VerboseEnv != "" && os.Getenv(s.VerboseEnv) != "" {
 		out = io.MultiWriter(w.Logs, os.Stderr)

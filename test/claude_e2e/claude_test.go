@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/claude"
@@ -17,20 +16,6 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
-
-// checkNoRepeats fails the test if any request carried the history of an
-// earlier one (fakemodel.Request.HistoryKey).
-func checkNoRepeats(t *testing.T, reqs []fakemodel.Request) {
-	t.Helper()
-	seen := map[string]int{}
-	for i, r := range reqs {
-		k := r.HistoryKey()
-		if j, ok := seen[k]; ok {
-			t.Errorf("model request %d repeats request %d: %s", i+1, j+1, harnesstest.DescribeRequest(r))
-		}
-		seen[k] = i
-	}
-}
 
 // userTurns are the user turns of a request, each byte for byte: the text
 // parts of its user messages that are not Claude Code's own
@@ -61,115 +46,18 @@ func isInterrupted(m fakemodel.Message) bool {
 	return m.Role == "tool" && strings.Contains(m.Content, "interrupted")
 }
 
-// checkOneToolRun checks the model requests of one completed single-tool
-// run of an attempt: exactly two (the Bash call, the final), the task the
-// only user turn byte for byte, the second ending with the call the model
-// made and its real result, none repeated, all on the attempt's prefix.
-// It returns a summary.
+// toolRun is one completed single-tool run of Claude Code on the wire:
+// two Messages requests, the Bash call and its real result (not Claude
+// Code's interrupted one).
+var toolRun = harnesstest.ToolRun{
+	API: fakemodel.APIMessages, Path: "/v1/messages", Tool: "Bash", UserTurns: userTurns, Synthetic: isInterrupted,
+}
+
+// checkOneToolRun is harnesstest.World.CheckToolRun of Claude Code
+// (toolRun).
 func (w *world) checkOneToolRun(reqs []fakemodel.Request, attempt int) string {
-	t := w.T
-	t.Helper()
-	checkNoRepeats(t, reqs)
-	if len(reqs) != 2 {
-		for i, r := range reqs {
-			t.Logf("model request %d: %s", i+1, harnesstest.DescribeRequest(r))
-		}
-		t.Fatalf("%d model requests, want 2 (the tool call, the final)", len(reqs))
-	}
-	prefix := "/ng-rollout/" + fmt.Sprintf("%s-a%d", w.Rollout, attempt) + "/v1/messages"
-	for _, r := range reqs {
-		if r.Attempt != attempt || r.Path != prefix || r.API != fakemodel.APIMessages {
-			t.Errorf("request %s (%s): attempt %d, want %d on %s", r.Path, r.API, r.Attempt, attempt, prefix)
-		}
-		if u := userTurns(r); len(u) != 1 || u[0] != w.Task {
-			t.Errorf("request %s: user turns %d (%.80q), want the task alone, byte for byte", r.Path, len(u), u)
-		}
-	}
-	final := reqs[1]
-	n := len(final.Messages)
-	if n < 3 {
-		t.Fatalf("the final request's history is %+v", final.Messages)
-	}
-	call, res := final.Messages[n-2], final.Messages[n-1]
-	if res.Role != "tool" || call.Role != "assistant" || len(call.ToolCalls) != 1 || call.ToolCalls[0].ID != res.ToolCallID || call.ToolCalls[0].Name != "Bash" {
-		t.Errorf("the final request ends with %+v then %+v, want the Bash call and its result", call, res)
-	}
-	if isInterrupted(res) {
-		t.Errorf("the tool result is Claude Code's synthetic %q", res.Content)
-	}
-	return fmt.Sprintf("%d model requests (tool call, final), none repeated, the task the only user turn", len(reqs))
-}
-
-// TestClaudeRunVerified: the real Claude Code under the driver runs the task
-// to a verified result (the owner's check finds done.txt): one launch,
-// finished, exit 0; two model requests on the rollout's prefix, the task
-// the only user turn; the response holds the session file and the final
-// text, and its NeMoGymResponse the call, its output, the final message
-// and the usage.
-func TestClaudeRunVerified(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, "run", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
-	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
-	r := w.mustSucceed(h)
-	w.CheckOneLaunch(r.Launches, 0)
-	if !strings.Contains(r.Response.SessionPath, "/state/claude/") || !strings.HasSuffix(r.Response.SessionPath, "/"+r.Response.SessionID+".jsonl") {
-		t.Errorf("session %s at %q, want the rollout file in the state folder", r.Response.SessionID, r.Response.SessionPath)
-	}
-	t.Logf("verified in one launch of %.1f s; %s", r.Launches[0].DurationS, w.checkOneToolRun(w.Model.Requests(), 1))
-}
-
-// TestClaudePauseMidTool: a checkpoint pauses Claude Code while its Bash
-// runs `sleep`. Every process of the launch (Claude Code, the tool's bash in a
-// session and process group of its own, sleep) is stopped; every file of
-// the sandbox (Claude Code's session file and SQLite files among them) and every
-// process's CPU time stay unchanged while the owner snapshots the sandbox
-// and the checkpoint holds; no model request arrives. After the checkpoint
-// opens the SAME Claude Code process finishes (one launch, pauses 1), each model
-// call made once, and the owner verifies done.txt.
-func TestClaudePauseMidTool(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, "midtool", fakemodel.Options{Script: script("echo start; sleep 8; touch done.txt", "touch done.txt")})
-	p := newParticipant()
-	h := w.Start(w.Runner(w.adapter(nil), p), 1)
-	sb := w.WaitSandbox(1)
-	l1 := w.LaunchID(1, 1, sb)
-	w.WaitProc(sb, l1, "sleep")
-	cx := w.Harness(sb, l1)
-
-	w.Prepare(p, "ck-1")
-	nreq := len(w.Model.Requests())
-	a := w.Observe(sb, l1)
-	if _, ok := a.Procs[cx.PID]; !ok || !slices.Contains(harnesstest.Comms(a), "sleep") || !slices.Contains(harnesstest.Comms(a), "bash") {
-		t.Fatalf("the paused launch holds %v (Claude Code %d), want Claude Code, the tool's bash and sleep", harnesstest.Comms(a), cx.PID)
-	}
-	tr, err := suite.Tree(w.LaunchDir(sb, l1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var claudeSID int
-	for _, q := range tr.Processes {
-		if q.PID == cx.PID {
-			claudeSID = q.SID
-		}
-	}
-	for _, q := range tr.Processes {
-		if q.Comm == "bash" && (q.SID != q.PID || q.PGID != q.PID || q.SID == claudeSID) {
-			t.Errorf("the tool's bash %d is in process group %d, session %d (Claude Code's session %d): want a session and group of its own", q.PID, q.PGID, q.SID, claudeSID)
-		}
-	}
-	w.Commit(p, "ck-1")
-	time.Sleep(harnesstest.Hold)
-	b := w.Observe(sb, l1)
-	t.Logf("paused mid-tool, processes (comm pid/ppid/pgid/sid) %s: %s", harnesstest.DescribeSessions(tr), compareStill(t, a, b))
-	if n := len(w.Model.Requests()); n != nreq {
-		t.Errorf("%d model requests arrived while paused", n-nreq)
-	}
-	w.Resume(p, "ck-1")
-
-	r := w.mustSucceed(h)
-	w.CheckOneLaunch(r.Launches, 1)
-	w.CheckSameHarnessFinished(sb, l1, cx)
-	t.Logf("after continue: the same Claude Code %d finished; %s", cx.PID, w.checkOneToolRun(w.Model.Requests(), 1))
+	w.T.Helper()
+	return w.CheckToolRun(reqs, attempt, toolRun)
 }
 
 // crashed is what crashAfterSnapshot leaves: the sandbox attempt 1 ran in,
@@ -213,16 +101,7 @@ func (w *world) relaunch(c crashed) result {
 	w.Restore(p2, "ck-1", c.Committed)
 	h2 := w.Start(w.Runner(w.adapter(nil), p2), 2)
 	r := w.mustSucceed(h2)
-	if len(r.Launches) != 2 {
-		w.T.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
-	}
-	l1, l2 := r.Launches[0], r.Launches[1]
-	if l1.SandboxID != c.Old || l1.Outcome != driver.OutcomeInterrupted {
-		w.T.Errorf("launch 1: %+v; want in %s, interrupted (the crash)", l1, c.Old)
-	}
-	if l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 {
-		w.T.Errorf("launch 2: %+v; want in the fork %s, finished, exit code 0", l2, c.Fork)
-	}
+	w.CheckRelaunch(r.Launches, c.Crash)
 	return r
 }
 
@@ -261,7 +140,7 @@ func (w *world) checkContinued(c crashed, replied bool, want func(fakemodel.Mess
 	if !replied {
 		answered = a1[:len(a1)-1] // the last was in flight at the crash
 	}
-	checkNoRepeats(t, append(slices.Clone(answered), a2...))
+	harnesstest.CheckNoRepeats(t, append(slices.Clone(answered), a2...))
 	first, before := a2[0], a1[len(a1)-1]
 	extra := 0 // the request in flight at the crash, sent again
 	if replied {
@@ -411,44 +290,6 @@ func parseResponseSession(t *testing.T, r result) *claude.Session {
 	return s
 }
 
-// hostileTask is a task of about 100 KB that a shell would mangle: a
-// leading dash, quotes of both kinds, $(...), backticks, ${...}, a
-// backslash before n, tabs, newlines inside and at the end, and text
-// outside ASCII.
-func hostileTask() string {
-	head := "-- --json '\"$(touch pwned-dollar)\"' `touch pwned-tick` ${HOME} \\n \t; echo \"x\" > pwned-redirect\n" +
-		"naïve — 中文 🙂 %s %d \x01\r\nthen run the tool\n"
-	var b strings.Builder
-	b.WriteString(head)
-	for i := 0; b.Len() < 100*1024; i++ {
-		fmt.Fprintf(&b, "line %d: 'single' \"double\" $(date) `uname` $((1+1)) \\ \\\\ \n", i)
-	}
-	b.WriteString("end\n")
-	return b.String()
-}
-
-// TestClaudeHostileTask: a hostile task of about 100 KB reaches the model
-// byte for byte as the only user turn, runs nothing it names (no pwned-*
-// file anywhere in the sandbox), and the run is verified.
-func TestClaudeHostileTask(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, "hostile", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
-	w.Task = hostileTask()
-	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
-	r := w.mustSucceed(h)
-	w.CheckOneLaunch(r.Launches, 0)
-	summary := w.checkOneToolRun(w.Model.Requests(), 1)
-	for _, id := range w.Sandboxes() {
-		_ = filepath.WalkDir(w.Local.HostPath(id), func(p string, d os.DirEntry, err error) error {
-			if err == nil && strings.HasPrefix(d.Name(), "pwned") {
-				t.Errorf("the task ran a command: %s exists", p)
-			}
-			return nil
-		})
-	}
-	t.Logf("a %d-byte hostile task reached the model byte for byte; %s", len(w.Task), summary)
-}
-
 // TestClaudeStopAtCheckpointContinues: with pause_at_checkpoints false, a
 // checkpoint stops Claude Code while its Bash call runs (SIGINT, as every
 // stop begins), and the launch after the checkpoint continues the saved
@@ -480,7 +321,7 @@ func TestClaudeStopAtCheckpointContinues(t *testing.T) {
 		t.Errorf("launches %+v; want the first interrupted, the second resumed at the interrupted call, finished", r.Launches)
 	}
 	reqs := w.Model.Requests()
-	checkNoRepeats(t, reqs)
+	harnesstest.CheckNoRepeats(t, reqs)
 	if len(reqs) != 3 {
 		t.Fatalf("%d model requests, want 3 (the call, the call again after the continue, the final)", len(reqs))
 	}
@@ -566,7 +407,7 @@ func TestClaudeCrashTwiceResumes(t *testing.T) {
 	if len(a2) != 1 || len(a3) != 2 {
 		t.Fatalf("attempt 2 made %d model requests, attempt 3 %d; want 1 (the call again) and 2 (the call, the final)", len(a2), len(a3))
 	}
-	checkNoRepeats(t, append(append(slices.Clone(c.Attempt1), a2...), a3...))
+	harnesstest.CheckNoRepeats(t, append(append(slices.Clone(c.Attempt1), a2...), a3...))
 	before, first := a2[0], a3[0]
 	if d := sameHistory(before.Messages, first.Messages); d != "" || len(first.Messages) != len(before.Messages)+2 {
 		t.Errorf("attempt 3's first request against attempt 2's: %q, %d then %d messages\n%s\n%s", d, len(before.Messages), len(first.Messages),

@@ -71,7 +71,7 @@ func TestNgdriverRunClaude(t *testing.T) {
 		t.Errorf("no crash in the log:\n%s", stderr.String())
 	}
 	reqs := srv.Requests()
-	checkNoRepeats(t, reqs)
+	harnesstest.CheckNoRepeats(t, reqs)
 	for _, q := range reqs {
 		if u := userTurns(q); len(u) != 1 || u[0] != task {
 			t.Errorf("request %s: user turns %.120q, want the task alone", harnesstest.DescribeRequest(q), u)

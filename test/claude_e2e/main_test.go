@@ -1,7 +1,6 @@
 package claudee2e
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -33,31 +32,15 @@ var suite = &harnesstest.Suite{
 
 func TestMain(m *testing.M) { os.Exit(suite.Main(m)) }
 
-// claudeBin is the installed Claude Code's native binary. When it is
-// missing the test fails if CI is set and skips otherwise, with one line
-// naming the install script. The tests also need root (the local
-// sandboxes' mount namespaces).
+// claudeBin is the installed Claude Code's native binary
+// (harnesstest.InstalledBinary: CLAUDE_E2E_BIN if set; missing, the test
+// fails if CI is set and skips otherwise, naming the install script).
 func claudeBin(t *testing.T) string {
 	t.Helper()
-	bin := os.Getenv(binEnv)
-	if bin == "" {
-		arch := "x64"
-		if runtime.GOARCH == "arm64" {
-			arch = "arm64"
-		}
-		bin = filepath.Join(suite.ModuleRoot, ".tools", "claude-"+claudeVersion, "node_modules", "@anthropic-ai", "claude-code-linux-"+arch, "claude")
+	arch := "x64"
+	if runtime.GOARCH == "arm64" {
+		arch = "arm64"
 	}
-	st, err := os.Stat(bin)
-	if err == nil && (!st.Mode().IsRegular() || st.Mode()&0o111 == 0) {
-		err = fmt.Errorf("not an executable file (mode %v)", st.Mode())
-	}
-	if err != nil {
-		msg := fmt.Sprintf("Claude Code %s is not installed at %s (%v): install it with `scripts/install-harnesses.sh claude`", claudeVersion, bin, err)
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	harnesstest.RequireRoot(t)
-	return bin
+	def := filepath.Join(suite.ModuleRoot, ".tools", "claude-"+claudeVersion, "node_modules", "@anthropic-ai", "claude-code-linux-"+arch, "claude")
+	return harnesstest.InstalledBinary(t, "Claude Code "+claudeVersion, binEnv, def, "scripts/install-harnesses.sh claude")
 }

@@ -19,20 +19,6 @@ import (
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
-// checkNoRepeats fails the test if any request carried the history of an
-// earlier one (fakemodel.Request.HistoryKey).
-func checkNoRepeats(t *testing.T, reqs []fakemodel.Request) {
-	t.Helper()
-	seen := map[string]int{}
-	for i, r := range reqs {
-		k := r.HistoryKey()
-		if j, ok := seen[k]; ok {
-			t.Errorf("model request %d repeats request %d: %s", i+1, j+1, harnesstest.DescribeRequest(r))
-		}
-		seen[k] = i
-	}
-}
-
 // userTurns are the user messages of a request that the user gave (the
 // task, a later prompt), each byte for byte: Codex's own
 // <environment_context> block is left out.
@@ -46,118 +32,18 @@ func userTurns(r fakemodel.Request) []string {
 	return out
 }
 
-// checkOneToolRun checks the model requests of one completed single-tool
-// run of an attempt: exactly two (the exec_command call, the final), the
-// first ending with the task as the only user turn byte for byte, the
-// second with the call the model made and its result, none repeated, all
-// on the attempt's prefix. It returns a summary.
+// toolRun is one completed single-tool run of Codex on the wire: two
+// Responses requests, the exec_command call and its real output (not
+// Codex's synthetic "aborted"), the first ending with the task.
+var toolRun = harnesstest.ToolRun{
+	API: fakemodel.APIResponses, Path: "/v1/responses", Tool: "exec_command", UserTurns: userTurns,
+	Synthetic: func(m fakemodel.Message) bool { return m.Content == "aborted" }, TaskLast: true,
+}
+
+// checkOneToolRun is harnesstest.World.CheckToolRun of Codex (toolRun).
 func (w *world) checkOneToolRun(reqs []fakemodel.Request, attempt int) string {
-	t := w.T
-	t.Helper()
-	checkNoRepeats(t, reqs)
-	if len(reqs) != 2 {
-		for i, r := range reqs {
-			t.Logf("model request %d: %s", i+1, harnesstest.DescribeRequest(r))
-		}
-		t.Fatalf("%d model requests, want 2 (the tool call, the final)", len(reqs))
-	}
-	prefix := "/ng-rollout/" + fmt.Sprintf("%s-a%d", w.Rollout, attempt) + "/v1/responses"
-	for _, r := range reqs {
-		if r.Attempt != attempt || r.Path != prefix || r.API != fakemodel.APIResponses {
-			t.Errorf("request %s (%s): attempt %d, want %d on %s", r.Path, r.API, r.Attempt, attempt, prefix)
-		}
-		if u := userTurns(r); len(u) != 1 || u[0] != w.Task {
-			t.Errorf("request %s: user turns %d (%.80q), want the task alone, byte for byte", r.Path, len(u), u)
-		}
-	}
-	if last := reqs[0].LastMessage(); last.Role != "user" || len(last.Parts) != 1 || last.Parts[0] != w.Task {
-		t.Errorf("the first request ends with %s %.80q, want the user's task exactly", last.Role, last.Content)
-	}
-	final := reqs[1]
-	n := len(final.Messages)
-	if n < 3 {
-		t.Fatalf("the final request's history is %+v", final.Messages)
-	}
-	call, res := final.Messages[n-2], final.Messages[n-1]
-	if res.Role != "tool" || call.Role != "assistant" || len(call.ToolCalls) != 1 || call.ToolCalls[0].ID != res.ToolCallID || call.ToolCalls[0].Name != "exec_command" {
-		t.Errorf("the final request ends with %+v then %+v, want the exec_command call and its result", call, res)
-	}
-	if res.Content == "aborted" {
-		t.Errorf("the tool result is Codex's synthetic %q", res.Content)
-	}
-	return fmt.Sprintf("%d model requests (tool call, final), none repeated, the task the only user turn", len(reqs))
-}
-
-// TestCodexRunVerified: the real Codex CLI under the driver runs the task
-// to a verified result (the owner's check finds done.txt): one launch,
-// finished, exit 0; two model requests on the rollout's prefix, the task
-// the only user turn; the response holds the session file and the final
-// text, and its NeMoGymResponse the call, its output, the final message
-// and the usage.
-func TestCodexRunVerified(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, "run", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
-	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
-	r := w.mustSucceed(h)
-	w.CheckOneLaunch(r.Launches, 0)
-	if !strings.Contains(r.Response.SessionPath, "/state/codex/") || !strings.HasSuffix(r.Response.SessionPath, "-"+r.Response.SessionID+".jsonl") {
-		t.Errorf("session %s at %q, want the rollout file in the state folder", r.Response.SessionID, r.Response.SessionPath)
-	}
-	t.Logf("verified in one launch of %.1f s; %s", r.Launches[0].DurationS, w.checkOneToolRun(w.Model.Requests(), 1))
-}
-
-// TestCodexPauseMidTool: a checkpoint pauses Codex while its exec_command
-// runs `sleep`. Every process of the launch (Codex, the tool's bash in a
-// session and process group of its own, sleep) is stopped; every file of
-// the sandbox (Codex's session file and SQLite files among them) and every
-// process's CPU time stay unchanged while the owner snapshots the sandbox
-// and the checkpoint holds; no model request arrives. After the checkpoint
-// opens the SAME Codex process finishes (one launch, pauses 1), each model
-// call made once, and the owner verifies done.txt.
-func TestCodexPauseMidTool(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, "midtool", fakemodel.Options{Script: script("sleep 8; touch done.txt", "touch done.txt")})
-	p := newParticipant()
-	h := w.Start(w.Runner(w.adapter(nil), p), 1)
-	sb := w.WaitSandbox(1)
-	l1 := w.LaunchID(1, 1, sb)
-	w.WaitProc(sb, l1, "sleep")
-	cx := w.Harness(sb, l1)
-
-	w.Prepare(p, "ck-1")
-	nreq := len(w.Model.Requests())
-	a := w.Observe(sb, l1)
-	if _, ok := a.Procs[cx.PID]; !ok || !slices.Contains(harnesstest.Comms(a), "sleep") || !slices.Contains(harnesstest.Comms(a), "bash") {
-		t.Fatalf("the paused launch holds %v (Codex %d), want Codex, the tool's bash and sleep", harnesstest.Comms(a), cx.PID)
-	}
-	tr, err := suite.Tree(w.LaunchDir(sb, l1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var codexSID int
-	for _, q := range tr.Processes {
-		if q.PID == cx.PID {
-			codexSID = q.SID
-		}
-	}
-	for _, q := range tr.Processes {
-		if q.Comm == "bash" && (q.SID != q.PID || q.PGID != q.PID || q.SID == codexSID) {
-			t.Errorf("the tool's bash %d is in process group %d, session %d (Codex's session %d): want a session and group of its own", q.PID, q.PGID, q.SID, codexSID)
-		}
-	}
-	w.Commit(p, "ck-1")
-	time.Sleep(harnesstest.Hold)
-	b := w.Observe(sb, l1)
-	t.Logf("paused mid-tool, processes (comm pid/ppid/pgid/sid) %s: %s", harnesstest.DescribeSessions(tr), compareStill(t, a, b))
-	if n := len(w.Model.Requests()); n != nreq {
-		t.Errorf("%d model requests arrived while paused", n-nreq)
-	}
-	w.Resume(p, "ck-1")
-
-	r := w.mustSucceed(h)
-	w.CheckOneLaunch(r.Launches, 1)
-	w.CheckSameHarnessFinished(sb, l1, cx)
-	t.Logf("after continue: the same Codex %d finished; %s", cx.PID, w.checkOneToolRun(w.Model.Requests(), 1))
+	w.T.Helper()
+	return w.CheckToolRun(reqs, attempt, toolRun)
 }
 
 // crashed is what crashAfterSnapshot leaves: the sandbox attempt 1 ran in,
@@ -228,14 +114,9 @@ func TestCodexCrashMidToolStartsFresh(t *testing.T) {
 	w.Restore(p2, "ck-1", c.Committed)
 	h2 := w.Start(w.Runner(w.adapter(nil), p2), 2)
 	r := w.mustSucceed(h2)
-	if len(r.Launches) != 2 {
-		t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
-	}
-	l1, l2 := r.Launches[0], r.Launches[1]
-	if l1.SandboxID != c.Old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
-		t.Errorf("launch 1: %+v; want in %s, interrupted (the crash), pauses 1", l1, c.Old)
-	}
-	if l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || l2.Resumed ||
+	w.CheckRelaunch(r.Launches, c.Crash)
+	l2 := r.Launches[1]
+	if l2.Resumed ||
 		!strings.Contains(l2.Reason, "starts with the task and holds 1 completed model response, but Codex cannot continue it without adding a user turn") ||
 		!strings.Contains(l2.Reason, "starting over with the task in a fresh CODEX_HOME") {
 		t.Errorf("launch 2: %+v; want in the fork %s, finished, not resumed, the reason saying why it starts over", l2, c.Fork)
@@ -327,44 +208,6 @@ func tailOf(b []byte) string {
 	return string(b)
 }
 
-// hostileTask is a task of about 100 KB that a shell would mangle: a
-// leading dash, quotes of both kinds, $(...), backticks, ${...}, a
-// backslash before n, tabs, newlines inside and at the end, and text
-// outside ASCII.
-func hostileTask() string {
-	head := "-- --json '\"$(touch pwned-dollar)\"' `touch pwned-tick` ${HOME} \\n \t; echo \"x\" > pwned-redirect\n" +
-		"naïve — 中文 🙂 %s %d \x01\r\nthen run the tool\n"
-	var b strings.Builder
-	b.WriteString(head)
-	for i := 0; b.Len() < 100*1024; i++ {
-		fmt.Fprintf(&b, "line %d: 'single' \"double\" $(date) `uname` $((1+1)) \\ \\\\ \n", i)
-	}
-	b.WriteString("end\n")
-	return b.String()
-}
-
-// TestCodexHostileTask: a hostile task of about 100 KB reaches the model
-// byte for byte as the only user turn, runs nothing it names (no pwned-*
-// file anywhere in the sandbox), and the run is verified.
-func TestCodexHostileTask(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, "hostile", fakemodel.Options{Script: script("touch done.txt", "touch done.txt")})
-	w.Task = hostileTask()
-	h := w.Start(w.Runner(w.adapter(nil), newParticipant()), 1)
-	r := w.mustSucceed(h)
-	w.CheckOneLaunch(r.Launches, 0)
-	summary := w.checkOneToolRun(w.Model.Requests(), 1)
-	for _, id := range w.Sandboxes() {
-		_ = filepath.WalkDir(w.Local.HostPath(id), func(p string, d os.DirEntry, err error) error {
-			if err == nil && strings.HasPrefix(d.Name(), "pwned") {
-				t.Errorf("the task ran a command: %s exists", p)
-			}
-			return nil
-		})
-	}
-	t.Logf("a %d-byte hostile task reached the model byte for byte; %s", len(w.Task), summary)
-}
-
 // TestCodexCrashResumeOptIn: with resume_prompt set (the opt-in), the
 // relaunch after a crash mid-tool continues the saved session with `codex
 // exec resume` instead of starting over, and the record says what that
@@ -381,9 +224,7 @@ func TestCodexCrashResumeOptIn(t *testing.T) {
 	w.Restore(p2, "ck-1", c.Committed)
 	h2 := w.Start(w.Runner(w.adapterWith(codex.Options{ResumePrompt: &prompt}), p2), 2)
 	r := w.mustSucceed(h2)
-	if len(r.Launches) != 2 {
-		t.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
-	}
+	w.CheckRelaunch(r.Launches, c.Crash)
 	l2 := r.Launches[1]
 	if !l2.Resumed || l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished ||
 		!strings.Contains(l2.Reason, `adds the user turn "Continue." the task did not have (resume_prompt is set)`) {
@@ -408,7 +249,7 @@ func TestCodexCrashResumeOptIn(t *testing.T) {
 	if u := userTurns(first); len(u) != 2 || u[0] != task || u[1] != prompt {
 		t.Errorf("attempt 2's user turns %q, want the task and %q", u, prompt)
 	}
-	checkNoRepeats(t, append(slices.Clone(c.Attempt1), a2...))
+	harnesstest.CheckNoRepeats(t, append(slices.Clone(c.Attempt1), a2...))
 	t.Logf("launch 2 reason %q; attempt 2 made %d model requests, the first ending with the interrupted call, %q and the added turn %q",
 		l2.Reason, len(a2), out.Content, user.Content)
 }

@@ -1,7 +1,6 @@
 package codexe2e
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -33,31 +32,15 @@ var suite = &harnesstest.Suite{
 
 func TestMain(m *testing.M) { os.Exit(suite.Main(m)) }
 
-// codexBin is the installed Codex CLI's native binary. When it is missing
-// the test fails if CI is set and skips otherwise, with one line naming
-// the install script. The tests also need root (the local sandboxes'
-// mount namespaces).
+// codexBin is the installed Codex CLI's native binary
+// (harnesstest.InstalledBinary: CODEX_E2E_BIN if set; missing, the test
+// fails if CI is set and skips otherwise, naming the install script).
 func codexBin(t *testing.T) string {
 	t.Helper()
-	bin := os.Getenv(binEnv)
-	if bin == "" {
-		arch, triple := "x64", "x86_64-unknown-linux-musl"
-		if runtime.GOARCH == "arm64" {
-			arch, triple = "arm64", "aarch64-unknown-linux-musl"
-		}
-		bin = filepath.Join(suite.ModuleRoot, ".tools", "codex-"+codexVersion, "node_modules", "@openai", "codex-linux-"+arch, "vendor", triple, "bin", "codex")
+	arch, triple := "x64", "x86_64-unknown-linux-musl"
+	if runtime.GOARCH == "arm64" {
+		arch, triple = "arm64", "aarch64-unknown-linux-musl"
 	}
-	st, err := os.Stat(bin)
-	if err == nil && (!st.Mode().IsRegular() || st.Mode()&0o111 == 0) {
-		err = fmt.Errorf("not an executable file (mode %v)", st.Mode())
-	}
-	if err != nil {
-		msg := fmt.Sprintf("Codex CLI %s is not installed at %s (%v): install it with `scripts/install-harnesses.sh codex`", codexVersion, bin, err)
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	harnesstest.RequireRoot(t)
-	return bin
+	def := filepath.Join(suite.ModuleRoot, ".tools", "codex-"+codexVersion, "node_modules", "@openai", "codex-linux-"+arch, "vendor", triple, "bin", "codex")
+	return harnesstest.InstalledBinary(t, "Codex CLI "+codexVersion, binEnv, def, "scripts/install-harnesses.sh codex")
 }

@@ -2,6 +2,7 @@ package codexe2e
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,52 +92,13 @@ func (w *world) adapterWith(opt codex.Options) *codex.Adapter {
 	return a
 }
 
-// checkGymReply shapes the adapter's response as the /run reply carries it
-// (a NeMoGymResponse from the session file, and codex_* fields) and checks
-// it: the output holds an exec_command call and its output, the final
-// answer is the last output message, the usage is counted, the run
-// finished and its session was found.
-func (w *world) checkGymReply(response, body json.RawMessage) {
+// checkGymReply checks the /run reply of the run (harnesstest's
+// CheckGymReply: the exec_command call and its output, the final answer, the
+// usage) and its codex_* fields: the run finished, its session was
+// found, and its path.
+func (w *world) checkGymReply(response json.RawMessage) {
 	w.T.Helper()
-	resp, fields, err := w.adapter(nil).GymResult(response, body)
-	if err != nil {
-		w.T.Fatalf("the Gym response of the run: %v", err)
-	}
-	var gr struct {
-		Object string `json:"object"`
-		Model  string `json:"model"`
-		Output []struct {
-			Type    string `json:"type"`
-			Name    string `json:"name"`
-			Role    string `json:"role"`
-			Content []struct {
-				Text string `json:"text"`
-			} `json:"content"`
-		} `json:"output"`
-		Usage *struct {
-			TotalTokens int `json:"total_tokens"`
-		} `json:"usage"`
-	}
-	if err := json.Unmarshal(resp, &gr); err != nil {
-		w.T.Fatalf("the Gym response is not JSON: %v\n%s", err, resp)
-	}
-	last, calls, outputs := "", 0, 0
-	for _, it := range gr.Output {
-		switch {
-		case it.Type == "message" && it.Role == "assistant" && len(it.Content) > 0:
-			last = it.Content[len(it.Content)-1].Text
-		case it.Type == "function_call" && it.Name == "exec_command":
-			calls++
-		case it.Type == "function_call_output":
-			outputs++
-		}
-	}
-	if calls == 0 || calls != outputs {
-		w.T.Errorf("the Gym response holds %d exec_command calls and %d outputs, want one output a call", calls, outputs)
-	}
-	if gr.Object != "response" || gr.Model == "" || last != finalText || gr.Usage == nil || gr.Usage.TotalTokens == 0 {
-		w.T.Errorf("the Gym response: object %q model %q last assistant text %q usage %+v; want response, a model, %q, counted", gr.Object, gr.Model, last, gr.Usage, finalText)
-	}
+	fields := w.CheckGymReply(w.adapter(nil), response, "exec_command", finalText)
 	if string(fields["codex_finished"]) != "true" || string(fields["codex_session_found"]) != "true" || len(fields["codex_session_path"]) < 3 {
 		w.T.Errorf("the codex_* fields %v: want finished, session found and its path", fields)
 	}
@@ -147,15 +109,7 @@ func (w *world) checkGymReply(response, body json.RawMessage) {
 // collected).
 type result struct {
 	harnesstest.Verdict
-	Response struct {
-		ExitCode     int             `json:"exit_code"`
-		SessionID    string          `json:"session_id"`
-		SessionPath  string          `json:"session_path"`
-		Session      json.RawMessage `json:"session"`
-		FinalText    string          `json:"final_text"`
-		SessionError string          `json:"session_error"`
-		StderrTail   string          `json:"stderr_tail"`
-	} `json:"response"`
+	Response harnesstest.SessionResponse `json:"response"`
 }
 
 // mustSucceed waits for the run, which must return a result with reward 1
@@ -166,11 +120,8 @@ func (w *world) mustSucceed(h *harnesstest.Run) result {
 	w.T.Helper()
 	return harnesstest.MustSucceed(w.World, h, func(r result, response json.RawMessage) {
 		w.T.Helper()
-		if r.Response.ExitCode != 0 || r.Response.SessionError != "" || r.Response.FinalText != finalText {
-			w.T.Errorf("response: exit code %d, session error %q, final text %q (want 0, none, %q); stderr tail %q",
-				r.Response.ExitCode, r.Response.SessionError, r.Response.FinalText, finalText, r.Response.StderrTail)
-		}
-		w.checkGymReply(response, w.Body())
+		r.Response.Check(w.T, finalText)
+		w.checkGymReply(response)
 	})
 }
 
@@ -179,10 +130,32 @@ func newParticipant() *driver.Participant {
 	return driver.MustParticipant(driver.ParticipantConfig{Adapter: "codex"})
 }
 
-// compareStill is harnesstest.CompareStill for Codex, whose session file
-// and SQLite files are among the sandbox's files (its state folder is in
-// the sandbox).
-func compareStill(t *testing.T, a, b harnesstest.Still) string {
-	t.Helper()
-	return harnesstest.CompareStill(t, a, b, " (the session file and Codex's SQLite files among them)")
+// kit is what the shared matrix (harnesstest.Harness) needs of Codex.
+var kit = harnesstest.Harness{
+	Name: "Codex",
+	NewRig: func(t *testing.T, name string, model fakemodel.Options) harnesstest.Rig {
+		return newWorld(t, name, model).rig()
+	},
+	Script:         script,
+	NewParticipant: newParticipant,
+	ToolShell:      "bash",
+	FilesNote:      " (the session file and Codex's SQLite files among them)",
+	FreshReason:    "holds no completed model response; starting over with the task in a fresh CODEX_HOME",
+	SessionFile: func(id, path string) bool {
+		return strings.Contains(path, "/state/codex/") && strings.HasSuffix(path, "-"+id+".jsonl")
+	},
+}
+
+// rig is the world as the shared matrix drives it.
+func (w *world) rig() harnesstest.Rig {
+	return harnesstest.Rig{
+		World:   w.World,
+		Adapter: func() driver.Adapter { return w.adapter(nil) },
+		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
+			w.T.Helper()
+			r := w.mustSucceed(h)
+			return harnesstest.Finished{Verdict: r.Verdict, SessionID: r.Response.SessionID, SessionPath: r.Response.SessionPath}
+		},
+		CheckOneToolRun: w.checkOneToolRun,
+	}
 }

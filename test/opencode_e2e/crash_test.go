@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/harnesstest"
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/proto"
 	"github.com/ngharness/ngharness/test/fakemodel"
@@ -51,16 +50,7 @@ func (w *world) relaunch(c crashed, env map[string]string, during func()) result
 		during()
 	}
 	r := w.mustSucceed(h2)
-	if len(r.Launches) != 2 {
-		w.T.Fatalf("%d launches, want 2: %+v", len(r.Launches), r.Launches)
-	}
-	l1, l2 := r.Launches[0], r.Launches[1]
-	if l1.ID != w.LaunchID(1, 1, c.Old) || l1.SandboxID != c.Old || l1.Outcome != driver.OutcomeInterrupted || l1.Pauses != 1 {
-		w.T.Errorf("launch 1: %+v; want %s in %s, interrupted (the crash), pauses 1", l1, w.LaunchID(1, 1, c.Old), c.Old)
-	}
-	if l2.ID != w.LaunchID(2, 2, c.Fork) || l2.SandboxID != c.Fork || l2.Outcome != driver.OutcomeFinished || l2.ExitCode != 0 || !l2.Supervised {
-		w.T.Errorf("launch 2: %+v; want %s in the fork %s, finished, exit code 0, supervised", l2, w.LaunchID(2, 2, c.Fork), c.Fork)
-	}
+	w.CheckRelaunch(r.Launches, c.Crash)
 	return r
 }
 

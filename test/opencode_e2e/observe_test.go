@@ -60,11 +60,11 @@ func checkNoRepeats(t *testing.T, reqs []fakemodel.Request) {
 }
 
 // checkOneToolRun checks the model requests of one completed single-tool
-// turn in attempt 1: exactly title, tool call, final (3 requests, 2 with
+// turn of an attempt: exactly title, tool call, final (3 requests, 2 with
 // tools), the main turn ending with the task as the user's message, the
 // final ending with the result of the tool call the model made, and no
 // request repeated. It returns a summary.
-func checkOneToolRun(t *testing.T, reqs []fakemodel.Request) string {
+func checkOneToolRun(t *testing.T, reqs []fakemodel.Request, attempt int) string {
 	t.Helper()
 	checkNoRepeats(t, reqs)
 	mains := mainTurns(reqs)
@@ -75,8 +75,8 @@ func checkOneToolRun(t *testing.T, reqs []fakemodel.Request) string {
 		t.Fatalf("%d model requests, %d with tools; want 3 (title, tool call, final), 2 with tools", len(reqs), len(mains))
 	}
 	for _, r := range reqs {
-		if r.Attempt != 1 {
-			t.Errorf("request %s: attempt %d, want 1", r.Path, r.Attempt)
+		if r.Attempt != attempt {
+			t.Errorf("request %s: attempt %d, want %d", r.Path, r.Attempt, attempt)
 		}
 	}
 	if last := mains[0].LastMessage(); last.Role != "user" || last.Content != task {

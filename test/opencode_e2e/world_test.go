@@ -95,42 +95,13 @@ func (w *world) adapter(env map[string]string) *opencode.Adapter {
 	return a
 }
 
-// checkGymReply shapes the adapter's response as the /run reply carries it
-// (a NeMoGymResponse from the session export, and opencode_* fields) and
-// checks it: the final answer is the last output message, the usage is
-// counted, the run finished and its export was found.
-func (w *world) checkGymReply(response, body json.RawMessage) {
+// checkGymReply checks the /run reply of the run (harnesstest's
+// CheckGymReply: the final answer is the last output message, the usage
+// is counted) and its opencode_* fields: the run finished, its export was
+// found, and its path.
+func (w *world) checkGymReply(response json.RawMessage) {
 	w.T.Helper()
-	resp, fields, err := w.adapter(nil).GymResult(response, body)
-	if err != nil {
-		w.T.Fatalf("the Gym response of the run: %v", err)
-	}
-	var gr struct {
-		Object string `json:"object"`
-		Model  string `json:"model"`
-		Output []struct {
-			Type    string `json:"type"`
-			Role    string `json:"role"`
-			Content []struct {
-				Text string `json:"text"`
-			} `json:"content"`
-		} `json:"output"`
-		Usage *struct {
-			TotalTokens int `json:"total_tokens"`
-		} `json:"usage"`
-	}
-	if err := json.Unmarshal(resp, &gr); err != nil {
-		w.T.Fatalf("the Gym response is not JSON: %v\n%s", err, resp)
-	}
-	last := ""
-	for _, it := range gr.Output {
-		if it.Type == "message" && it.Role == "assistant" && len(it.Content) > 0 {
-			last = it.Content[len(it.Content)-1].Text
-		}
-	}
-	if gr.Object != "response" || gr.Model == "" || last != finalText || gr.Usage == nil || gr.Usage.TotalTokens == 0 {
-		w.T.Errorf("the Gym response: object %q model %q last assistant text %q usage %+v; want response, a model, %q, counted", gr.Object, gr.Model, last, gr.Usage, finalText)
-	}
+	fields := w.CheckGymReply(w.adapter(nil), response, "", finalText)
 	if string(fields["opencode_finished"]) != "true" || string(fields["opencode_export_found"]) != "true" || len(fields["opencode_results_fpath"]) < 3 {
 		w.T.Errorf("the opencode_* fields %v: want finished, export found and its path", fields)
 	}
@@ -163,7 +134,7 @@ func (w *world) mustSucceed(h *harnesstest.Run) result {
 			w.T.Errorf("response: exit code %d, export error %q, final text %q (want 0, none, %q); stderr tail %q",
 				r.Response.ExitCode, r.Response.ExportError, r.Response.FinalText, finalText, r.Response.StderrTail)
 		}
-		w.checkGymReply(response, w.Body())
+		w.checkGymReply(response)
 	})
 }
 
@@ -197,4 +168,39 @@ func (w *world) dbFiles(sandboxID string) map[string][]byte {
 func compareStill(t *testing.T, a, b harnesstest.Still) string {
 	t.Helper()
 	return harnesstest.CompareStill(t, a, b, "")
+}
+
+// kit is what the shared matrix (harnesstest.Harness) needs of OpenCode
+// oc. Its side request is the title request (no tools), made beside the
+// first main turn.
+func kit(oc openCode) harnesstest.Harness {
+	return harnesstest.Harness{
+		Name: "OpenCode",
+		NewRig: func(t *testing.T, name string, model fakemodel.Options) harnesstest.Rig {
+			return newWorld(t, oc, name, model).rig()
+		},
+		Script:         script,
+		NewParticipant: newParticipant,
+		ToolShell:      "bash",
+		MainTurn:       func(r fakemodel.Request) bool { return r.HasTools },
+		SideRequests:   1,
+		FreshReason:    "holds no completed model response",
+	}
+}
+
+// rig is the world as the shared matrix drives it.
+func (w *world) rig() harnesstest.Rig {
+	return harnesstest.Rig{
+		World:   w.World,
+		Adapter: func() driver.Adapter { return w.adapter(nil) },
+		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
+			w.T.Helper()
+			r := w.mustSucceed(h)
+			return harnesstest.Finished{Verdict: r.Verdict, SessionID: r.Response.SessionID}
+		},
+		CheckOneToolRun: func(reqs []fakemodel.Request, attempt int) string {
+			w.T.Helper()
+			return checkOneToolRun(w.T, reqs, attempt)
+		},
+	}
 }
