@@ -202,4 +202,3 @@ func mustJSON(t *testing.T, v any) json.RawMessage {
 }
 
 func mustString(t *testing.T, s string) string { return string(mustJSON(t, s)) }
-
