@@ -133,23 +133,13 @@ func compactJSON(raw json.RawMessage) string {
 // from the body's responses_create_params, the model from Options.Model),
 // and the claude_* fields go beside it.
 func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, map[string]json.RawMessage, error) {
-	var r struct {
-		ExitCode    int             `json:"exit_code"`
-		Session     json.RawMessage `json:"session"`
-		SessionPath string          `json:"session_path"`
-		Stdout      string          `json:"stdout_tail"`
-		Stderr      string          `json:"stderr_tail"`
-	}
-	if err := json.Unmarshal(response, &r); err != nil {
-		return nil, nil, fmt.Errorf("claude: the stored response is not the adapter's: %w", err)
+	r, data, err := driver.ReadStoredRun("claude", response)
+	if err != nil {
+		return nil, nil, err
 	}
 	opt, err := gym.ResponseOptionsFromBody(body, a.opt.Model)
 	if err != nil {
 		return nil, nil, err
-	}
-	data, err := driver.ArrayJSONLines(r.Session)
-	if err != nil {
-		return nil, nil, fmt.Errorf("claude: %w", err)
 	}
 	var s *Session
 	if data != nil {
@@ -161,11 +151,7 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 	if err != nil {
 		return nil, nil, err
 	}
-	fields, err := json.Marshal(GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr,
+	fields, err := driver.JSONFields(GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr,
 		SessionFound: s != nil, Finished: r.ExitCode == 0})
-	if err != nil {
-		return nil, nil, err
-	}
-	var out map[string]json.RawMessage
-	return resp, out, json.Unmarshal(fields, &out)
+	return resp, fields, err
 }

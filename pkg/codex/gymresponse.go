@@ -99,23 +99,13 @@ func BuildGymResponse(s *Session, opt gym.ResponseOptions) gym.Response {
 // from the body's responses_create_params, the model from Options.Model),
 // and the codex_* fields go beside it.
 func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, map[string]json.RawMessage, error) {
-	var r struct {
-		ExitCode    int             `json:"exit_code"`
-		Session     json.RawMessage `json:"session"`
-		SessionPath string          `json:"session_path"`
-		Stdout      string          `json:"stdout_tail"`
-		Stderr      string          `json:"stderr_tail"`
-	}
-	if err := json.Unmarshal(response, &r); err != nil {
-		return nil, nil, fmt.Errorf("codex: the stored response is not the adapter's: %w", err)
+	r, data, err := driver.ReadStoredRun("codex", response)
+	if err != nil {
+		return nil, nil, err
 	}
 	opt, err := gym.ResponseOptionsFromBody(body, a.opt.Model)
 	if err != nil {
 		return nil, nil, err
-	}
-	data, err := driver.ArrayJSONLines(r.Session)
-	if err != nil {
-		return nil, nil, fmt.Errorf("codex: %w", err)
 	}
 	var s *Session
 	if data != nil {
@@ -127,13 +117,9 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 	if err != nil {
 		return nil, nil, err
 	}
-	data, err = json.Marshal(GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr,
+	fields, err := driver.JSONFields(GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr,
 		SessionFound: s != nil, Finished: r.ExitCode == 0})
-	if err != nil {
-		return nil, nil, err
-	}
-	var fields map[string]json.RawMessage
-	return resp, fields, json.Unmarshal(data, &fields)
+	return resp, fields, err
 }
 
 // unanswered is the output of a call the session holds none for, given

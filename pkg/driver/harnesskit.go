@@ -1,20 +1,82 @@
 package driver
 
-// Helpers for adapters of command-line harnesses (Codex, Claude Code):
-// the task as one argument, the newest session file of a state folder,
-// and the session's JSON lines kept in a response. They hold no harness's
-// names; each adapter passes its own.
+// Helpers for adapters of command-line harnesses (OpenCode, Codex, Claude
+// Code): the checks of their common options, the state folder's name in
+// the state, the rollout's segment of the model URL, the task as one
+// argument, the newest session file of a state folder, the session's
+// JSON lines kept in a response and read back for Gym. They hold no
+// harness's names; each adapter passes its own (the name that starts its
+// errors and its config section).
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
+	"path"
 	"strings"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
+
+// CheckModelURL checks an adapter's model_url option: set, and an
+// http(s) URL with a host. The errors name the adapter and its config key.
+func CheckModelURL(adapter, modelURL string) error {
+	if modelURL == "" {
+		return fmt.Errorf("%s: the model server (%s.model_url) is required", adapter, adapter)
+	}
+	if u, err := url.Parse(modelURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%s: model_url %q is not an http(s) URL", adapter, modelURL)
+	}
+	return nil
+}
+
+// CheckEnvNames checks the names of an adapter's env option: each can be
+// an environment variable (not empty, no '=' or NUL).
+func CheckEnvNames(adapter string, env map[string]string) error {
+	for k := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fmt.Errorf("%s: env name %q is not a variable name", adapter, k)
+		}
+	}
+	return nil
+}
+
+// ParseTimeout reads an adapter's timeout option, a Go duration ("" is
+// none: 0).
+func ParseTimeout(adapter, timeout string) (time.Duration, error) {
+	if timeout == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(timeout)
+	if err != nil {
+		return 0, fmt.Errorf("%s: timeout %q: %v", adapter, timeout, err)
+	}
+	return d, nil
+}
+
+// StateHome reads the state of an adapter that keeps a rollout attempt's
+// files in one folder, {"home": FOLDER}: the folder, which must be
+// absolute.
+func StateHome(adapter string, raw json.RawMessage) (string, error) {
+	var s struct {
+		Home string `json:"home"`
+	}
+	if err := json.Unmarshal(raw, &s); err != nil || s.Home == "" || !path.IsAbs(s.Home) {
+		return s.Home, fmt.Errorf("%s: the state %s names no absolute folder", adapter, raw)
+	}
+	return s.Home, nil
+}
+
+// RolloutSegment is the path segment that attributes model calls to a
+// rollout attempt: <id>-a<attempt>, escaped as one path segment, so that
+// no character of the id ('/', '?', '#', '%', a space) changes the URL's
+// shape, and the model server reads the exact id back.
+func RolloutSegment(rollout string, attempt int) string {
+	return url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
+}
 
 // MaxArg is Linux's bound on one argument string (MAX_ARG_STRLEN, 32
 // pages), its terminating NUL included.
@@ -119,6 +181,43 @@ func ArrayJSONLines(raw json.RawMessage) ([]byte, error) {
 		data = append(append(data, l...), '\n')
 	}
 	return data, nil
+}
+
+// StoredRun is what the Response of an adapter that keeps its session as
+// JSON lines stores, as its GymResult reads it back.
+type StoredRun struct {
+	ExitCode int `json:"exit_code"`
+	// Session is the session's lines (JSONLinesArray), null when none was
+	// read.
+	Session     json.RawMessage `json:"session"`
+	SessionPath string          `json:"session_path"`
+	Stdout      string          `json:"stdout_tail"`
+	Stderr      string          `json:"stderr_tail"`
+}
+
+// ReadStoredRun reads an adapter's stored response back: the run, and
+// its session's lines (ArrayJSONLines; nil when none was stored).
+func ReadStoredRun(adapter string, response json.RawMessage) (StoredRun, []byte, error) {
+	var r StoredRun
+	if err := json.Unmarshal(response, &r); err != nil {
+		return r, nil, fmt.Errorf("%s: the stored response is not the adapter's: %w", adapter, err)
+	}
+	data, err := ArrayJSONLines(r.Session)
+	if err != nil {
+		return r, nil, fmt.Errorf("%s: %w", adapter, err)
+	}
+	return r, data, nil
+}
+
+// JSONFields splits a value into its JSON object's fields (the fields an
+// adapter's GymResult puts beside `response`).
+func JSONFields(v any) (map[string]json.RawMessage, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var out map[string]json.RawMessage
+	return out, json.Unmarshal(data, &out)
 }
 
 // Tail is the last n bytes of s.

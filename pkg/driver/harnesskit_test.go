@@ -3,6 +3,7 @@ package driver_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,5 +111,88 @@ func TestJSONLinesArray(t *testing.T) {
 	}
 	if _, err := driver.ArrayJSONLines(json.RawMessage(`{"a":1}`)); err == nil || !strings.Contains(err.Error(), "not a list of lines") {
 		t.Errorf("an object: %v", err)
+	}
+}
+
+// TestAdapterOptionChecks: the checks adapters share name the adapter and
+// the config key: model_url set and http(s) with a host; env names
+// variable names; timeout a Go duration ("" none).
+func TestAdapterOptionChecks(t *testing.T) {
+	for _, c := range []struct{ url, want string }{
+		{"http://127.0.0.1:9", ""}, {"https://h/base/", ""},
+		{"", "x: the model server (x.model_url) is required"},
+		{"127.0.0.1:9", `x: model_url "127.0.0.1:9" is not an http(s) URL`},
+		{"ftp://h", `x: model_url "ftp://h" is not an http(s) URL`},
+		{"http://", `x: model_url "http://" is not an http(s) URL`},
+		{"http://h/%zz", `x: model_url "http://h/%zz" is not an http(s) URL`},
+	} {
+		if err := driver.CheckModelURL("x", c.url); (err == nil) != (c.want == "") || err != nil && err.Error() != c.want {
+			t.Errorf("CheckModelURL(%q): %v, want %q", c.url, err, c.want)
+		}
+	}
+	if err := driver.CheckEnvNames("x", map[string]string{"A_B": "=", "c": ""}); err != nil {
+		t.Errorf("good names: %v", err)
+	}
+	for _, k := range []string{"", "A=B", "A\x00"} {
+		if err := driver.CheckEnvNames("x", map[string]string{k: "1"}); err == nil || err.Error() != fmt.Sprintf("x: env name %q is not a variable name", k) {
+			t.Errorf("env name %q: %v", k, err)
+		}
+	}
+	if d, err := driver.ParseTimeout("x", ""); d != 0 || err != nil {
+		t.Errorf("no timeout: %v %v", d, err)
+	}
+	if d, err := driver.ParseTimeout("x", "1m30s"); d != 90*time.Second || err != nil {
+		t.Errorf("1m30s: %v %v", d, err)
+	}
+	if _, err := driver.ParseTimeout("x", "soon"); err == nil || err.Error() != `x: timeout "soon": time: invalid duration "soon"` {
+		t.Errorf("a bad timeout: %v", err)
+	}
+}
+
+// TestStateHomeAndSegment: a state names an absolute folder, else the
+// error names the adapter and the state; the rollout segment escapes the
+// id as one path segment.
+func TestStateHomeAndSegment(t *testing.T) {
+	if home, err := driver.StateHome("x", json.RawMessage(`{"home":"/s/a b"}`)); home != "/s/a b" || err != nil {
+		t.Errorf("a good state: %q %v", home, err)
+	}
+	for _, raw := range []string{`{"home":"rel"}`, `{}`, `nope`, `{"home":7}`} {
+		if _, err := driver.StateHome("x", json.RawMessage(raw)); err == nil || err.Error() != "x: the state "+raw+" names no absolute folder" {
+			t.Errorf("state %s: %v", raw, err)
+		}
+	}
+	if got := driver.RolloutSegment("r/1?#% x", 2); got != "r%2F1%3F%23%25%20x-a2" {
+		t.Errorf("segment %q", got)
+	}
+}
+
+// TestReadStoredRun: a stored response is read back with its session's
+// lines; none stored is nil lines; a response or session of another
+// shape is an error naming the adapter. JSONFields splits a value into
+// its JSON fields.
+func TestReadStoredRun(t *testing.T) {
+	raw := json.RawMessage(`{"exit_code":3,"session":[{"a":1},{"b":2}],"session_path":"/p","stdout_tail":"o","stderr_tail":"e","other":1}`)
+	r, data, err := driver.ReadStoredRun("x", raw)
+	if err != nil || r.ExitCode != 3 || r.SessionPath != "/p" || r.Stdout != "o" || r.Stderr != "e" || string(data) != "{\"a\":1}\n{\"b\":2}\n" {
+		t.Errorf("read %+v %q %v", r, data, err)
+	}
+	if _, data, err := driver.ReadStoredRun("x", json.RawMessage(`{"exit_code":1}`)); err != nil || data != nil {
+		t.Errorf("no session: %q %v", data, err)
+	}
+	if _, _, err := driver.ReadStoredRun("x", json.RawMessage(`[1]`)); err == nil || !strings.HasPrefix(err.Error(), "x: the stored response is not the adapter's: ") {
+		t.Errorf("an array: %v", err)
+	}
+	if _, _, err := driver.ReadStoredRun("x", json.RawMessage(`{"session":{}}`)); err == nil || !strings.HasPrefix(err.Error(), "x: the stored session is not a list of lines") {
+		t.Errorf("a session object: %v", err)
+	}
+	fields, err := driver.JSONFields(struct {
+		A string `json:"x_a"`
+		B bool   `json:"x_b"`
+	}{"s", true})
+	if err != nil || len(fields) != 2 || string(fields["x_a"]) != `"s"` || string(fields["x_b"]) != "true" {
+		t.Errorf("fields %v %v", fields, err)
+	}
+	if _, err := driver.JSONFields(7); err == nil {
+		t.Error("a number split into fields")
 	}
 }
