@@ -7,7 +7,6 @@ package claude
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -133,25 +132,8 @@ func compactJSON(raw json.RawMessage) string {
 // from the body's responses_create_params, the model from Options.Model),
 // and the claude_* fields go beside it.
 func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, map[string]json.RawMessage, error) {
-	r, data, err := driver.ReadStoredRun("claude", response)
-	if err != nil {
-		return nil, nil, err
-	}
-	opt, err := gym.ResponseOptionsFromBody(body, a.opt.Model)
-	if err != nil {
-		return nil, nil, err
-	}
-	var s *Session
-	if data != nil {
-		if s, err = ParseSession(data); err != nil {
-			return nil, nil, fmt.Errorf("claude: the stored session: %w", err)
-		}
-	}
-	resp, err := json.Marshal(BuildGymResponse(s, opt))
-	if err != nil {
-		return nil, nil, err
-	}
-	fields, err := driver.JSONFields(GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr,
-		SessionFound: s != nil, Finished: r.ExitCode == 0})
-	return resp, fields, err
+	return driver.LinesGymResult("claude", response, body, a.opt.Model, ParseSession, BuildGymResponse,
+		func(r driver.StoredRun, found bool) any {
+			return GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr, SessionFound: found, Finished: r.ExitCode == 0}
+		})
 }

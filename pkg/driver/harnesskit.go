@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // CheckModelURL checks an adapter's model_url option: set, and an
@@ -207,6 +208,37 @@ func ReadStoredRun(adapter string, response json.RawMessage) (StoredRun, []byte,
 		return r, nil, fmt.Errorf("%s: %w", adapter, err)
 	}
 	return r, data, nil
+}
+
+// LinesGymResult is the GymResult (GymResulter) of an adapter whose
+// Response stores a StoredRun: `response` is build's NeMoGymResponse of
+// the stored session read by parse (the zero S, found false, when none
+// was stored), the request side from the body's responses_create_params
+// and the model named model; the fields beside it are fields' JSON
+// fields. Errors name the adapter.
+func LinesGymResult[S any](adapter string, response, body json.RawMessage, model string,
+	parse func([]byte) (S, error), build func(S, gym.ResponseOptions) gym.Response,
+	fields func(r StoredRun, found bool) any) (json.RawMessage, map[string]json.RawMessage, error) {
+	r, data, err := ReadStoredRun(adapter, response)
+	if err != nil {
+		return nil, nil, err
+	}
+	opt, err := gym.ResponseOptionsFromBody(body, model)
+	if err != nil {
+		return nil, nil, err
+	}
+	var s S
+	if data != nil {
+		if s, err = parse(data); err != nil {
+			return nil, nil, fmt.Errorf("%s: the stored session: %w", adapter, err)
+		}
+	}
+	resp, err := json.Marshal(build(s, opt))
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := JSONFields(fields(r, data != nil))
+	return resp, f, err
 }
 
 // JSONFields splits a value into its JSON object's fields (the fields an

@@ -3,6 +3,7 @@ package driver_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/hosttest"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // TestReadNewestFile: on a real /bin/sh, in a folder whose name holds
@@ -194,5 +196,42 @@ func TestReadStoredRun(t *testing.T) {
 	}
 	if _, err := driver.JSONFields(7); err == nil {
 		t.Error("a number split into fields")
+	}
+}
+
+// TestLinesGymResult: the stored session's lines reach parse, its result
+// build (with the model and the body's request side), and the fields
+// are split beside the response; none stored gives parse nothing and
+// found false; a session parse refuses is an error naming the adapter.
+func TestLinesGymResult(t *testing.T) {
+	parse := func(data []byte) (*string, error) {
+		if strings.Contains(string(data), "bad") {
+			return nil, errors.New("line 1 is bad")
+		}
+		s := string(data)
+		return &s, nil
+	}
+	build := func(s *string, opt gym.ResponseOptions) gym.Response {
+		r := gym.NewResponse(&opt)
+		if s != nil {
+			r.Output = append(r.Output, &gym.InputMessage{Content: []gym.InputText{{Text: *s, Type: "input_text"}}, Role: "user", Type: "message"})
+		}
+		return r
+	}
+	fields := func(r driver.StoredRun, found bool) any {
+		return map[string]any{"x_found": found, "x_exit": r.ExitCode}
+	}
+	body := json.RawMessage(`{"responses_create_params":{"input":"hi"}}`)
+	resp, f, err := driver.LinesGymResult("x", json.RawMessage(`{"exit_code":2,"session":[{"a":1}]}`), body, "served", parse, build, fields)
+	if err != nil || !strings.Contains(string(resp), `"text":"{\"a\":1}\n"`) || !strings.Contains(string(resp), `"model":"served"`) ||
+		string(f["x_found"]) != "true" || string(f["x_exit"]) != "2" {
+		t.Errorf("a session: %s %v %v", resp, f, err)
+	}
+	resp, f, err = driver.LinesGymResult("x", json.RawMessage(`{"exit_code":0}`), body, "served", parse, build, fields)
+	if err != nil || !strings.Contains(string(resp), `"output":[]`) || string(f["x_found"]) != "false" {
+		t.Errorf("no session: %s %v %v", resp, f, err)
+	}
+	if _, _, err := driver.LinesGymResult("x", json.RawMessage(`{"session":["bad"]}`), body, "served", parse, build, fields); err == nil || err.Error() != "x: the stored session: line 1 is bad" {
+		t.Errorf("a bad session: %v", err)
 	}
 }
