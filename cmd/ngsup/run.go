@@ -23,7 +23,7 @@ func newRunCmd() *cobra.Command {
 	var opt reaper.RunOptions
 	var detach, supervise bool
 	c := &cobra.Command{
-		Use:   "run --dir D --id ID [--detach] [--timeout DUR] -- CMD ARGS...",
+		Use:   "run --dir D --id ID [--detach] [--timeout DUR] [--stdin FILE] -- CMD ARGS...",
 		Short: "Launch CMD as the harness, supervised",
 		Long: `Launch CMD as the harness: its own session and process group (so that the
 supervisor's death, even while the launch is paused, neither wakes nor hangs
@@ -36,7 +36,8 @@ records the end.
 Foreground: exits with the harness's code (128+N for signal N, 127 not found,
 126 not runnable). --detach: the supervisor leaves the caller's session, the
 command prints {"id","pid","start_ticks"} and exits 0; the harness's output goes
-to D/stdout and D/stderr.`,
+to D/stdout and D/stderr. --stdin FILE: the harness reads FILE as its stdin
+(otherwise /dev/null when detached, ngsup's own stdin in the foreground).`,
 		Args: func(c *cobra.Command, args []string) error {
 			if c.ArgsLenAtDash() != 0 || len(args) == 0 {
 				return usagef("run needs the harness command after --")
@@ -52,6 +53,16 @@ to D/stdout and D/stderr.`,
 			opt.Dir = dir
 			if err := proto.ValidateID(opt.ID); err != nil {
 				return err
+			}
+			if opt.Stdin != "" {
+				if !filepath.IsAbs(opt.Stdin) {
+					return usagef("--stdin %q is not an absolute path", opt.Stdin)
+				}
+				f, err := os.Open(opt.Stdin)
+				if err != nil {
+					return usagef("--stdin: %v", err)
+				}
+				f.Close()
 			}
 			switch {
 			case supervise:
@@ -84,6 +95,7 @@ to D/stdout and D/stderr.`,
 	c.Flags().DurationVar(&opt.Timeout, "timeout", 0, "end the harness after this much running time (paused time not counted)")
 	c.Flags().DurationVar(&opt.Grace, "grace", reaper.DefaultGrace, "after --timeout's SIGINT, wait this long before SIGKILL")
 	c.Flags().BoolVar(&opt.NoCgroup, "no-cgroup", false, "do not put the launch in a cgroup of its own (signals only)")
+	c.Flags().StringVar(&opt.Stdin, "stdin", "", "the file the harness reads as its stdin (absolute)")
 	c.Flags().BoolVar(&supervise, superviseFlag, false, "internal: run as the detached supervisor")
 	c.Flags().MarkHidden(superviseFlag)
 	return c
@@ -123,6 +135,9 @@ func detachRun(opt reaper.RunOptions) (proto.DetachResult, int, error) {
 		"--timeout", opt.Timeout.String(), "--grace", opt.Grace.String()}
 	if opt.NoCgroup {
 		args = append(args, "--no-cgroup")
+	}
+	if opt.Stdin != "" {
+		args = append(args, "--stdin", opt.Stdin)
 	}
 	args = append(append(args, "--"), opt.Command...)
 	proc, err := os.StartProcess(self, args, &os.ProcAttr{

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -245,5 +246,68 @@ func TestRunPauseFileBeforeStart(t *testing.T) {
 	}
 	if exists(filepath.Join(l.Dir, proto.PauseFile)) {
 		t.Errorf("continue left the pause file")
+	}
+}
+
+// TestRunStdin proves that `ngsup run --stdin FILE` gives the harness FILE
+// as its stdin, byte for byte (a NUL, no final newline), detached (its
+// output in D/stdout) and in the foreground (ngsup's own stdout); without
+// --stdin a detached harness reads an empty /dev/null; and that a
+// relative or unreadable --stdin is a usage error naming it, with nothing
+// started.
+func TestRunStdin(t *testing.T) {
+	t.Parallel()
+	input := "line one\n{\"type\":\"user\"}\x00 last, no newline"
+	file := filepath.Join(t.TempDir(), "input")
+	if err := os.WriteFile(file, []byte(input), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("detached", func(t *testing.T) {
+		t.Parallel()
+		l := newLaunch(t)
+		l.detach([]string{"--stdin", file}, plain("cat"))
+		if rc := l.wait(); rc.ExitCode != 0 {
+			t.Fatalf("cat exited %d: %+v", rc.ExitCode, rc)
+		}
+		if got, err := os.ReadFile(filepath.Join(l.Dir, proto.StdoutFile)); err != nil || string(got) != input {
+			t.Errorf("the harness read %q (%v), want %q", got, err, input)
+		}
+	})
+	t.Run("detached-devnull", func(t *testing.T) {
+		t.Parallel()
+		l := newLaunch(t)
+		l.detach(nil, plain("cat"))
+		if rc := l.wait(); rc.ExitCode != 0 {
+			t.Fatalf("cat exited %d: %+v", rc.ExitCode, rc)
+		}
+		if got, err := os.ReadFile(filepath.Join(l.Dir, proto.StdoutFile)); err != nil || len(got) != 0 {
+			t.Errorf("without --stdin the harness read %q (%v), want nothing", got, err)
+		}
+	})
+	t.Run("foreground", func(t *testing.T) {
+		t.Parallel()
+		l := newLaunch(t)
+		r := l.foreground([]string{"--stdin", file}, plain("cat"))
+		wantCode(t, r, 0)
+		if r.stdout != input {
+			t.Errorf("the harness read %q, want %q", r.stdout, input)
+		}
+	})
+	for _, bad := range []struct{ name, path, want string }{
+		{"relative", "input", "not an absolute path"},
+		{"missing", filepath.Join(t.TempDir(), "none"), "no such file"},
+	} {
+		t.Run(bad.name, func(t *testing.T) {
+			t.Parallel()
+			l := newLaunch(t)
+			r := l.foreground([]string{"--stdin", bad.path}, plain("cat"))
+			wantCode(t, r, 2)
+			if !strings.Contains(r.stderr, "--stdin") || !strings.Contains(r.stderr, bad.want) {
+				t.Errorf("stderr %q, want it to name --stdin and say %q", r.stderr, bad.want)
+			}
+			if _, err := os.Stat(filepath.Join(l.Dir, proto.ReceiptFile)); err == nil {
+				t.Errorf("a receipt was written: the launch started")
+			}
+		})
 	}
 }

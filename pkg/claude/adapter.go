@@ -199,15 +199,10 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 	return spec, nil
 }
 
-// stdinScript runs the harness $0 with the arguments after $1, its stdin
-// the file $1: `sh -c` execs it, so the harness keeps the launch's pid.
-// Everything arrives as arguments, never as shell text.
-const stdinScript = `in=$1; shift; exec "$0" "$@" <"$in"`
-
 // continueSession is the launch of a resume: the saved session's
 // Continuation, its input written into the state folder, then `claude -p
 // ... --resume ID --resume-session-at AT --input-format stream-json` with
-// that file as stdin.
+// that file as its stdin (LaunchSpec.Stdin).
 func (a *Adapter) continueSession(ctx context.Context, lc driver.LaunchContext, st State, spec driver.LaunchSpec) (driver.LaunchSpec, error) {
 	file, data, err := driver.ReadNewestFile(ctx, lc.Sandbox, st.configDir(), sessionGlob)
 	if err != nil {
@@ -229,7 +224,8 @@ func (a *Adapter) continueSession(ctx context.Context, lc driver.LaunchContext, 
 	if err := lc.Sandbox.Upload(ctx, in, input, 0o600); err != nil {
 		return driver.LaunchSpec{}, fmt.Errorf("claude: write the continuation's input: %w", err)
 	}
-	spec.Argv = append(append([]string{"/bin/sh", "-c", stdinScript, a.opt.Claude, in}, a.flags()...),
+	spec.Stdin = in
+	spec.Argv = append(append([]string{a.opt.Claude}, a.flags()...),
 		"--resume", s.ID, "--resume-session-at", c.At, "--input-format", "stream-json")
 	return spec, nil
 }

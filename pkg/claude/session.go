@@ -347,10 +347,41 @@ func (m Message) Text() string {
 	return b.String()
 }
 
+// Claude Code's records of an interrupt (a SIGINT, as a stop sends): the
+// running tool call gets a tool_result starting with rejectedPrefix (its
+// line's toolUseResult "User rejected tool use"), and a user message with
+// a text starting with interruptedPrefix follows ("[Request interrupted by
+// user for tool use]", or "[Request interrupted by user]" between tool
+// calls). Measured on 2.1.332. Neither is the user's: a continuation
+// passes over them (Session.Continuation).
+const (
+	rejectedPrefix    = "The user doesn't want to proceed with this tool use."
+	interruptedPrefix = "[Request interrupted by user"
+)
+
+// IsInterruptRecord tells a message Claude Code wrote when it was
+// interrupted: the interrupt note, or tool results that are all the
+// rejection of a call the interrupt cut off.
+func (m Message) IsInterruptRecord() bool {
+	if m.Role != "user" || len(m.Blocks) == 0 {
+		return false
+	}
+	for _, b := range m.Blocks {
+		switch {
+		case b.Type == "text" && strings.HasPrefix(b.Text, interruptedPrefix):
+		case b.Type == "tool_result" && b.IsError && strings.HasPrefix(b.ResultText(), rejectedPrefix):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // IsUserTurn tells a user message the user gave (the task, a later
-// prompt) from tool results and Claude Code's own notes.
+// prompt) from tool results, Claude Code's own notes and its records of an
+// interrupt.
 func (m Message) IsUserTurn() bool {
-	if m.Role != "user" || m.Meta {
+	if m.Role != "user" || m.Meta || m.IsInterruptRecord() {
 		return false
 	}
 	for _, bl := range m.Blocks {
@@ -487,13 +518,18 @@ type Continuation struct {
 //   - an assistant answer without tool calls (the run had ended): at it,
 //     send nothing.
 //
-// Claude Code's synthetic messages and notes are passed over.
+// Claude Code's synthetic messages and notes are passed over, and so are
+// its records of an interrupt at the end (a stop's SIGINT): the call the
+// interrupt cut off is then the leaf, continued as after a crash.
 func (s *Session) Continuation() (Continuation, error) {
 	var main []Message
 	for _, m := range s.Messages {
 		if !m.Meta && m.Model != "<synthetic>" {
 			main = append(main, m)
 		}
+	}
+	for len(main) > 0 && main[len(main)-1].IsInterruptRecord() {
+		main = main[:len(main)-1]
 	}
 	if len(main) == 0 {
 		return Continuation{}, errors.New("the saved session has no messages")

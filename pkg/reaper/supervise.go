@@ -30,6 +30,10 @@ type RunOptions struct {
 	// Detached sends the harness's output to Dir/stdout and Dir/stderr and
 	// its input from /dev/null; otherwise it inherits ngsup's stdio.
 	Detached bool
+	// Stdin, when set, is the file the harness reads as its stdin instead
+	// (detached or not): how an adapter hands a harness input it reads
+	// from stdin, such as a message to continue a session with.
+	Stdin string
 	// Ready, if set, is written "ok\n" (or the error) and closed once the
 	// first receipt is on disk: the detaching parent waits for it.
 	Ready *os.File
@@ -329,12 +333,19 @@ func taggedEnv(env []string, id string) []string {
 }
 
 func (s *supervisor) stdio() ([]uintptr, func(), error) {
-	if !s.opt.Detached {
+	input := os.DevNull
+	if s.opt.Stdin != "" {
+		input = s.opt.Stdin
+	}
+	if !s.opt.Detached && s.opt.Stdin == "" {
 		return []uintptr{0, 1, 2}, func() {}, nil
 	}
-	in, err := os.Open(os.DevNull)
+	in, err := os.Open(input)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("open the harness's stdin: %w", err)
+	}
+	if !s.opt.Detached {
+		return []uintptr{in.Fd(), 1, 2}, func() { in.Close() }, nil
 	}
 	out, err := os.OpenFile(s.path(proto.StdoutFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {

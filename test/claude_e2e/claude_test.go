@@ -2,6 +2,7 @@ package claudee2e
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -446,4 +447,146 @@ func TestClaudeHostileTask(t *testing.T) {
 		})
 	}
 	t.Logf("a %d-byte hostile task reached the model byte for byte; %s", len(w.Task), summary)
+}
+
+// TestClaudeStopAtCheckpointContinues: with pause_at_checkpoints false, a
+// checkpoint stops Claude Code while its Bash call runs (SIGINT, as every
+// stop begins), and the launch after the checkpoint continues the saved
+// session. A SIGINT makes Claude Code record a rejection of the running
+// call ("The user doesn't want to proceed ...") and a note "[Request
+// interrupted by user for tool use]"; the continuation passes over both:
+// the model's next request is the first one's history, the call, and
+// Claude Code's interrupted result, with no added user turn and neither
+// record; the model calls the tool again and the run is verified.
+func TestClaudeStopAtCheckpointContinues(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "stopck", fakemodel.Options{Script: script("echo start; sleep 25; touch done.txt", "touch done.txt")})
+	off := false
+	p := newParticipant()
+	h := w.Start(w.Runner(w.adapterWith(claude.Options{PauseAtCheckpoints: &off}), p), 1)
+	sb := w.WaitSandbox(1)
+	l1 := w.LaunchID(1, 1, sb)
+	w.WaitProc(sb, l1, "sleep")
+	w.Prepare(p, "ck-1")
+	w.Commit(p, "ck-1")
+	w.Resume(p, "ck-1")
+	r := w.mustSucceed(h)
+	if len(r.Launches) != 2 {
+		t.Fatalf("%d launches, want 2 (stopped at the checkpoint, continued): %+v", len(r.Launches), r.Launches)
+	}
+	l2 := r.Launches[1]
+	if r.Launches[0].Outcome != driver.OutcomeInterrupted || !l2.Resumed || l2.Outcome != driver.OutcomeFinished ||
+		!strings.Contains(l2.Reason, "sending the interrupted tool call with Claude Code's interrupted result (no turn added)") {
+		t.Errorf("launches %+v; want the first interrupted, the second resumed at the interrupted call, finished", r.Launches)
+	}
+	reqs := w.Model.Requests()
+	checkNoRepeats(t, reqs)
+	if len(reqs) != 3 {
+		t.Fatalf("%d model requests, want 3 (the call, the call again after the continue, the final)", len(reqs))
+	}
+	before, next := reqs[0], reqs[1]
+	if d := sameHistory(before.Messages, next.Messages); d != "" || len(next.Messages) != len(before.Messages)+2 {
+		t.Errorf("the request after the continue against the first: %q, %d messages then %d\n%s\n%s", d, len(before.Messages), len(next.Messages),
+			harnesstest.DescribeRequest(before), harnesstest.DescribeRequest(next))
+	}
+	if last := next.LastMessage(); last.Content != claude.InterruptedText {
+		t.Errorf("the request after the continue ends with %s %.200q, want Claude Code's interrupted result", last.Role, last.Content)
+	}
+	for _, q := range reqs {
+		if u := userTurns(q); len(u) != 1 || u[0] != task {
+			t.Errorf("request %s: user turns %.120q, want the task alone", harnesstest.DescribeRequest(q), u)
+		}
+		for _, m := range q.Messages {
+			if strings.Contains(m.Content, "interrupted by user") || strings.Contains(m.Content, "doesn't want to proceed") {
+				t.Errorf("request %s carries Claude Code's interrupt record %.120q", harnesstest.DescribeRequest(q), m.Content)
+			}
+		}
+	}
+	t.Logf("launch 2 reason %q; the request after the continue: %s", l2.Reason, harnesstest.DescribeRequest(next))
+}
+
+// TestClaudeCrashTwiceResumes: a crash mid-tool, a continue in the fork
+// whose tool call (made again by the model) is checkpointed and crashed in
+// its turn, and a second continue in the fork of that: the session the
+// second continue starts from holds what the first continue appended to
+// the saved one (the interrupted result, the call made again). Attempt
+// 3's first request is attempt 2's, then the call, then the interrupted
+// result: the task the only user turn throughout, no request repeated,
+// three calls in the final chain, and the run is verified.
+func TestClaudeCrashTwiceResumes(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "twice", fakemodel.Options{Script: func(r fakemodel.Request) fakemodel.Reply {
+		last := r.LastMessage()
+		switch {
+		case last.Role == "tool" && strings.Contains(last.Content, "interrupted") && r.Attempt == 2:
+			return bashCall(r, "echo again; sleep 25; touch done.txt")
+		case last.Role == "tool" && strings.Contains(last.Content, "interrupted"):
+			return bashCall(r, "touch done.txt")
+		case last.Role == "tool":
+			return fakemodel.Reply{Text: finalText}
+		}
+		return bashCall(r, "echo start; sleep 25; touch done.txt")
+	}})
+	waitSleep := func(sandboxID, launchID string) { w.WaitProc(sandboxID, launchID, "sleep") }
+	c := w.crashAfterSnapshot(waitSleep, waitSleep)
+
+	// Attempt 2: continued in the fork, then checkpointed while its tool
+	// sleeps, and crashed.
+	p2 := newParticipant()
+	w.Restore(p2, "ck-1", c.Committed)
+	h2 := w.Start(w.Runner(w.adapter(nil), p2), 2)
+	l2 := w.LaunchID(2, 2, c.Fork)
+	w.WaitProc(c.Fork, l2, "sleep")
+	w.Prepare(p2, "ck-2")
+	_, ck2 := w.Commit(p2, "ck-2")
+	w.Resume(p2, "ck-2")
+	w.WaitContinued(2)
+	h2.Cancel(driver.ErrCrashed)
+	if _, err := w.Wait(h2); !errors.Is(err, driver.ErrCrashed) {
+		t.Fatalf("attempt 2 returned %v, want the crash", err)
+	}
+	a2 := harnesstest.ByAttempt(w.Model.Requests(), 2)
+	w.RestoreOwner("ck-2", ck2)
+	fork2 := w.WaitSandbox(3)
+
+	// Attempt 3: continued in the fork of the fork.
+	p3 := newParticipant()
+	w.Restore(p3, "ck-2", ck2)
+	r := w.mustSucceed(w.Start(w.Runner(w.adapter(nil), p3), 3))
+	if n := len(r.Launches); n != 3 {
+		t.Fatalf("%d launches, want 3: %+v", n, r.Launches)
+	}
+	l3 := r.Launches[2]
+	if !l3.Resumed || l3.SandboxID != fork2 || l3.Outcome != driver.OutcomeFinished ||
+		!strings.Contains(l3.Reason, "holds 2 completed model responses; continuing it") ||
+		!strings.Contains(l3.Reason, "sending the interrupted tool call") {
+		t.Errorf("launch 3: %+v; want resumed in %s at the second interrupted call, finished", l3, fork2)
+	}
+	a3 := harnesstest.ByAttempt(w.Model.Requests(), 3)
+	if len(a2) != 1 || len(a3) != 2 {
+		t.Fatalf("attempt 2 made %d model requests, attempt 3 %d; want 1 (the call again) and 2 (the call, the final)", len(a2), len(a3))
+	}
+	checkNoRepeats(t, append(append(slices.Clone(c.Attempt1), a2...), a3...))
+	before, first := a2[0], a3[0]
+	if d := sameHistory(before.Messages, first.Messages); d != "" || len(first.Messages) != len(before.Messages)+2 {
+		t.Errorf("attempt 3's first request against attempt 2's: %q, %d then %d messages\n%s\n%s", d, len(before.Messages), len(first.Messages),
+			harnesstest.DescribeRequest(before), harnesstest.DescribeRequest(first))
+	}
+	if last := first.LastMessage(); last.Content != claude.InterruptedText {
+		t.Errorf("attempt 3's first request ends with %s %.200q, want the interrupted result", last.Role, last.Content)
+	}
+	for _, q := range w.Model.Requests() {
+		if u := userTurns(q); len(u) != 1 || u[0] != task {
+			t.Errorf("request %s: user turns %.120q, want the task alone", harnesstest.DescribeRequest(q), u)
+		}
+	}
+	after := parseResponseSession(t, r)
+	calls := 0
+	for _, m := range after.Messages {
+		calls += len(m.ToolUses())
+	}
+	if u := after.UserTurns(); len(u) != 1 || u[0] != task || calls != 3 {
+		t.Errorf("the final session's chain: user turns %q, %d tool calls; want the task alone and 3 calls", u, calls)
+	}
+	t.Logf("launch 3 reason %q; attempt 3's first request: %s", l3.Reason, harnesstest.DescribeRequest(first))
 }

@@ -26,7 +26,7 @@ const (
 var suite = &harnesstest.Suite{
 	Name:       "claude_e2e",
 	TagPrefix:  "cle2e",
-	Binaries:   []string{"ngsup"},
+	Binaries:   []string{"ngsup", "ngdriver"},
 	VerboseEnv: verboseEnv,
 	Patience:   patience,
 }

@@ -40,6 +40,9 @@ type Spec struct {
 	// Timeout bounds the harness's running time (paused time not counted);
 	// 0 for none.
 	Timeout time.Duration
+	// Stdin, when set, is a file inside the sandbox (absolute) the harness
+	// reads as its stdin; otherwise its stdin is /dev/null.
+	Stdin string
 }
 
 // Launcher starts and controls the launches of one kind: supervised by

@@ -37,6 +37,9 @@ func (s supervisedLauncher) Start(ctx context.Context, sb sandbox.Sandbox, ref R
 	if spec.Timeout > 0 {
 		args = append(args, "--timeout", spec.Timeout.String())
 	}
+	if spec.Stdin != "" {
+		args = append(args, "--stdin", spec.Stdin)
+	}
 	args = append(append(args, "--"), spec.Argv...)
 	req := sandbox.ExecRequest{Argv: append([]string{bin}, args...), Env: spec.Env, Dir: spec.Dir, Timeout: 60 * time.Second}
 	started := func() bool {

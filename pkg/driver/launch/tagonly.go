@@ -16,11 +16,13 @@ import (
 // exit code.
 const exitCodeFile = "exit-code"
 
-// tagOnlyScript starts "$@" tagged, detached in a session of its own,
-// output to the launch folder, and records its exit code when it ends. The
-// folder is $0; nothing of the command is ever part of the script's text.
+// tagOnlyScript starts the command after $1 tagged, detached in a session
+// of its own, its stdin the file $1, output to the launch folder, and
+// records its exit code when it ends. The folder is $0; nothing of the
+// command is ever part of the script's text.
 const tagOnlyScript = `mkdir -p "$0" || exit 1
-setsid sh -c '"$@" >"$0/stdout" 2>"$0/stderr" </dev/null; echo $? >"$0/exit-code.tmp"; mv "$0/exit-code.tmp" "$0/exit-code"' "$0" "$@" >/dev/null 2>&1 </dev/null &
+[ -r "$1" ] || { echo "the harness's stdin $1 cannot be read" >&2; exit 1; }
+setsid sh -c 'in=$1; shift; "$@" >"$0/stdout" 2>"$0/stderr" <"$in"; echo $? >"$0/exit-code.tmp"; mv "$0/exit-code.tmp" "$0/exit-code"' "$0" "$@" >/dev/null 2>&1 </dev/null &
 echo started`
 
 // tagOnlyLauncher launches without a supervisor: the fallback when ngsup
@@ -37,7 +39,11 @@ func (tagOnlyLauncher) Start(ctx context.Context, sb sandbox.Sandbox, ref Ref, s
 	for k, v := range spec.Env {
 		env[k] = v
 	}
-	argv := append([]string{"sh", "-c", tagOnlyScript, ref.Dir}, spec.Argv...)
+	stdin := spec.Stdin
+	if stdin == "" {
+		stdin = "/dev/null"
+	}
+	argv := append([]string{"sh", "-c", tagOnlyScript, ref.Dir, stdin}, spec.Argv...)
 	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: argv, Env: env, Dir: spec.Dir, Timeout: 60 * time.Second})
 	if err != nil {
 		return fmt.Errorf("%w: start unsupervised in %s: %w", ErrLaunch, sb.ID(), err)
