@@ -115,11 +115,11 @@ func saveSession(t *testing.T, st json.RawMessage, fixture, task string) State {
 
 const fixtureTask = "say hi then run the tool"
 
-// TestLaunchResume: a resume runs /bin/sh -c stdinScript claude FILE
-// flags --resume ID --resume-session-at AT --input-format stream-json,
-// FILE in the state folder holding the continuation's line; run for real
-// with a stand-in claude, the shell hands it exactly those arguments and
-// that file as stdin, nothing as shell text.
+// TestLaunchResume: a resume runs claude flags --resume ID
+// --resume-session-at AT --input-format stream-json, its stdin
+// (LaunchSpec.Stdin) a file in the state folder holding the
+// continuation's line; run for real with a stand-in claude, it gets
+// exactly those arguments and that input.
 func TestLaunchResume(t *testing.T) {
 	a, sb, lent := newAdapter(t, Options{})
 	st, _ := a.NewState("r1", 1, lent)
@@ -136,9 +136,8 @@ func TestLaunchResume(t *testing.T) {
 	in := filepath.Join(s.Home, "continue-L7.jsonl")
 	flags := []string{"-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", "policy",
 		"--resume", sess.ID, "--resume-session-at", c.At, "--input-format", "stream-json"}
-	want := append([]string{"/bin/sh", "-c", stdinScript, "/opt/claude", in}, flags...)
-	if strings.Join(spec.Argv, "\x00") != strings.Join(want, "\x00") {
-		t.Fatalf("argv %q, want %q", spec.Argv, want)
+	if want := append([]string{"/opt/claude"}, flags...); strings.Join(spec.Argv, "\x00") != strings.Join(want, "\x00") || spec.Stdin != in {
+		t.Fatalf("argv %q stdin %q, want %q and %q", spec.Argv, spec.Stdin, want, in)
 	}
 	if data, err := os.ReadFile(in); err != nil || string(data) != string(c.Input)+"\n" {
 		t.Errorf("the input file %q %v, want %q", data, err, c.Input)
@@ -151,9 +150,14 @@ func TestLaunchResume(t *testing.T) {
 	if err := os.WriteFile(stand, []byte("#!/bin/sh\nfor a; do printf '%s\\n' \"$a\"; done\ncat\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	argv := append([]string{}, spec.Argv...)
-	argv[3] = stand
-	out, err := exec.Command(argv[0], argv[1:]...).Output()
+	stdin, err := os.Open(spec.Stdin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	cmd := exec.Command(stand, spec.Argv[1:]...)
+	cmd.Stdin = stdin
+	out, err := cmd.Output()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -367,14 +367,18 @@ func (m Message) IsInterruptRecord() bool {
 		return false
 	}
 	for _, b := range m.Blocks {
-		switch {
-		case b.Type == "text" && strings.HasPrefix(b.Text, interruptedPrefix):
-		case b.Type == "tool_result" && b.IsError && strings.HasPrefix(b.ResultText(), rejectedPrefix):
-		default:
+		if !b.isInterruptRecord() {
 			return false
 		}
 	}
 	return true
+}
+
+// isInterruptRecord tells a block of an interrupt's records: the note, or
+// the rejection of the call it cut off.
+func (b Block) isInterruptRecord() bool {
+	return b.Type == "text" && strings.HasPrefix(b.Text, interruptedPrefix) ||
+		b.Type == "tool_result" && b.IsError && strings.HasPrefix(b.ResultText(), rejectedPrefix)
 }
 
 // IsUserTurn tells a user message the user gave (the task, a later
@@ -572,7 +576,8 @@ func (s *Session) onlyResultsAfter(main []Message, i int) bool {
 
 // answerCalls is the continuation at a reply with tool calls: the results
 // saved after it (those not on its chain already, which the history
-// holds), then an interrupted result for each call with none.
+// holds), then an interrupted result for each call with none (a call
+// whose result is the rejection a stop's SIGINT records has none).
 func (s *Session) answerCalls(reply Message, after []Message) (Continuation, error) {
 	history := map[string]bool{}
 	for u := reply.UUID; u != "" && !history[u]; u = s.parent[u] {
@@ -582,6 +587,9 @@ func (s *Session) answerCalls(reply Message, after []Message) (Continuation, err
 	var results []any
 	for _, m := range after {
 		for _, b := range m.Blocks {
+			if b.isInterruptRecord() {
+				continue // the call a stop cut off: unanswered
+			}
 			if !history[b.line] {
 				results = append(results, b.raw)
 			}

@@ -27,6 +27,9 @@ import (
 //     the second call's line is off the leaf's chain);
 //   - noanswer.jsonl: one Bash call and its result, SIGKILLed while the
 //     model's answer to it was held;
+//   - sigint.jsonl: as partial.jsonl, but stopped by SIGINT (as a stop
+//     sends) while the second call ran: Claude Code recorded the running
+//     call's rejection and "[Request interrupted by user for tool use]";
 //   - resumed.jsonl: noanswer.jsonl continued by
 //     `claude -p --resume ID --resume-session-at <the call's line>
 //     --input-format stream-json` with the saved result on stdin (the
@@ -116,6 +119,7 @@ func TestParseSession(t *testing.T) {
 		{"midtool.jsonl", "user:text | assistant:text,tool_use(toolu_m1),tool_use(toolu_m2)", 1},
 		{"partial.jsonl", "user:text | assistant:tool_use(toolu_p1),tool_use(toolu_p2) | user:tool_result(toolu_p1)", 1},
 		{"noanswer.jsonl", "user:text | assistant:tool_use(toolu_n1) | user:tool_result(toolu_n1)", 1},
+		{"sigint.jsonl", "user:text | assistant:tool_use(toolu_p1),tool_use(toolu_p2) | user:tool_result(toolu_p1),tool_result(toolu_p2) | user:text", 1},
 		{"resumed.jsonl", "user:text | assistant:tool_use(toolu_n1) | user:tool_result(toolu_n1) | assistant:text", 2},
 	} {
 		data := readFixture(t, c.file)
@@ -315,6 +319,18 @@ func TestContinuation(t *testing.T) {
 	}
 	if !strings.Contains(c.What, "saved tool result") || !strings.Contains(c.What, "interrupted") {
 		t.Errorf("partial what %q", c.What)
+	}
+
+	// Stopped by SIGINT in the same place: the interrupt's records (the
+	// running call's rejection, the note) are passed over, as after a
+	// crash.
+	data = readFixture(t, "sigint.jsonl")
+	c, err = parseFixture(t, "sigint.jsonl").Continuation()
+	if err != nil || c.At != lineWith(t, data, `"id":"toolu_p2"`) {
+		t.Fatalf("sigint: %+v %v", c, err)
+	}
+	if in := continuationInput(t, c); len(in) != 2 || string(in[0]) != saved || string(in[1]) != interrupted("toolu_p2") {
+		t.Errorf("sigint input %s", c.Input)
 	}
 
 	data = readFixture(t, "noanswer.jsonl")
