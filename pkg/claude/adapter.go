@@ -244,28 +244,14 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 		s, _ := json.Marshal(State{Home: driver.StateDir(sb, "claude", rollout, attempt)})
 		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CLAUDE_CONFIG_DIR", State: s}, nil
 	}
-	file, data, err := driver.ReadNewestFile(ctx, sb, st.configDir(), sessionGlob)
+	s, task, why, err := driver.ReadSavedSession(ctx, sb, st.configDir(), sessionGlob, path.Join(st.Home, taskFileName), "CLAUDE_CONFIG_DIR", ParseSession)
 	if err != nil {
-		if ctx.Err() != nil {
-			return driver.Decision{}, err
-		}
-		return fresh(fmt.Sprintf("the saved session could not be read (%v)", err))
+		return driver.Decision{}, err
 	}
-	if file == "" {
-		return fresh("the saved CLAUDE_CONFIG_DIR holds no session")
+	if why != "" {
+		return fresh(why)
 	}
-	s, err := ParseSession(data)
-	if err != nil {
-		return fresh(fmt.Sprintf("the saved session %s could not be read (%v)", path.Base(file), err))
-	}
-	task, _, err := driver.ReadSandboxFile(ctx, sb, path.Join(st.Home, taskFileName))
-	if err != nil {
-		if ctx.Err() != nil {
-			return driver.Decision{}, err
-		}
-		return fresh(fmt.Sprintf("the task beside the saved session could not be read (%v)", err))
-	}
-	ok, why := s.Continuable(string(task))
+	ok, why := s.Continuable(task)
 	if !ok {
 		return fresh(why)
 	}

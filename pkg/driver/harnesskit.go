@@ -145,6 +145,35 @@ func ReadSandboxFile(ctx context.Context, sb LentSandbox, file string) (data []b
 	return res.Stdout, true, nil
 }
 
+// ReadSavedSession reads what a CLI adapter's resume decision weighs: the
+// newest session file below dir matching glob (ReadNewestFile), read by
+// parse, and the task saved in taskFile. When there is none to weigh
+// (none read, none there, parse refuses it, the task unreadable), why
+// says so as a fresh start's reason, naming the folder as folder (such as
+// "CODEX_HOME"). The error is only a cancelled ctx's.
+func ReadSavedSession[S any](ctx context.Context, sb LentSandbox, dir, glob, taskFile, folder string, parse func([]byte) (S, error)) (s S, task, why string, err error) {
+	file, data, err := ReadNewestFile(ctx, sb, dir, glob)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return s, "", "", err
+	case err != nil:
+		return s, "", fmt.Sprintf("the saved session could not be read (%v)", err), nil
+	case file == "":
+		return s, "", "the saved " + folder + " holds no session", nil
+	}
+	if s, err = parse(data); err != nil {
+		return s, "", fmt.Sprintf("the saved session %s could not be read (%v)", path.Base(file), err), nil
+	}
+	t, _, err := ReadSandboxFile(ctx, sb, taskFile)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return s, "", "", err
+	case err != nil:
+		return s, "", fmt.Sprintf("the task beside the saved session could not be read (%v)", err), nil
+	}
+	return s, string(t), "", nil
+}
+
 // JSONLinesArray turns JSON lines into one JSON array of them, leaving
 // out the lines that are not JSON (a last line cut short by a kill), so a
 // session file can be kept whole inside a JSON response.

@@ -235,3 +235,49 @@ func TestLinesGymResult(t *testing.T) {
 		t.Errorf("a bad session: %v", err)
 	}
 }
+
+// TestReadSavedSession: no session file, one parse refuses (named by its
+// name) and a good one with its task are told apart, the first two as
+// the reason of a fresh start naming the folder; a missing task reads as
+// none; a cancelled ctx is the one error.
+func TestReadSavedSession(t *testing.T) {
+	sb := hosttest.New(t)
+	lent := driver.LentSandbox{Sandbox: sb}
+	dir, task := filepath.Join(sb.Dir, "st ate"), filepath.Join(sb.Dir, "st ate", "task.txt")
+	parse := func(data []byte) (string, error) {
+		if strings.HasPrefix(string(data), "bad") {
+			return "", errors.New("line 1 is bad")
+		}
+		return string(data), nil
+	}
+	ctx := context.Background()
+	read := func() (string, string, string, error) {
+		return driver.ReadSavedSession(ctx, lent, dir, "s/*.jsonl", task, "THE_DIR", parse)
+	}
+	if _, _, why, err := read(); err != nil || why != "the saved THE_DIR holds no session" {
+		t.Errorf("no session: %q %v", why, err)
+	}
+	if err := sb.Upload(ctx, filepath.Join(dir, "s", "a.jsonl"), []byte("bad\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, why, err := read(); err != nil || why != "the saved session a.jsonl could not be read (line 1 is bad)" {
+		t.Errorf("a bad session: %q %v", why, err)
+	}
+	if err := sb.Upload(ctx, filepath.Join(dir, "s", "a.jsonl"), []byte("good\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, tk, why, err := read(); err != nil || why != "" || s != "good\n" || tk != "" {
+		t.Errorf("no task: %q %q %q %v", s, tk, why, err)
+	}
+	if err := sb.Upload(ctx, task, []byte("the task\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, tk, why, err := read(); err != nil || why != "" || s != "good\n" || tk != "the task\n" {
+		t.Errorf("a session and its task: %q %q %q %v", s, tk, why, err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, _, why, err := driver.ReadSavedSession(cancelled, lent, dir, "s/*.jsonl", task, "THE_DIR", parse); err == nil || why != "" {
+		t.Errorf("cancelled: %q %v", why, err)
+	}
+}
