@@ -25,7 +25,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"path"
 	"strings"
 	"time"
@@ -66,11 +65,8 @@ func New(opt Options) (*Adapter, error) {
 	if opt.Claude == "" {
 		return nil, errors.New("claude: the claude binary (claude.claude) is required")
 	}
-	if opt.ModelURL == "" {
-		return nil, errors.New("claude: the model server (claude.model_url) is required")
-	}
-	if u, err := url.Parse(opt.ModelURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("claude: model_url %q is not an http(s) URL", opt.ModelURL)
+	if err := driver.CheckModelURL("claude", opt.ModelURL); err != nil {
+		return nil, err
 	}
 	if opt.Model == "" {
 		opt.Model = "policy"
@@ -78,20 +74,14 @@ func New(opt Options) (*Adapter, error) {
 	if opt.APIKey == "" {
 		opt.APIKey = "none"
 	}
-	for k := range opt.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return nil, fmt.Errorf("claude: env name %q is not a variable name", k)
-		}
+	if err := driver.CheckEnvNames("claude", opt.Env); err != nil {
+		return nil, err
 	}
-	a := &Adapter{opt: opt}
-	if opt.Timeout != "" {
-		d, err := time.ParseDuration(opt.Timeout)
-		if err != nil {
-			return nil, fmt.Errorf("claude: timeout %q: %v", opt.Timeout, err)
-		}
-		a.timeout = d
+	timeout, err := driver.ParseTimeout("claude", opt.Timeout)
+	if err != nil {
+		return nil, err
 	}
-	return a, nil
+	return &Adapter{opt: opt, timeout: timeout}, nil
 }
 
 // State is where Claude Code keeps one rollout attempt's session.
@@ -117,11 +107,8 @@ func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (
 }
 
 func parseState(raw json.RawMessage) (State, error) {
-	var s State
-	if err := json.Unmarshal(raw, &s); err != nil || s.Home == "" || !path.IsAbs(s.Home) {
-		return s, fmt.Errorf("claude: the state %s names no absolute folder", raw)
-	}
-	return s, nil
+	home, err := driver.StateHome("claude", raw)
+	return State{Home: home}, err
 }
 
 func (s State) configDir() string { return path.Join(s.Home, "config") }
@@ -133,7 +120,7 @@ const sessionGlob = "projects/*/*.jsonl"
 // baseURL is ANTHROPIC_BASE_URL for a rollout attempt: the model URL and
 // the rollout prefix (Claude Code adds /v1/messages).
 func (a *Adapter) baseURL(rollout string, attempt int) string {
-	return strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
+	return strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + driver.RolloutSegment(rollout, attempt)
 }
 
 // env is Claude Code's environment for a state and rollout attempt: HOME,
@@ -257,28 +244,14 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 		s, _ := json.Marshal(State{Home: driver.StateDir(sb, "claude", rollout, attempt)})
 		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CLAUDE_CONFIG_DIR", State: s}, nil
 	}
-	file, data, err := driver.ReadNewestFile(ctx, sb, st.configDir(), sessionGlob)
+	s, task, why, err := driver.ReadSavedSession(ctx, sb, st.configDir(), sessionGlob, path.Join(st.Home, taskFileName), "CLAUDE_CONFIG_DIR", ParseSession)
 	if err != nil {
-		if ctx.Err() != nil {
-			return driver.Decision{}, err
-		}
-		return fresh(fmt.Sprintf("the saved session could not be read (%v)", err))
+		return driver.Decision{}, err
 	}
-	if file == "" {
-		return fresh("the saved CLAUDE_CONFIG_DIR holds no session")
+	if why != "" {
+		return fresh(why)
 	}
-	s, err := ParseSession(data)
-	if err != nil {
-		return fresh(fmt.Sprintf("the saved session %s could not be read (%v)", path.Base(file), err))
-	}
-	task, _, err := driver.ReadSandboxFile(ctx, sb, path.Join(st.Home, taskFileName))
-	if err != nil {
-		if ctx.Err() != nil {
-			return driver.Decision{}, err
-		}
-		return fresh(fmt.Sprintf("the task beside the saved session could not be read (%v)", err))
-	}
-	ok, why := s.Continuable(string(task))
+	ok, why := s.Continuable(task)
 	if !ok {
 		return fresh(why)
 	}

@@ -27,9 +27,14 @@ type Session struct {
 	// ID is the session's uuid (sessionId), "" if no line names one.
 	ID string
 	// Messages are the user and assistant messages of the main chain, in
-	// order; an assistant message written over several lines (one a
-	// content block, the same message.id) is one message.
+	// order, as Claude Code sends them to the model: an assistant message
+	// written over several lines (one a content block, the same
+	// message.id) is one message, also when tool results were written
+	// between its lines; the tool results of one reply (a line each) are
+	// one user message.
 	Messages []Message
+	// parent is every line's parentUuid, by uuid.
+	parent map[string]string
 }
 
 // Message is one message of the session.
@@ -54,7 +59,8 @@ type Message struct {
 	// --resume-session-at names); Parent is the entry its first line
 	// follows.
 	UUID, Parent string
-	// Content is the content of a user message as saved.
+	// Content is the content of a user message as saved (of a message of
+	// several lines, the array of their blocks).
 	Content json.RawMessage
 }
 
@@ -72,6 +78,9 @@ type Block struct {
 	ToolUseID string          `json:"tool_use_id"`
 	Content   json.RawMessage `json:"content"`
 	IsError   bool            `json:"is_error"`
+
+	raw  json.RawMessage // the block as saved
+	line string          // the uuid of the line it is on
 }
 
 // Usage is a model response's token counts, as the Messages API gives
@@ -99,7 +108,9 @@ type sessionLine struct {
 		Content    json.RawMessage `json:"content"`
 		Usage      Usage           `json:"usage"`
 	} `json:"message"`
-	no int // the line's number, from 1
+	no     int     // the line's number, from 1
+	blocks []Block // the content's blocks, once read
+	err    error   // why the content could not be read
 }
 
 // isMessage tells a line of the main conversation's messages.
@@ -107,21 +118,38 @@ func (l sessionLine) isMessage() bool {
 	return (l.Type == "user" || l.Type == "assistant") && l.Message != nil && !l.Sidechain
 }
 
+// isResults tells a user line (or message) of tool results alone.
+func isResults(role string, meta bool, blocks []Block) bool {
+	if role != "user" || meta || len(blocks) == 0 {
+		return false
+	}
+	for _, b := range blocks {
+		if b.Type != "tool_result" {
+			return false
+		}
+	}
+	return true
+}
+
 // ParseSession reads a session file. A line that is not JSON is an error
 // naming it, except a last line cut short (Claude Code killed while
 // writing it). The messages are those of the chain that ends at the last
 // message line, followed back by parentUuid as Claude Code does (lines a
-// resume branched away from are left out), in file order; side-chain lines
-// (a subagent's) are left out.
+// resume branched away from are left out), in file order, with the lines
+// Claude Code recovers off that chain when it loads a session (measured on
+// 2.1.332: the lines of a reply on the chain that are not on it, and the
+// results of the reply's parallel calls, each written after its own call's
+// line, so that only the last is on the chain; a result of a call the
+// chain answers already is not one of them); side-chain lines (a
+// subagent's) are left out.
 func ParseSession(data []byte) (*Session, error) {
-	s := &Session{}
+	s := &Session{parent: map[string]string{}}
 	raw := bytes.Split(data, []byte{'\n'})
 	last := len(raw) - 1
 	for last >= 0 && len(bytes.TrimSpace(raw[last])) == 0 {
 		last--
 	}
 	var lines []sessionLine
-	parent := map[string]string{}
 	leaf := ""
 	for i, l := range raw {
 		l = bytes.TrimSpace(l)
@@ -139,31 +167,15 @@ func ParseSession(data []byte) (*Session, error) {
 			s.ID = line.SessionID
 		}
 		if line.UUID != "" {
-			parent[line.UUID] = line.Parent
+			s.parent[line.UUID] = line.Parent
 		}
 		if line.isMessage() {
+			line.blocks, line.err = contentBlocks(line.Message.Content, line.UUID)
 			lines = append(lines, line)
 			leaf = line.UUID
 		}
 	}
-	// The chain from the leaf back to its root; when a parent is missing
-	// (a file cut or edited) the chain cannot be told, and every message
-	// line counts.
-	onChain := map[string]bool{}
-	whole := leaf != ""
-	for u := leaf; u != "" && !onChain[u]; {
-		onChain[u] = true
-		p, ok := parent[u]
-		if !ok {
-			whole = false
-			break
-		}
-		u = p
-	}
-	for _, line := range lines {
-		if whole && line.UUID != "" && !onChain[line.UUID] {
-			continue
-		}
+	for _, line := range s.chain(lines, leaf) {
 		if err := s.add(line); err != nil {
 			return nil, err
 		}
@@ -174,22 +186,98 @@ func ParseSession(data []byte) (*Session, error) {
 	return s, nil
 }
 
-// add adds a message line: an assistant line of the message before it
-// (the same message.id, a content block a line) joins that message.
-func (s *Session) add(line sessionLine) error {
-	blocks, err := contentBlocks(line.Message.Content)
-	if err != nil {
-		return fmt.Errorf("line %d: %s content: %v", line.no, line.Type, err)
-	}
-	m := line.Message
-	if n := len(s.Messages); line.Type == "assistant" && m.ID != "" && n > 0 && s.Messages[n-1].Role == "assistant" && s.Messages[n-1].ID == m.ID {
-		prev := &s.Messages[n-1]
-		prev.Blocks = append(prev.Blocks, blocks...)
-		if m.StopReason != nil {
-			prev.StopReason = *m.StopReason
+// chain are the message lines of the chain that ends at leaf, with the
+// lines Claude Code recovers off it (ParseSession), in file order. When
+// a parent is missing (a file cut or edited) the chain cannot be told,
+// and every message line counts.
+func (s *Session) chain(lines []sessionLine, leaf string) []sessionLine {
+	in := map[string]bool{}
+	for u := leaf; u != "" && !in[u]; {
+		in[u] = true
+		p, ok := s.parent[u]
+		if !ok {
+			return lines
 		}
-		prev.Usage = m.Usage
-		prev.UUID = line.UUID
+		u = p
+	}
+	if leaf == "" {
+		return lines
+	}
+	// The lines of the chain's replies, and the calls the chain answers.
+	replies := map[string]bool{}
+	answered := map[string]bool{}
+	for _, l := range lines {
+		if in[l.UUID] && l.Type == "assistant" && l.Message.ID != "" {
+			replies[l.Message.ID] = true
+		}
+		if in[l.UUID] {
+			for _, b := range l.blocks {
+				if b.Type == "tool_result" {
+					answered[b.ToolUseID] = true
+				}
+			}
+		}
+	}
+	replyLine := map[string]bool{}
+	for _, l := range lines {
+		if l.Type == "assistant" && replies[l.Message.ID] {
+			in[l.UUID], replyLine[l.UUID] = true, true
+		}
+	}
+	for _, l := range lines {
+		if in[l.UUID] || !replyLine[l.Parent] || !isResults(l.Type, l.Meta, l.blocks) {
+			continue
+		}
+		due := false
+		for _, b := range l.blocks {
+			due = due || !answered[b.ToolUseID]
+		}
+		if due {
+			in[l.UUID] = true
+			for _, b := range l.blocks {
+				answered[b.ToolUseID] = true
+			}
+		}
+	}
+	var out []sessionLine
+	for _, l := range lines {
+		if in[l.UUID] {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// add adds a message line as Claude Code sends it: an assistant line of
+// the reply before it (the same message.id, a content block a line) joins
+// that reply, also across the tool results written between its lines; a
+// line of tool results joins the tool results before it.
+func (s *Session) add(line sessionLine) error {
+	if line.err != nil {
+		return fmt.Errorf("line %d: %s content: %v", line.no, line.Type, line.err)
+	}
+	m, blocks := line.Message, line.blocks
+	n := len(s.Messages)
+	var join *Message
+	switch {
+	case line.Type == "assistant" && m.ID != "" && n > 0 && s.Messages[n-1].Role == "assistant" && s.Messages[n-1].ID == m.ID:
+		join = &s.Messages[n-1]
+	case line.Type == "assistant" && m.ID != "" && n > 1 && s.Messages[n-1].isResults() && s.Messages[n-2].Role == "assistant" && s.Messages[n-2].ID == m.ID:
+		join = &s.Messages[n-2]
+	case isResults(line.Type, line.Meta, blocks) && n > 0 && s.Messages[n-1].isResults():
+		join = &s.Messages[n-1]
+	}
+	if join != nil {
+		join.Blocks = append(join.Blocks, blocks...)
+		if m.StopReason != nil {
+			join.StopReason = *m.StopReason
+		}
+		if line.Type == "assistant" {
+			join.Usage = m.Usage
+		} else {
+			join.Content = join.savedBlocks()
+		}
+		join.UUID = line.UUID
 		return nil
 	}
 	msg := Message{Role: line.Type, ID: m.ID, Model: m.Model, Meta: line.Meta, Blocks: blocks, Usage: m.Usage,
@@ -204,8 +292,25 @@ func (s *Session) add(line sessionLine) error {
 	return nil
 }
 
-// contentBlocks reads a message's content: a string is one text block.
-func contentBlocks(raw json.RawMessage) ([]Block, error) {
+// isResults tells a user message of tool results alone.
+func (m Message) isResults() bool { return isResults(m.Role, m.Meta, m.Blocks) }
+
+// savedBlocks is the message's blocks as saved, as one JSON array.
+func (m Message) savedBlocks() json.RawMessage {
+	raw := make([]json.RawMessage, len(m.Blocks))
+	for i, b := range m.Blocks {
+		raw[i] = b.raw
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(raw) // raw JSON values always encode
+	return bytes.TrimRight(b.Bytes(), "\n")
+}
+
+// contentBlocks reads a message's content, on the line line: a string
+// is one text block.
+func contentBlocks(raw json.RawMessage, line string) ([]Block, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
@@ -215,11 +320,18 @@ func contentBlocks(raw json.RawMessage) ([]Block, error) {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return nil, err
 		}
-		return []Block{{Type: "text", Text: s}}, nil
+		return []Block{{Type: "text", Text: s, raw: raw, line: line}}, nil
 	}
-	var blocks []Block
-	if err := json.Unmarshal(raw, &blocks); err != nil {
+	var saved []json.RawMessage
+	if err := json.Unmarshal(raw, &saved); err != nil {
 		return nil, err
+	}
+	blocks := make([]Block, len(saved))
+	for i, r := range saved {
+		if err := json.Unmarshal(r, &blocks[i]); err != nil {
+			return nil, err
+		}
+		blocks[i].raw, blocks[i].line = r, line
 	}
 	return blocks, nil
 }
@@ -255,14 +367,18 @@ func (m Message) IsInterruptRecord() bool {
 		return false
 	}
 	for _, b := range m.Blocks {
-		switch {
-		case b.Type == "text" && strings.HasPrefix(b.Text, interruptedPrefix):
-		case b.Type == "tool_result" && b.IsError && strings.HasPrefix(b.ResultText(), rejectedPrefix):
-		default:
+		if !b.isInterruptRecord() {
 			return false
 		}
 	}
 	return true
+}
+
+// isInterruptRecord tells a block of an interrupt's records: the note, or
+// the rejection of the call it cut off.
+func (b Block) isInterruptRecord() bool {
+	return b.Type == "text" && strings.HasPrefix(b.Text, interruptedPrefix) ||
+		b.Type == "tool_result" && b.IsError && strings.HasPrefix(b.ResultText(), rejectedPrefix)
 }
 
 // IsUserTurn tells a user message the user gave (the task, a later
@@ -395,11 +511,14 @@ type Continuation struct {
 
 // Continuation says how to continue the session from its leaf (its last
 // message), or why it cannot:
-//   - an assistant message whose tool calls hold no results (a crash
-//     while a tool ran): at it, send an error result for each, Claude
-//     Code's own InterruptedText;
-//   - a user message (tool results, or a prompt, whose answer never came):
-//     at the message before it, send that message again as saved;
+//   - the model's last reply made tool calls (a crash while a tool ran,
+//     or before the model answered their results): at the reply's last
+//     line, send the results saved after it as saved, and for each call
+//     the session holds no result for an error result, Claude Code's own
+//     InterruptedText (what Claude Code sends for a call cut off by a
+//     crash);
+//   - a user message after the model's answer (a prompt whose answer
+//     never came): at the message before it, send it again as saved;
 //   - an assistant answer without tool calls (the run had ended): at it,
 //     send nothing.
 //
@@ -419,41 +538,96 @@ func (s *Session) Continuation() (Continuation, error) {
 	if len(main) == 0 {
 		return Continuation{}, errors.New("the saved session has no messages")
 	}
+	reply := -1
+	for i, m := range main {
+		if m.Role == "assistant" {
+			reply = i
+		}
+	}
 	leaf := main[len(main)-1]
 	switch {
-	case leaf.Role == "assistant" && len(leaf.ToolUses()) > 0:
-		if leaf.UUID == "" {
-			return Continuation{}, errors.New("the saved session's last message names no chain entry")
-		}
-		var results []map[string]any
-		for _, b := range leaf.ToolUses() {
-			results = append(results, map[string]any{"type": "tool_result", "tool_use_id": b.ID, "content": InterruptedText, "is_error": true})
-		}
-		in, err := userInput(results)
-		return Continuation{At: leaf.UUID, Input: in, What: fmt.Sprintf("the interrupted tool call%s with Claude Code's interrupted result", pluralS(len(results)))}, err
-	case leaf.Role == "assistant":
-		if leaf.UUID == "" {
-			return Continuation{}, errors.New("the saved session's last message names no chain entry")
-		}
-		return Continuation{At: leaf.UUID, What: "nothing: the session ended with the model's answer"}, nil
-	case len(main) < 2:
+	case reply < 0:
 		return Continuation{}, errors.New("the saved session has no model response before its last user message")
+	case main[reply].UUID == "":
+		return Continuation{}, errors.New("the saved session's last reply names no chain entry")
+	case len(main[reply].ToolUses()) > 0 && s.onlyResultsAfter(main, reply):
+		return s.answerCalls(main[reply], main[reply+1:])
+	case leaf.Role == "assistant":
+		return Continuation{At: leaf.UUID, What: "nothing: the session ended with the model's answer"}, nil
 	}
 	prev := main[len(main)-2]
 	if prev.UUID == "" || len(bytes.TrimSpace(leaf.Content)) == 0 {
 		return Continuation{}, errors.New("the saved session's last messages name no chain entry or no content")
 	}
 	in, err := userInput(leaf.Content)
-	what := "the saved user message whose answer never came"
-	if !leaf.IsUserTurn() {
-		what = "the saved tool results whose answer never came"
-	}
-	return Continuation{At: prev.UUID, Input: in, What: what}, err
+	return Continuation{At: prev.UUID, Input: in, What: "the saved user message whose answer never came"}, err
 }
 
-// userInput is one stream-json input line: a user message with content.
+// onlyResultsAfter tells that the messages after main[i] are tool results
+// alone.
+func (s *Session) onlyResultsAfter(main []Message, i int) bool {
+	for _, m := range main[i+1:] {
+		if !m.isResults() {
+			return false
+		}
+	}
+	return true
+}
+
+// answerCalls is the continuation at a reply with tool calls: the results
+// saved after it (those not on its chain already, which the history
+// holds), then an interrupted result for each call with none (a call
+// whose result is the rejection a stop's SIGINT records has none).
+func (s *Session) answerCalls(reply Message, after []Message) (Continuation, error) {
+	history := map[string]bool{}
+	for u := reply.UUID; u != "" && !history[u]; u = s.parent[u] {
+		history[u] = true
+	}
+	answered := map[string]bool{}
+	var results []any
+	for _, m := range after {
+		for _, b := range m.Blocks {
+			if b.isInterruptRecord() {
+				continue // the call a stop cut off: unanswered
+			}
+			if !history[b.line] {
+				results = append(results, b.raw)
+			}
+			answered[b.ToolUseID] = true
+		}
+	}
+	saved := len(results)
+	for _, b := range reply.ToolUses() {
+		if !answered[b.ID] {
+			results = append(results, map[string]any{"type": "tool_result", "tool_use_id": b.ID, "content": InterruptedText, "is_error": true})
+		}
+	}
+	cut := len(results) - saved
+	var what string
+	switch {
+	case len(results) == 0:
+		return Continuation{}, errors.New("the saved session's last reply has every tool call answered in its history, and no answer after it")
+	case saved == 0:
+		what = fmt.Sprintf("the interrupted tool call%s with Claude Code's interrupted result", pluralS(cut))
+	case cut == 0:
+		what = "the saved tool results whose answer never came"
+	default:
+		what = fmt.Sprintf("the saved tool result%s and, for the %d interrupted call%s, Claude Code's interrupted result", pluralS(saved), cut, pluralS(cut))
+	}
+	in, err := userInput(results)
+	return Continuation{At: reply.UUID, Input: in, What: what}, err
+}
+
+// userInput is one stream-json input line: a user message with content,
+// the saved parts of it byte for byte (no HTML escapes added).
 func userInput(content any) (json.RawMessage, error) {
-	return json.Marshal(map[string]any{"type": "user", "message": map[string]any{"role": "user", "content": content}})
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(map[string]any{"type": "user", "message": map[string]any{"role": "user", "content": content}}); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(b.Bytes(), "\n"), nil
 }
 
 func pluralS(n int) string {

@@ -19,7 +19,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"path"
 	"strings"
 	"time"
@@ -64,11 +63,8 @@ func New(opt Options) (*Adapter, error) {
 	if opt.Codex == "" {
 		return nil, errors.New("codex: the codex binary (codex.codex) is required")
 	}
-	if opt.ModelURL == "" {
-		return nil, errors.New("codex: the model server (codex.model_url) is required")
-	}
-	if u, err := url.Parse(opt.ModelURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("codex: model_url %q is not an http(s) URL", opt.ModelURL)
+	if err := driver.CheckModelURL("codex", opt.ModelURL); err != nil {
+		return nil, err
 	}
 	if opt.Model == "" {
 		opt.Model = "policy"
@@ -76,20 +72,14 @@ func New(opt Options) (*Adapter, error) {
 	if opt.APIKey == "" {
 		opt.APIKey = "none"
 	}
-	for k := range opt.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return nil, fmt.Errorf("codex: env name %q is not a variable name", k)
-		}
+	if err := driver.CheckEnvNames("codex", opt.Env); err != nil {
+		return nil, err
 	}
-	a := &Adapter{opt: opt}
-	if opt.Timeout != "" {
-		d, err := time.ParseDuration(opt.Timeout)
-		if err != nil {
-			return nil, fmt.Errorf("codex: timeout %q: %v", opt.Timeout, err)
-		}
-		a.timeout = d
+	timeout, err := driver.ParseTimeout("codex", opt.Timeout)
+	if err != nil {
+		return nil, err
 	}
-	return a, nil
+	return &Adapter{opt: opt, timeout: timeout}, nil
 }
 
 // State is where Codex keeps one rollout attempt's session.
@@ -114,11 +104,8 @@ func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (
 }
 
 func parseState(raw json.RawMessage) (State, error) {
-	var s State
-	if err := json.Unmarshal(raw, &s); err != nil || s.Home == "" || !path.IsAbs(s.Home) {
-		return s, fmt.Errorf("codex: the state %s names no absolute folder", raw)
-	}
-	return s, nil
+	home, err := driver.StateHome("codex", raw)
+	return State{Home: home}, err
 }
 
 func (s State) codexHome() string { return path.Join(s.Home, "codex") }
@@ -142,7 +129,7 @@ func tomlString(s string) string {
 // baseURL is the provider's base URL for a rollout attempt: the model URL,
 // the rollout prefix, /v1.
 func (a *Adapter) baseURL(rollout string, attempt int) string {
-	return strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + rolloutSegment(rollout, attempt) + "/v1"
+	return strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + driver.RolloutSegment(rollout, attempt) + "/v1"
 }
 
 // config is $CODEX_HOME/config.toml: the model provider at base on the
@@ -191,12 +178,6 @@ func (a *Adapter) env(st State) map[string]string {
 		env[k] = v
 	}
 	return env
-}
-
-// rolloutSegment is the path segment that attributes model calls to a
-// rollout attempt: <id>-a<attempt>, escaped as one path segment.
-func rolloutSegment(rollout string, attempt int) string {
-	return url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
 }
 
 // flags are the flags of every `codex exec`: JSON events, no git check, no
@@ -289,28 +270,14 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 		s, _ := json.Marshal(State{Home: driver.StateDir(sb, "codex", rollout, attempt)})
 		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CODEX_HOME", State: s}, nil
 	}
-	file, data, err := readSession(ctx, sb, st)
+	s, task, why, err := driver.ReadSavedSession(ctx, sb, st.codexHome(), sessionGlob, path.Join(st.Home, taskFileName), "CODEX_HOME", ParseSession)
 	if err != nil {
-		if ctx.Err() != nil {
-			return driver.Decision{}, err
-		}
-		return fresh(fmt.Sprintf("the saved session could not be read (%v)", err))
+		return driver.Decision{}, err
 	}
-	if file == "" {
-		return fresh("the saved CODEX_HOME holds no session")
+	if why != "" {
+		return fresh(why)
 	}
-	s, err := ParseSession(data)
-	if err != nil {
-		return fresh(fmt.Sprintf("the saved session %s could not be read (%v)", path.Base(file), err))
-	}
-	task, _, err := driver.ReadSandboxFile(ctx, sb, path.Join(st.Home, taskFileName))
-	if err != nil {
-		if ctx.Err() != nil {
-			return driver.Decision{}, err
-		}
-		return fresh(fmt.Sprintf("the task beside the saved session could not be read (%v)", err))
-	}
-	ok, why := s.Continuable(string(task))
+	ok, why := s.Continuable(task)
 	switch {
 	case !ok:
 		return fresh(why)

@@ -6,7 +6,6 @@ package codex
 
 import (
 	"encoding/json"
-	"fmt"
 
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -99,41 +98,10 @@ func BuildGymResponse(s *Session, opt gym.ResponseOptions) gym.Response {
 // from the body's responses_create_params, the model from Options.Model),
 // and the codex_* fields go beside it.
 func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, map[string]json.RawMessage, error) {
-	var r struct {
-		ExitCode    int             `json:"exit_code"`
-		Session     json.RawMessage `json:"session"`
-		SessionPath string          `json:"session_path"`
-		Stdout      string          `json:"stdout_tail"`
-		Stderr      string          `json:"stderr_tail"`
-	}
-	if err := json.Unmarshal(response, &r); err != nil {
-		return nil, nil, fmt.Errorf("codex: the stored response is not the adapter's: %w", err)
-	}
-	opt, err := gym.ResponseOptionsFromBody(body, a.opt.Model)
-	if err != nil {
-		return nil, nil, err
-	}
-	data, err := driver.ArrayJSONLines(r.Session)
-	if err != nil {
-		return nil, nil, fmt.Errorf("codex: %w", err)
-	}
-	var s *Session
-	if data != nil {
-		if s, err = ParseSession(data); err != nil {
-			return nil, nil, fmt.Errorf("codex: the stored session: %w", err)
-		}
-	}
-	resp, err := json.Marshal(BuildGymResponse(s, opt))
-	if err != nil {
-		return nil, nil, err
-	}
-	data, err = json.Marshal(GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr,
-		SessionFound: s != nil, Finished: r.ExitCode == 0})
-	if err != nil {
-		return nil, nil, err
-	}
-	var fields map[string]json.RawMessage
-	return resp, fields, json.Unmarshal(data, &fields)
+	return driver.LinesGymResult("codex", response, body, a.opt.Model, ParseSession, BuildGymResponse,
+		func(r driver.StoredRun, found bool) any {
+			return GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr, SessionFound: found, Finished: r.ExitCode == 0}
+		})
 }
 
 // unanswered is the output of a call the session holds none for, given

@@ -1,20 +1,83 @@
 package driver
 
-// Helpers for adapters of command-line harnesses (Codex, Claude Code):
-// the task as one argument, the newest session file of a state folder,
-// and the session's JSON lines kept in a response. They hold no harness's
-// names; each adapter passes its own.
+// Helpers for adapters of command-line harnesses (OpenCode, Codex, Claude
+// Code): the checks of their common options, the state folder's name in
+// the state, the rollout's segment of the model URL, the task as one
+// argument, the newest session file of a state folder, the session's
+// JSON lines kept in a response and read back for Gym. They hold no
+// harness's names; each adapter passes its own (the name that starts its
+// errors and its config section).
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
+	"path"
 	"strings"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
+
+// CheckModelURL checks an adapter's model_url option: set, and an
+// http(s) URL with a host. The errors name the adapter and its config key.
+func CheckModelURL(adapter, modelURL string) error {
+	if modelURL == "" {
+		return fmt.Errorf("%s: the model server (%s.model_url) is required", adapter, adapter)
+	}
+	if u, err := url.Parse(modelURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%s: model_url %q is not an http(s) URL", adapter, modelURL)
+	}
+	return nil
+}
+
+// CheckEnvNames checks the names of an adapter's env option: each can be
+// an environment variable (not empty, no '=' or NUL).
+func CheckEnvNames(adapter string, env map[string]string) error {
+	for k := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fmt.Errorf("%s: env name %q is not a variable name", adapter, k)
+		}
+	}
+	return nil
+}
+
+// ParseTimeout reads an adapter's timeout option, a Go duration ("" is
+// none: 0).
+func ParseTimeout(adapter, timeout string) (time.Duration, error) {
+	if timeout == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(timeout)
+	if err != nil {
+		return 0, fmt.Errorf("%s: timeout %q: %v", adapter, timeout, err)
+	}
+	return d, nil
+}
+
+// StateHome reads the state of an adapter that keeps a rollout attempt's
+// files in one folder, {"home": FOLDER}: the folder, which must be
+// absolute.
+func StateHome(adapter string, raw json.RawMessage) (string, error) {
+	var s struct {
+		Home string `json:"home"`
+	}
+	if err := json.Unmarshal(raw, &s); err != nil || s.Home == "" || !path.IsAbs(s.Home) {
+		return s.Home, fmt.Errorf("%s: the state %s names no absolute folder", adapter, raw)
+	}
+	return s.Home, nil
+}
+
+// RolloutSegment is the path segment that attributes model calls to a
+// rollout attempt: <id>-a<attempt>, escaped as one path segment, so that
+// no character of the id ('/', '?', '#', '%', a space) changes the URL's
+// shape, and the model server reads the exact id back.
+func RolloutSegment(rollout string, attempt int) string {
+	return url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
+}
 
 // MaxArg is Linux's bound on one argument string (MAX_ARG_STRLEN, 32
 // pages), its terminating NUL included.
@@ -82,6 +145,35 @@ func ReadSandboxFile(ctx context.Context, sb LentSandbox, file string) (data []b
 	return res.Stdout, true, nil
 }
 
+// ReadSavedSession reads what a CLI adapter's resume decision weighs: the
+// newest session file below dir matching glob (ReadNewestFile), read by
+// parse, and the task saved in taskFile. When there is none to weigh
+// (none read, none there, parse refuses it, the task unreadable), why
+// says so as a fresh start's reason, naming the folder as folder (such as
+// "CODEX_HOME"). The error is only a cancelled ctx's.
+func ReadSavedSession[S any](ctx context.Context, sb LentSandbox, dir, glob, taskFile, folder string, parse func([]byte) (S, error)) (s S, task, why string, err error) {
+	file, data, err := ReadNewestFile(ctx, sb, dir, glob)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return s, "", "", err
+	case err != nil:
+		return s, "", fmt.Sprintf("the saved session could not be read (%v)", err), nil
+	case file == "":
+		return s, "", "the saved " + folder + " holds no session", nil
+	}
+	if s, err = parse(data); err != nil {
+		return s, "", fmt.Sprintf("the saved session %s could not be read (%v)", path.Base(file), err), nil
+	}
+	t, _, err := ReadSandboxFile(ctx, sb, taskFile)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return s, "", "", err
+	case err != nil:
+		return s, "", fmt.Sprintf("the task beside the saved session could not be read (%v)", err), nil
+	}
+	return s, string(t), "", nil
+}
+
 // JSONLinesArray turns JSON lines into one JSON array of them, leaving
 // out the lines that are not JSON (a last line cut short by a kill), so a
 // session file can be kept whole inside a JSON response.
@@ -119,6 +211,74 @@ func ArrayJSONLines(raw json.RawMessage) ([]byte, error) {
 		data = append(append(data, l...), '\n')
 	}
 	return data, nil
+}
+
+// StoredRun is what the Response of an adapter that keeps its session as
+// JSON lines stores, as its GymResult reads it back.
+type StoredRun struct {
+	ExitCode int `json:"exit_code"`
+	// Session is the session's lines (JSONLinesArray), null when none was
+	// read.
+	Session     json.RawMessage `json:"session"`
+	SessionPath string          `json:"session_path"`
+	Stdout      string          `json:"stdout_tail"`
+	Stderr      string          `json:"stderr_tail"`
+}
+
+// ReadStoredRun reads an adapter's stored response back: the run, and
+// its session's lines (ArrayJSONLines; nil when none was stored).
+func ReadStoredRun(adapter string, response json.RawMessage) (StoredRun, []byte, error) {
+	var r StoredRun
+	if err := json.Unmarshal(response, &r); err != nil {
+		return r, nil, fmt.Errorf("%s: the stored response is not the adapter's: %w", adapter, err)
+	}
+	data, err := ArrayJSONLines(r.Session)
+	if err != nil {
+		return r, nil, fmt.Errorf("%s: %w", adapter, err)
+	}
+	return r, data, nil
+}
+
+// LinesGymResult is the GymResult (GymResulter) of an adapter whose
+// Response stores a StoredRun: `response` is build's NeMoGymResponse of
+// the stored session read by parse (the zero S, found false, when none
+// was stored), the request side from the body's responses_create_params
+// and the model named model; the fields beside it are fields' JSON
+// fields. Errors name the adapter.
+func LinesGymResult[S any](adapter string, response, body json.RawMessage, model string,
+	parse func([]byte) (S, error), build func(S, gym.ResponseOptions) gym.Response,
+	fields func(r StoredRun, found bool) any) (json.RawMessage, map[string]json.RawMessage, error) {
+	r, data, err := ReadStoredRun(adapter, response)
+	if err != nil {
+		return nil, nil, err
+	}
+	opt, err := gym.ResponseOptionsFromBody(body, model)
+	if err != nil {
+		return nil, nil, err
+	}
+	var s S
+	if data != nil {
+		if s, err = parse(data); err != nil {
+			return nil, nil, fmt.Errorf("%s: the stored session: %w", adapter, err)
+		}
+	}
+	resp, err := json.Marshal(build(s, opt))
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := JSONFields(fields(r, data != nil))
+	return resp, f, err
+}
+
+// JSONFields splits a value into its JSON object's fields (the fields an
+// adapter's GymResult puts beside `response`).
+func JSONFields(v any) (map[string]json.RawMessage, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var out map[string]json.RawMessage
+	return out, json.Unmarshal(data, &out)
 }
 
 // Tail is the last n bytes of s.

@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"path"
 	"strings"
 	"time"
@@ -34,7 +33,7 @@ type Options struct {
 	// ModelURL is the model server's base URL (OpenAI-compatible, without
 	// /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added, as the
 	// framework does, so every model call is attributed to its rollout (the
-	// segment escaped: see rolloutSegment).
+	// segment escaped: see driver.RolloutSegment).
 	ModelURL string `json:"model_url"`
 	// Model is the served model's name; APIKey is sent to it.
 	Model  string `json:"model"`
@@ -88,15 +87,11 @@ func New(opt Options) (*Adapter, error) {
 	if !json.Valid(opt.Permission) {
 		return nil, fmt.Errorf("opencode: permission is not valid JSON: %s", opt.Permission)
 	}
-	a := &Adapter{opt: opt}
-	if opt.Timeout != "" {
-		d, err := time.ParseDuration(opt.Timeout)
-		if err != nil {
-			return nil, fmt.Errorf("opencode: timeout %q: %v", opt.Timeout, err)
-		}
-		a.timeout = d
+	timeout, err := driver.ParseTimeout("opencode", opt.Timeout)
+	if err != nil {
+		return nil, err
 	}
-	return a, nil
+	return &Adapter{opt: opt, timeout: timeout}, nil
 }
 
 // State is where OpenCode keeps one rollout's session.
@@ -120,18 +115,15 @@ func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (
 }
 
 func parseState(raw json.RawMessage) (State, error) {
-	var s State
-	if err := json.Unmarshal(raw, &s); err != nil || s.Home == "" || !path.IsAbs(s.Home) {
-		return s, fmt.Errorf("opencode: the state %s names no absolute folder", raw)
-	}
-	return s, nil
+	home, err := driver.StateHome("opencode", raw)
+	return State{Home: home}, err
 }
 
 // env is OpenCode's environment for a rollout: its XDG folders, its config
 // (provider pointed at the model server with the rollout's prefix), and the
 // switches that keep it local.
 func (a *Adapter) env(st State, rollout string, attempt int) (map[string]string, error) {
-	base := strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + rolloutSegment(rollout, attempt) + "/v1"
+	base := strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + driver.RolloutSegment(rollout, attempt) + "/v1"
 	cfg := map[string]any{
 		"$schema":           "https://opencode.ai/config.json",
 		"model":             "ng/" + a.opt.Model,
@@ -175,14 +167,6 @@ func (a *Adapter) env(st State, rollout string, attempt int) (map[string]string,
 		env[k] = v
 	}
 	return env, nil
-}
-
-// rolloutSegment is the path segment that attributes model calls to a
-// rollout attempt: <id>-a<attempt>, escaped as one path segment, so that
-// no character of the id ('/', '?', '#', '%', a space) changes the URL's
-// shape, and the model server reads the exact id back.
-func rolloutSegment(rollout string, attempt int) string {
-	return url.PathEscape(fmt.Sprintf("%s-a%d", rollout, attempt))
 }
 
 // Launch implements driver.Adapter: `opencode run --format json <task>` for
@@ -479,8 +463,8 @@ func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.
 			}
 		}
 	}
-	out["stdout_tail"] = tail(string(res.Stdout), 4000)
-	out["stderr_tail"] = tail(string(res.Stderr), 4000)
+	out["stdout_tail"] = driver.Tail(string(res.Stdout), 4000)
+	out["stderr_tail"] = driver.Tail(string(res.Stderr), 4000)
 	if exportRaw != nil {
 		out["export_path"] = path.Join(st.Home, exportFileName)
 	}
@@ -519,31 +503,14 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 	if found {
 		runFields.ResultsFpath = r.ExportPath
 	}
-	fields, err := fieldsOf(runFields)
+	fields, err := driver.JSONFields(runFields)
 	return resp, fields, err
-}
-
-// fieldsOf splits a struct into its JSON fields.
-func fieldsOf(v any) (map[string]json.RawMessage, error) {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return nil, err
-	}
-	var out map[string]json.RawMessage
-	return out, json.Unmarshal(data, &out)
 }
 
 // exportAny exports without the rollout's model prefix (the export needs no
 // model).
 func (a *Adapter) exportAny(ctx context.Context, sb driver.LentSandbox, st State) (*exported, json.RawMessage, error) {
 	return a.export(ctx, sb, st, "export", 0)
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 var _ driver.Adapter = (*Adapter)(nil)
