@@ -52,6 +52,13 @@ func BuildGymResponse(s *Session, opt gym.ResponseOptions) gym.Response {
 			}
 		}
 	}
+	// The empty outputs of a reply's unanswered calls go after the results
+	// the session holds for its other calls, where a result would be.
+	var pending []gym.Item
+	flush := func() {
+		r.Output = append(r.Output, pending...)
+		pending = nil
+	}
 	task := false
 	for _, m := range s.Messages {
 		if !task {
@@ -60,8 +67,12 @@ func BuildGymResponse(s *Session, opt gym.ResponseOptions) gym.Response {
 		}
 		switch {
 		case m.Role == "assistant" && m.Model != "<synthetic>":
-			r.Output = append(r.Output, assistantItems(m, answered, opt.NewHex)...)
+			flush()
+			items, unanswered := assistantItems(m, answered, opt.NewHex)
+			r.Output = append(r.Output, items...)
+			pending = unanswered
 		case m.IsUserTurn():
+			flush()
 			r.Output = append(r.Output, &gym.InputMessage{
 				Content: []gym.InputText{{Text: m.Text(), Type: "input_text"}}, Role: "user", Type: "message",
 			})
@@ -71,8 +82,10 @@ func BuildGymResponse(s *Session, opt gym.ResponseOptions) gym.Response {
 					r.Output = append(r.Output, &gym.FunctionCallOutput{CallID: b.ToolUseID, Output: b.ResultText(), Type: "function_call_output"})
 				}
 			}
+			flush()
 		}
 	}
+	flush()
 	var u gym.Usage
 	for _, m := range s.Responses() {
 		in := m.Usage.InputTokens + m.Usage.CacheCreationInputTokens + m.Usage.CacheReadInputTokens
@@ -86,10 +99,9 @@ func BuildGymResponse(s *Session, opt gym.ResponseOptions) gym.Response {
 }
 
 // assistantItems are one assistant message's items, in block order: its
-// thinking as reasoning, its text as one message, its tool calls (each
-// without a result in the session followed by an empty output).
-func assistantItems(m Message, answered map[string]bool, newHex func() string) []gym.Item {
-	var items []gym.Item
+// thinking as reasoning, its text as one message, its tool calls; and an
+// empty output for each call the session holds no result for.
+func assistantItems(m Message, answered map[string]bool, newHex func() string) (items, unanswered []gym.Item) {
 	text := m.Text()
 	textDone := false
 	for _, b := range m.Blocks {
@@ -111,11 +123,11 @@ func assistantItems(m Message, answered map[string]bool, newHex func() string) [
 			args := compactJSON(b.Input)
 			items = append(items, &gym.FunctionCall{Arguments: args, CallID: b.ID, Name: b.Name, Type: "function_call"})
 			if !answered[b.ID] {
-				items = append(items, &gym.FunctionCallOutput{CallID: b.ID, Output: "", Type: "function_call_output"})
+				unanswered = append(unanswered, &gym.FunctionCallOutput{CallID: b.ID, Output: "", Type: "function_call_output"})
 			}
 		}
 	}
-	return items
+	return items, unanswered
 }
 
 // compactJSON is a tool input as JSON text, "{}" when it has none.

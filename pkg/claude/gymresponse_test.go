@@ -81,11 +81,13 @@ func TestBuildGymResponse(t *testing.T) {
 }
 
 // TestGymUnansweredCalls: calls the session holds no result for (killed
-// mid-tool) get an empty output each; a resumed session has its new
-// result alone, the old off-chain one absent.
+// mid-tool) get an empty output each, after the reply's calls and the
+// results the session holds for its other calls, as an answered batch of
+// parallel calls is laid out; a resumed session has its new result alone,
+// the old off-chain one absent.
 func TestGymUnansweredCalls(t *testing.T) {
 	items := gymItems(t, BuildGymResponse(parseFixture(t, "midtool.jsonl"), testOptions()))
-	if got, want := itemShape(items), "message,function_call(toolu_m1),function_call_output(toolu_m1),function_call(toolu_m2),function_call_output(toolu_m2)"; got != want {
+	if got, want := itemShape(items), "message,function_call(toolu_m1),function_call(toolu_m2),function_call_output(toolu_m1),function_call_output(toolu_m2)"; got != want {
 		t.Errorf("mid-tool items\n got %s\nwant %s", got, want)
 	}
 	for _, it := range items {
@@ -94,7 +96,7 @@ func TestGymUnansweredCalls(t *testing.T) {
 		}
 	}
 	items = gymItems(t, BuildGymResponse(parseFixture(t, "partial.jsonl"), testOptions()))
-	if got, want := itemShape(items), "function_call(toolu_p1),function_call(toolu_p2),function_call_output(toolu_p2),function_call_output(toolu_p1)"; got != want {
+	if got, want := itemShape(items), "function_call(toolu_p1),function_call(toolu_p2),function_call_output(toolu_p1),function_call_output(toolu_p2)"; got != want {
 		t.Errorf("partial items\n got %s\nwant %s", got, want)
 	}
 	items = gymItems(t, BuildGymResponse(parseFixture(t, "resumed.jsonl"), testOptions()))
