@@ -25,7 +25,7 @@ const (
 var suite = &harnesstest.Suite{
 	Name:       "codex_e2e",
 	TagPrefix:  "cxe2e",
-	Binaries:   []string{"ngsup"},
+	Binaries:   []string{"ngsup", "ngdriver"},
 	VerboseEnv: verboseEnv,
 	Patience:   patience,
 }
