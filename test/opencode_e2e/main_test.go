@@ -43,7 +43,7 @@ const (
 var suite = &harnesstest.Suite{
 	Name:       "opencode_e2e",
 	TagPrefix:  "oce2e",
-	Binaries:   []string{"ngsup", "ngresume"},
+	Binaries:   []string{"ngsup", "ngresume", "ngdriver"},
 	SkipBuild:  os.Getenv(childEnv) != "",
 	VerboseEnv: verboseEnv,
 	Patience:   patience,
