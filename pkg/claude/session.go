@@ -20,6 +20,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/ngharness/ngharness/pkg/driver"
 )
 
 // Session is what the adapter reads of a saved session.
@@ -459,21 +461,7 @@ func (s *Session) Responses() []Message {
 // it starts with the task (if task is set) and holds at least one
 // completed model response. why says which, as a launch record's reason.
 func (s *Session) Continuable(task string) (bool, string) {
-	users := s.UserTurns()
-	n := len(s.Responses())
-	switch {
-	case len(users) == 0:
-		return false, "the saved session has no user message"
-	case task != "" && users[0] != task:
-		return false, "the saved session does not start with the task"
-	case n == 0:
-		return false, "the saved session holds no completed model response"
-	}
-	suffix := "s"
-	if n == 1 {
-		suffix = ""
-	}
-	return true, fmt.Sprintf("session %s starts with the task and holds %d completed model response%s", s.ID, n, suffix)
+	return driver.Continuable(s.ID, s.UserTurns(), len(s.Responses()), task)
 }
 
 // FinalText is the text of the session's last assistant message.
@@ -608,11 +596,11 @@ func (s *Session) answerCalls(reply Message, after []Message) (Continuation, err
 	case len(results) == 0:
 		return Continuation{}, errors.New("the saved session's last reply has every tool call answered in its history, and no answer after it")
 	case saved == 0:
-		what = fmt.Sprintf("the interrupted tool call%s with Claude Code's interrupted result", pluralS(cut))
+		what = fmt.Sprintf("the interrupted tool call%s with Claude Code's interrupted result", driver.Plural(cut))
 	case cut == 0:
 		what = "the saved tool results whose answer never came"
 	default:
-		what = fmt.Sprintf("the saved tool result%s and, for the %d interrupted call%s, Claude Code's interrupted result", pluralS(saved), cut, pluralS(cut))
+		what = fmt.Sprintf("the saved tool result%s and, for the %d interrupted call%s, Claude Code's interrupted result", driver.Plural(saved), cut, driver.Plural(cut))
 	}
 	in, err := userInput(results)
 	return Continuation{At: reply.UUID, Input: in, What: what}, err
@@ -628,11 +616,4 @@ func userInput(content any) (json.RawMessage, error) {
 		return nil, err
 	}
 	return bytes.TrimRight(b.Bytes(), "\n"), nil
-}
-
-func pluralS(n int) string {
-	if n == 1 {
-		return ""
-	}
-	return "s"
 }

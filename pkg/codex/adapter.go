@@ -319,14 +319,6 @@ func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.
 	return json.Marshal(out)
 }
 
-// plural is "s" unless n is 1.
-func plural(n int) string {
-	if n == 1 {
-		return ""
-	}
-	return "s"
-}
-
 var _ driver.Adapter = (*Adapter)(nil)
 var _ driver.PausesAtCheckpoints = (*Adapter)(nil)
 var _ driver.GymResulter = (*Adapter)(nil)

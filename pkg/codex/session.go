@@ -17,6 +17,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/ngharness/ngharness/pkg/driver"
 )
 
 // Session is what the adapter reads of a saved session.
@@ -199,16 +201,7 @@ func (s *Session) UserTurns() []string {
 // it starts with the task (if task is set) and holds at least one
 // completed model response. why says which, as a launch record's reason.
 func (s *Session) Continuable(task string) (bool, string) {
-	users := s.UserTurns()
-	switch {
-	case len(users) == 0:
-		return false, "the saved session has no user message"
-	case task != "" && users[0] != task:
-		return false, "the saved session does not start with the task"
-	case len(s.Responses) == 0:
-		return false, "the saved session holds no completed model response"
-	}
-	return true, fmt.Sprintf("session %s starts with the task and holds %d completed model response%s", s.ID, len(s.Responses), plural(len(s.Responses)))
+	return driver.Continuable(s.ID, s.UserTurns(), len(s.Responses), task)
 }
 
 // FinalText is the text of the session's last assistant message.

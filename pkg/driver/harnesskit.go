@@ -288,3 +288,27 @@ func Tail(s string, n int) string {
 	}
 	return s
 }
+
+// Continuable is the rule every adapter applies to a saved session before
+// continuing it: its user turns (users, in order) start with the task (if
+// task is set) and it holds at least one completed model response
+// (responses). why says which, as a launch record's reason.
+func Continuable(sessionID string, users []string, responses int, task string) (ok bool, why string) {
+	switch {
+	case len(users) == 0:
+		return false, "the saved session has no user message"
+	case task != "" && users[0] != task:
+		return false, "the saved session does not start with the task"
+	case responses == 0:
+		return false, "the saved session holds no completed model response"
+	}
+	return true, fmt.Sprintf("session %s starts with the task and holds %d completed model response%s", sessionID, responses, Plural(responses))
+}
+
+// Plural is "s" unless n is 1.
+func Plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
