@@ -372,11 +372,35 @@ func (l *launch) role(role string) proc {
 		var err error
 		p, err = readRecord(filepath.Join(l.Rec, role))
 		if err != nil {
-			return false, err.Error()
+			return false, err.Error() + "; " + l.diagnose()
 		}
 		return true, ""
 	})
 	return p
+}
+
+// diagnose says what the launch's processes are doing, for a wait that
+// failed: each recorded fixture's state and the tail of the supervisor's
+// log, where the harness's own stderr goes.
+func (l *launch) diagnose() string {
+	var b strings.Builder
+	rec := l.recorded()
+	for _, name := range sortedKeys(rec) {
+		p := rec[name]
+		st, err := readStat(p.PID)
+		switch {
+		case err != nil || st.Start != p.Start:
+			fmt.Fprintf(&b, "%s %v gone; ", name, p)
+		default:
+			fmt.Fprintf(&b, "%s %v state %c wchan %s; ", name, p, st.State, wchanOf(p.PID))
+		}
+	}
+	log := readFile(filepath.Join(l.Dir, proto.SupervisorLogFile))
+	if len(log) > 2000 {
+		log = log[len(log)-2000:]
+	}
+	fmt.Fprintf(&b, "supervisor.log: %q", log)
+	return b.String()
 }
 
 // harness is the launch's harness as the receipt names it.
