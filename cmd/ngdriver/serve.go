@@ -96,6 +96,9 @@ from this server's entry of the Gym config ($NEMO_GYM_CONFIG_PATH or
 			if fl.Changed("log-format") {
 				cfg.LogFormat = over.LogFormat
 			}
+			if cfg.Listen == "" {
+				cfg.Listen = config.Default().Listen // nothing configured: loopback only
+			}
 			if err := cfg.Validate(builtIn()); err != nil {
 				return usageError{err.Error()}
 			}
@@ -106,7 +109,7 @@ from this server's entry of the Gym config ($NEMO_GYM_CONFIG_PATH or
 	fl.StringVar(&cfgPath, "config", "", "the YAML config file")
 	fl.StringVar(&gymPath, "gym-config", "", "a NeMo Gym config file holding this server's agent entry (instead of --config)")
 	fl.StringVar(&gymInstance, "gym-instance", "", "this server's entry in the Gym config (default $NEMO_GYM_CONFIG_PATH)")
-	fl.StringVar(&over.Listen, "listen", "", "address to serve on (overrides listen)")
+	fl.StringVar(&over.Listen, "listen", "", "address to serve on (overrides listen; default 127.0.0.1:8090)")
 	fl.StringVar(&over.Owner.URL, "owner", "", "the sandbox owner's URL (overrides owner.url)")
 	fl.IntVar(&over.MaxRuns, "max-runs", 0, "runs in flight at most (overrides max_runs)")
 	fl.StringVar(&over.NgsupDir, "ngsup-dir", "", "folder of the ngsup binaries (overrides ngsup_dir)")

@@ -242,10 +242,9 @@ func classify(err error) (int, string) {
 	return http.StatusInternalServerError, gym.CodeInternal
 }
 
-// maxErrorText bounds the error text of a reply and its log line, so no
-// input echoed in an error comes back (or is logged) whole.
-const maxErrorText = 4 << 10
-
+// fail answers err in the envelope; its text, in the reply and in the log
+// line, is capped by gym.CapDetail, so no input echoed in an error comes
+// back (or is logged) whole.
 func (s *Server) fail(w http.ResponseWriter, route string, err error) {
 	code, name := classify(err)
 	s.count(route, code)
@@ -253,10 +252,7 @@ func (s *Server) fail(w http.ResponseWriter, route string, err error) {
 	if code >= 500 {
 		level = slog.LevelError
 	}
-	msg := err.Error()
-	if len(msg) > maxErrorText {
-		msg = fmt.Sprintf("%s... (%d bytes cut)", strings.ToValidUTF8(msg[:maxErrorText], ""), len(msg)-maxErrorText)
-	}
+	msg := gym.CapDetail(err.Error())
 	s.log().Log(context.Background(), level, route+" failed", "status", code, "code", name, "error", msg)
 	writeJSON(w, code, gym.ErrorBody{Error: gym.ErrorDetail{Code: name, Detail: msg}})
 }

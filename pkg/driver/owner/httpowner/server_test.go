@@ -163,6 +163,13 @@ func (s *server) seed(key string, body map[string]any) reply {
 	return s.post(httpowner.RolloutPath(key, "seed_session"), nil, body)
 }
 
+// seedWith seeds key carrying the cookies c, as a caller continuing a
+// session does.
+func (s *server) seedWith(key string, c owner.Cookies, body map[string]any) reply {
+	s.t.Helper()
+	return s.post(httpowner.RolloutPath(key, "seed_session"), c, body)
+}
+
 func (s *server) mustSeed(key string, body map[string]any) reply {
 	s.t.Helper()
 	r := s.seed(key, body)
@@ -312,16 +319,22 @@ func TestStatusDiscovery(t *testing.T) {
 	}
 }
 
-// TestSeedOfAnOpenSessionsKeyAnswersItAgain: the /ng-rollout/<key>/ prefix
-// binds the session; a seed repeated for the key answers the same session,
-// one after it closed is refused, and calls without a key still work by
-// cookie.
-func TestSeedOfAnOpenSessionsKeyAnswersItAgain(t *testing.T) {
+// TestASeedOfAnExistingKeyAnswersOnlyWithItsCookie: the /ng-rollout/<key>/
+// prefix binds the session; a seed repeated for the key with the session's
+// cookie answers the same session, one without it is refused and hands out
+// nothing (no cookie, no sandbox), one after it closed is refused, and
+// calls without a key still work by cookie.
+func TestASeedOfAnExistingKeyAnswersOnlyWithItsCookie(t *testing.T) {
 	s := newServer(t, t.TempDir())
 	first := s.mustSeed("r", map[string]any{"files": map[string]string{"a.txt": "one"}})
-	again := s.mustSeed("r", map[string]any{"files": map[string]string{"a.txt": "one"}})
+	again := ok(t, "seed again with the cookie", s.seedWith("r", first.cookies, map[string]any{"files": map[string]string{"a.txt": "one"}}))
 	if again.cookies[localowner.CookieName] != first.cookies[localowner.CookieName] || handle(t, again) != handle(t, first) {
 		t.Fatalf("the second seed of r answered %v %s, the first %v %s", again.cookies, again.raw, first.cookies, first.raw)
+	}
+	stranger := s.seed("r", map[string]any{})
+	want(t, "a seed of r without its cookie", stranger, http.StatusUnauthorized, gym.CodeUnauthorized)
+	if len(stranger.cookies) > 0 || strings.Contains(stranger.raw, handle(t, first)) || strings.Contains(stranger.raw, localowner.SessionIDOf(first.cookies)) {
+		t.Fatalf("a seed without the cookie was told %v %s", stranger.cookies, stranger.raw)
 	}
 	other := s.mustSeed("r-a1", map[string]any{})
 	if other.cookies[localowner.CookieName] == first.cookies[localowner.CookieName] {
@@ -338,7 +351,8 @@ func TestSeedOfAnOpenSessionsKeyAnswersItAgain(t *testing.T) {
 		t.Fatalf("close_session answered %s, want {}", closed.raw)
 	}
 	ok(t, "close again", s.post("/ng-rollout/r/close_session", first.cookies, map[string]any{}))
-	want(t, "seed of a closed session's key", s.seed("r", map[string]any{}), http.StatusGone, "")
+	want(t, "seed of a closed session's key", s.seedWith("r", first.cookies, map[string]any{}), http.StatusGone, httpowner.CodeSessionClosed)
+	want(t, "seed of a closed session's key without its cookie", s.seed("r", map[string]any{}), http.StatusUnauthorized, gym.CodeUnauthorized)
 
 	legacy := ok(t, "seed without a key", s.post("/seed_session", nil, map[string]any{}))
 	if legacy.cookies[localowner.CookieName] == "" {
@@ -378,7 +392,8 @@ func TestSeededSessionStateIsCommittedAndRestored(t *testing.T) {
 	if _, err := gym.ReadState(dir, gym.KindResources, instance, func(r gym.Record) error { return r.Decode(&rec) }); err != nil {
 		t.Fatal(err)
 	}
-	if rec.SessionID != seeded.cookies[localowner.CookieName] || rec.State.Snapshot == "" || rec.State.SandboxID != sb || rec.EpisodeID.CaptureKey() != "r" {
+	if rec.SessionID != localowner.SessionIDOf(seeded.cookies) || rec.State.Snapshot == "" || rec.State.SandboxID != sb || rec.EpisodeID.CaptureKey() != "r" ||
+		strings.Contains(string(data), seeded.cookies[localowner.CookieName]) {
 		t.Fatalf("record %+v", rec)
 	}
 
@@ -391,9 +406,12 @@ func TestSeededSessionStateIsCommittedAndRestored(t *testing.T) {
 	if report, _ := st["report"].(map[string]any); report["counts"].(map[string]any)["sessions"] != float64(1) {
 		t.Fatalf("status after restore %v", st)
 	}
-	// A call before resume waits for it instead of being refused.
+	// A call before resume waits for it instead of being refused. The
+	// caller continues with the cookie it kept across the crash.
 	seeding := make(chan reply, 1)
-	go func() { seeding <- fresh.seed("r-a1", map[string]any{"files": map[string]string{"a.txt": "one"}}) }()
+	go func() {
+		seeding <- fresh.seedWith("r-a1", seeded.cookies, map[string]any{"files": map[string]string{"a.txt": "one"}})
+	}()
 	select {
 	case r := <-seeding:
 		t.Fatalf("a seed before resume answered %d %s", r.status, r.raw)
@@ -401,8 +419,8 @@ func TestSeededSessionStateIsCommittedAndRestored(t *testing.T) {
 	}
 	ok(t, "resume", fresh.control("resume", "r1", 5*time.Second, nil))
 	again := ok(t, "seed of r-a1", <-seeding)
-	if again.cookies[localowner.CookieName] != rec.SessionID {
-		t.Fatalf("the seed of r-a1 set %v, want the restored session %s", again.cookies, rec.SessionID)
+	if again.cookies[localowner.CookieName] != seeded.cookies[localowner.CookieName] {
+		t.Fatalf("the seed of r-a1 set %v, want the restored session's %v", again.cookies, seeded.cookies)
 	}
 	fork := handle(t, again)
 	if fork == sb || !strings.HasPrefix(fork, "sb-"+rec.SessionID+"-") {
@@ -450,7 +468,7 @@ func TestLateCallsOfARetiredAttemptAreRefusedUntilForgetButACloseIsNot(t *testin
 	if st := ok(t, "status", s.status()); st.body["retired_sessions"] != float64(0) {
 		t.Fatalf("status after forget %s", st.raw)
 	}
-	want(t, "a late call after forget", s.post("/sandbox_access", seeded.cookies, map[string]any{}), http.StatusGone, "")
+	want(t, "a late call after forget", s.post("/sandbox_access", seeded.cookies, map[string]any{}), http.StatusGone, httpowner.CodeSessionClosed)
 	after := s.mustSeed("r", map[string]any{})
 	if after.cookies[localowner.CookieName] == seeded.cookies[localowner.CookieName] || after.cookies[localowner.CookieName] == next.cookies[localowner.CookieName] {
 		t.Fatal("the seed after forget did not start a new session")
@@ -589,9 +607,13 @@ func TestACommitWithStopRemovesTheExportedSandboxes(t *testing.T) {
 	fresh := newServer(t, base)
 	ok(t, "restore", fresh.control("restore", "r1", 30*time.Second, map[string]any{"checkpoint_dir": dir, "episode_ids": episodes("a", "b")}))
 	ok(t, "resume", fresh.control("resume", "r1", 5*time.Second, nil))
-	for key, want := range map[string]string{"a-a1": "A", "b-a1": "B"} {
-		if got := fresh.hostFile(handle(t, fresh.mustSeed(key, map[string]any{})), "f"); got != want {
-			t.Fatalf("%s: f is %q, want %q", key, got, want)
+	for key, c := range map[string]struct {
+		seeded reply
+		want   string
+	}{"a-a1": {a, "A"}, "b-a1": {b, "B"}} {
+		seeded := ok(t, "seed "+key, fresh.seedWith(key, c.seeded.cookies, map[string]any{}))
+		if got := fresh.hostFile(handle(t, seeded), "f"); got != c.want {
+			t.Fatalf("%s: f is %q, want %q", key, got, c.want)
 		}
 	}
 }
@@ -719,7 +741,7 @@ func TestAReplayableVerifyDuringACheckpointKeepsTheSessionExported(t *testing.T)
 	if got := s.counts()["sessions"]; got != float64(0) {
 		t.Fatalf("sessions after resume: %v", got)
 	}
-	want(t, "a seed after the session ended", s.seed("r", map[string]any{}), http.StatusGone, "")
+	want(t, "a seed after the session ended", s.seedWith("r", seeded.cookies, map[string]any{}), http.StatusGone, httpowner.CodeSessionClosed)
 }
 
 // TestASessionWhoseSandboxIsGoneIsNotExportedAndDoesNotFailTheCommit ports
