@@ -35,8 +35,10 @@ func newServeCmd() *cobra.Command {
 		Short: "Serve rollouts and the checkpoint control plane over HTTP",
 		Long: `Serve POST /run (one rollout per request, the result with ng_harness_launches),
 the checkpoint control plane POST /ng-control/v1/checkpoint/{prepare,commit,
-resume,restore,retire} (Authorization: Bearer <token>), GET /metrics and GET
-/healthz. The config file is YAML (see examples/ngdriver.yaml); flags override
+resume,restore,retire} (Authorization: Bearer <token>, checked before the
+body is read), GET /metrics and GET /healthz (no token). It listens on
+loopback (127.0.0.1:8090) unless the config or --listen names another
+address. The config file is YAML (see examples/ngdriver.yaml); flags override
 it. SIGTERM stops taking runs, lets running ones finish within
 shutdown_timeout, and leaves the rest to the checkpoint.
 
