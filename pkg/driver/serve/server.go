@@ -3,8 +3,9 @@
 // the driver's stage machine, with its identity taken from the body as
 // Gym's collector sends it; POST /aggregate_metrics answers as Gym's agents
 // do; the checkpoint routes under /ng-control/v1/checkpoint are pkg/gym's
-// control plane over the driver's agent participant; /metrics and /healthz
-// report on it.
+// control plane over the driver's agent participant (bearer token, checked
+// before a body is read); /metrics (the driver's figures, the Go runtime's
+// and the process's) and /healthz report on it and need no token.
 package serve
 
 import (
