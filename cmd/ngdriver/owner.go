@@ -23,8 +23,13 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/driver/serve"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
+
+// defaultOwnerListen is where owner serve listens when nothing says:
+// loopback, so only this host reaches it.
+const defaultOwnerListen = "127.0.0.1:8091"
 
 func newOwnerCmd() *cobra.Command {
 	c := &cobra.Command{
@@ -39,10 +44,14 @@ func newOwnerCmd() *cobra.Command {
 		Short: "Serve the local owner over HTTP",
 		Long: `Serve the embedded local owner over HTTP as a NeMo Gym resources server:
 POST /seed_session, /sandbox_access, /verify and /close_session, also under
-/ng-rollout/<capture key>/ (the prefix that binds a session to its attempt: a
-seed for a key whose session exists answers that session again), lending local
-sandboxes kept under --base. Point ngdriver serve's backends.local.base at the
-same --base.
+/ng-rollout/<capture key>/ (the prefix that binds a session to its attempt),
+lending local sandboxes kept under --base. Point ngdriver serve's
+backends.local.base at the same --base. Every call on a session needs the
+session_id cookie its seed set (401 unauthorized otherwise, and nothing
+changes); a seed for a key whose session exists needs it too, except for a
+restored session no call has claimed yet, which a seed without it replaces
+with a fresh one. GET /metrics (Prometheus) and GET /healthz need nothing.
+--listen defaults to loopback.
 
 It is also a checkpoint participant of kind "resources", instance --instance:
 Gym's control routes under /ng-control/v1/checkpoint (status, prepare, renew,
@@ -125,12 +134,15 @@ Sandboxes no session uses any more are then removed unless
 			} else {
 				log.Info("checkpoint participant", "kind", own.Kind(), "instance", instance, "lease_grace", leaseGrace.String())
 			}
-			srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log,
+			srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log, Metrics: serve.NewRegistry(),
 				ClientError: func(err error) bool {
 					var se *json.SyntaxError
 					return errors.Is(err, localowner.ErrUnknownSession) || errors.Is(err, localowner.ErrUnknownCheckpoint) ||
 						errors.As(err, &se) || strings.Contains(err.Error(), "run body")
 				}}
+			if listen == "" {
+				listen = defaultOwnerListen // nothing configured: loopback only
+			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
 				return fmt.Errorf("listen on %s: %w", listen, err)
@@ -159,7 +171,7 @@ Sandboxes no session uses any more are then removed unless
 		},
 	}
 	fl := serveCmd.Flags()
-	fl.StringVar(&listen, "listen", "127.0.0.1:8091", "address to serve on")
+	fl.StringVar(&listen, "listen", defaultOwnerListen, "address to serve on (host:port; a host of 0.0.0.0 or none serves every interface)")
 	fl.StringVar(&base, "base", "", "folder holding the sandboxes and snapshots (absolute; --backend local)")
 	fl.StringVar(&backendName, "backend", "local", "the backend whose sandboxes are lent: local, opensandbox, docker or kubectl")
 	fl.StringVar(&cfgPath, "config", "", "the YAML config whose backends section configures --backend (not local)")

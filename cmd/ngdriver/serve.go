@@ -35,8 +35,10 @@ func newServeCmd() *cobra.Command {
 		Short: "Serve rollouts and the checkpoint control plane over HTTP",
 		Long: `Serve POST /run (one rollout per request, the result with ng_harness_launches),
 the checkpoint control plane POST /ng-control/v1/checkpoint/{prepare,commit,
-resume,restore,retire} (Authorization: Bearer <token>), GET /metrics and GET
-/healthz. The config file is YAML (see examples/ngdriver.yaml); flags override
+resume,restore,retire} (Authorization: Bearer <token>, checked before the
+body is read), GET /metrics and GET /healthz (no token). It listens on
+loopback (127.0.0.1:8090) unless the config or --listen names another
+address. The config file is YAML (see examples/ngdriver.yaml); flags override
 it. SIGTERM stops taking runs, lets running ones finish within
 shutdown_timeout, and leaves the rest to the checkpoint.
 
@@ -96,6 +98,9 @@ from this server's entry of the Gym config ($NEMO_GYM_CONFIG_PATH or
 			if fl.Changed("log-format") {
 				cfg.LogFormat = over.LogFormat
 			}
+			if cfg.Listen == "" {
+				cfg.Listen = config.Default().Listen // nothing configured: loopback only
+			}
 			if err := cfg.Validate(builtIn()); err != nil {
 				return usageError{err.Error()}
 			}
@@ -106,7 +111,7 @@ from this server's entry of the Gym config ($NEMO_GYM_CONFIG_PATH or
 	fl.StringVar(&cfgPath, "config", "", "the YAML config file")
 	fl.StringVar(&gymPath, "gym-config", "", "a NeMo Gym config file holding this server's agent entry (instead of --config)")
 	fl.StringVar(&gymInstance, "gym-instance", "", "this server's entry in the Gym config (default $NEMO_GYM_CONFIG_PATH)")
-	fl.StringVar(&over.Listen, "listen", "", "address to serve on (overrides listen)")
+	fl.StringVar(&over.Listen, "listen", "", "address to serve on (overrides listen; default 127.0.0.1:8090)")
 	fl.StringVar(&over.Owner.URL, "owner", "", "the sandbox owner's URL (overrides owner.url)")
 	fl.IntVar(&over.MaxRuns, "max-runs", 0, "runs in flight at most (overrides max_runs)")
 	fl.StringVar(&over.NgsupDir, "ngsup-dir", "", "folder of the ngsup binaries (overrides ngsup_dir)")

@@ -106,7 +106,9 @@ func (c *Control) startWrite(ctx context.Context, req *CommitRequest) (*pendingW
 			return err
 		})
 		if err != nil {
-			return nil, err
+			// A disk that fails under the exported state (the owner's
+			// snapshots) answers as one under the records does.
+			return nil, StorageRefusal(err, "cannot export the state of checkpoint %q", req.CheckpointID)
 		}
 		w = &pendingWrite{checkpointID: req.CheckpointID, dir: req.CheckpointDir, scope: slices.Clone(req.EpisodeIDs), records: records, stop: &WriteStop{}}
 		c.mu.Lock()

@@ -3,7 +3,10 @@ package gym
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
+	"os"
+	"strings"
 )
 
 // The refusals of Gym's checkpoint wire (nemo_gym/_checkpoint/errors.py).
@@ -146,10 +149,51 @@ type ErrorDetail struct {
 	Detail string `json:"detail"`
 }
 
-// Envelope builds the status and envelope for err.
+// Envelope builds the status and envelope for err, its detail capped by
+// CapDetail.
 func Envelope(err error) (int, ErrorBody) {
 	status, code := Classify(err)
-	return status, ErrorBody{Error: ErrorDetail{Code: code, Detail: err.Error()}}
+	return status, ErrorBody{Error: ErrorDetail{Code: code, Detail: CapDetail(err.Error())}}
+}
+
+// MaxDetailBytes bounds the detail of every error reply (and of the log
+// line that reports it), on every server of this module: an error that
+// echoes its input (a 4 MiB checkpoint id, a 60 KB cookie) never comes
+// back whole. docs/gym.md documents it.
+const MaxDetailBytes = 4 << 10
+
+// CapDetail is the one cap of an error reply's text: at most
+// MaxDetailBytes bytes of valid UTF-8, its end replaced by a note of how
+// many bytes were cut when it is longer.
+func CapDetail(text string) string {
+	if len(text) <= MaxDetailBytes {
+		return text
+	}
+	note := fmt.Sprintf("... (%d bytes cut)", len(text))
+	return strings.ToValidUTF8(text[:MaxDetailBytes-len(note)], "") + note
+}
+
+// StorageRefusal is the one rule for a disk that fails under checkpoint
+// state, whichever participant meets it (the agent writing its records, the
+// owner snapshotting a sandbox for its records, either reading them back):
+// an error holding an *fs.PathError or *os.LinkError (a full or read-only
+// disk, a missing folder) becomes ErrCheckpointState (422
+// invalid_checkpoint_state) whose detail is what (formatted) and the error,
+// which names the path. Any other error, and one that already wraps a
+// refusal of the wire, is returned as it is.
+func StorageRefusal(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	if _, code := Classify(err); code != CodeInternal {
+		return err
+	}
+	var pathErr *fs.PathError
+	var linkErr *os.LinkError
+	if !errors.As(err, &pathErr) && !errors.As(err, &linkErr) {
+		return err
+	}
+	return refuseCause(ErrCheckpointState, err, "%s: %v", fmt.Sprintf(format, args...), err)
 }
 
 // refusal is an error whose text is only its detail and which wraps one

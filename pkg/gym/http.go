@@ -18,10 +18,12 @@ const MaxBodyBytes = 32 << 20
 // NewHandler serves c's routes under RoutePrefix as Gym's FastAPI router
 // does: GET status and POST prepare, renew, retire, forget, commit,
 // restore, resume, each requiring "Authorization: Bearer <token>"
-// (compared in constant time). As in FastAPI, the route is matched first
-// (404, 405), then the body is validated (422, FastAPI's {"detail": [...]}
-// shape), then the token is checked (401); refusals use the error envelope.
-// An empty token is refused: the routes would be open to anyone.
+// (compared in constant time). The route is matched first (404, 405), then
+// the token is checked (401), and only then is the body read and validated
+// (422, FastAPI's {"detail": [...]} shape): a caller without the token
+// gets nothing parsed and nothing of its input echoed. Refusals use the
+// error envelope, every text capped by CapDetail. An empty token is
+// refused: the routes would be open to anyone.
 func NewHandler(c *Control, token string) (http.Handler, error) {
 	if token == "" {
 		return nil, errors.New("checkpoint control routes require a non-empty bearer token")
@@ -49,21 +51,22 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"detail": "Method Not Allowed"})
 		return
 	}
+	// Before the body is read: an anonymous caller costs no parsing.
+	if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), h.want) != 1 {
+		writeError(w, Refuse(ErrUnauthorized, "missing or invalid checkpoint control bearer token"))
+		return
+	}
 	var req any
 	if op != OpStatus {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 		if err != nil {
-			writeJSON(w, http.StatusRequestEntityTooLarge, map[string]string{"detail": err.Error()})
+			writeJSON(w, http.StatusRequestEntityTooLarge, map[string]string{"detail": CapDetail(err.Error())})
 			return
 		}
 		if req, err = DecodeRequest(op, body); err != nil {
 			writeError(w, err)
 			return
 		}
-	}
-	if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), h.want) != 1 {
-		writeError(w, Refuse(ErrUnauthorized, "missing or invalid checkpoint control bearer token"))
-		return
 	}
 	reply, err := h.dispatch(r.Context(), op, req)
 	if err != nil {
@@ -109,7 +112,7 @@ func (h *handler) dispatch(ctx context.Context, op string, req any) (any, error)
 func writeError(w http.ResponseWriter, err error) {
 	status, body := Envelope(err)
 	if body.Error.Code == CodeInvalidRequest {
-		writeJSON(w, status, ValidationBody{Detail: []ValidationIssue{{Type: "value_error", Loc: []string{"body"}, Msg: err.Error()}}})
+		writeJSON(w, status, ValidationBody{Detail: []ValidationIssue{{Type: "value_error", Loc: []string{"body"}, Msg: body.Error.Detail}}})
 		return
 	}
 	writeJSON(w, status, body)

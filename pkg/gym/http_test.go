@@ -73,8 +73,12 @@ func TestHandlerRoutes(t *testing.T) {
 	if st, _ := call(t, s, "GET", "prepare", "secret", ""); st != 405 {
 		t.Fatalf("GET prepare = %d", st)
 	}
-	// FastAPI validates the body before the handler checks the token.
-	if st, v := call(t, s, "POST", "prepare", "", `{"checkpoint_id":"c1"}`); st != 422 || v["detail"] == nil {
+	// The token is checked before the body is read: a bad body without
+	// it is 401, with it 422.
+	if st, v := call(t, s, "POST", "prepare", "", `{"checkpoint_id":"c1"}`); st != 401 || code(v) != "unauthorized" {
+		t.Fatalf("bad body without a token = %d %v", st, v)
+	}
+	if st, v := call(t, s, "POST", "prepare", "secret", `{"checkpoint_id":"c1"}`); st != 422 || v["detail"] == nil {
 		t.Fatalf("bad body = %d %v", st, v)
 	}
 	if st, v := call(t, s, "POST", "prepare", "", body("c1", "")); st != 401 || code(v) != "unauthorized" {

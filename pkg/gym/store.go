@@ -139,12 +139,10 @@ func WriteState(checkpointDir, kind, instance, checkpointID string, records []Re
 		return Manifest{}, err
 	}
 	m, err := writeState(dir, kind, instance, checkpointID, records, extra, stop)
-	var pathErr *fs.PathError
-	var linkErr *os.LinkError
-	if errors.As(err, &pathErr) || errors.As(err, &linkErr) {
-		return Manifest{}, refuseCause(ErrCheckpointState, err, "cannot write checkpoint state under %s: %v", checkpointDir, err)
+	if err != nil {
+		return Manifest{}, StorageRefusal(err, "cannot write checkpoint state under %s", checkpointDir)
 	}
-	return m, err
+	return m, nil
 }
 
 func writeState(dir, kind, instance, checkpointID string, records []Record, extra map[string]any, stop *WriteStop) (Manifest, error) {
@@ -351,11 +349,10 @@ func ReadState(checkpointDir, kind, instance string, each func(Record) error) (M
 		return Manifest{}, err
 	}
 	m, err := readState(dir, kind, instance, each)
-	var pathErr *fs.PathError
-	if errors.As(err, &pathErr) {
-		return Manifest{}, refuseCause(ErrCheckpointState, err, "cannot read checkpoint state from %s: %v", dir, err)
+	if err != nil {
+		return Manifest{}, StorageRefusal(err, "cannot read checkpoint state from %s", dir)
 	}
-	return m, err
+	return m, nil
 }
 
 func readState(dir, kind, instance string, each func(Record) error) (Manifest, error) {

@@ -43,8 +43,8 @@ func runRefused(t *testing.T, r runReply, status int, code string, words ...stri
 // checkpoint_conflict naming the active one, a resumed id 409
 // stale_checkpoint (a resume with nothing open answers idempotent and
 // fences its id); a completed prepare or commit is replayed for its id. A
-// wrong or missing token is 401 unauthorized; a body that fails
-// validation (unknown fields too) is FastAPI's 422; /run without identity
+// wrong or missing token is 401 unauthorized, before the body is read; a
+// body that fails validation (unknown fields too) is FastAPI's 422; /run without identity
 // is 400 rollout_id_required, a second run of a rollout in flight 409
 // run_in_flight, a new rollout while a checkpoint is open 409
 // checkpoint_parked. A commit that cannot write is 422
@@ -96,8 +96,8 @@ func TestBadCalls(t *testing.T) {
 		}
 	}
 
-	// Bodies that fail validation: 422 before the token is looked at, as
-	// in FastAPI, and nothing changes.
+	// Bodies that fail validation: 422 once the token is right, and
+	// nothing changes.
 	for name, body := range map[string]string{
 		"not json":        `{"checkpoint_id": `,
 		"not an object":   `["x"]`,
@@ -115,7 +115,8 @@ func TestBadCalls(t *testing.T) {
 			t.Errorf("prepare with a body %s (%s): %s, want 422 with an error", name, body, r)
 		}
 	}
-	wantRefused(t, c.raw(t, "prepare", "Bearer nope", `{"checkpoint_id":"ok","deadline_ts":1,"x":1}`), http.StatusUnprocessableEntity, gym.CodeInvalidRequest, `"x"`)
+	wantRefused(t, c.call(t, "prepare", `{"checkpoint_id":"ok","deadline_ts":1,"x":1}`), http.StatusUnprocessableEntity, gym.CodeInvalidRequest, `"x"`)
+	wantRefused(t, c.raw(t, "prepare", "Bearer nope", `{"checkpoint_id":"ok","deadline_ts":1,"x":1}`), http.StatusUnauthorized, gym.CodeUnauthorized)
 	wantRefused(t, c.call(t, "retire", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "episode_ids": []any{}}),
 		http.StatusUnprocessableEntity, gym.CodeInvalidRequest, "episode_ids")
 	wantRefused(t, c.call(t, "restore", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "checkpoint_dir": e.dir}),

@@ -54,10 +54,11 @@ func (r ctlReply) String() string {
 }
 
 // errorCode and errorText read a refusal in any of the shapes it comes
-// in: Gym's envelope {"error": {"code", "detail"}}; FastAPI's 422
-// {"detail": [{"msg"}]} for a control body that fails validation (code
-// invalid_request, as the driver's own /run refusal of one names it); and
-// the owner's session routes' {"error": "text"} (no code).
+// in: Gym's envelope {"error": {"code", "detail"}} (every refusal of both
+// servers but one); FastAPI's 422 {"detail": [{"msg"}]} for a control body
+// that fails validation (code invalid_request, as the driver's own /run
+// refusal of one names it); and a bare {"error": "text"} (no code), which
+// neither server answers any more but a peer might.
 func (r ctlReply) errorCode() string { code, _ := refusal(r.body); return code }
 func (r ctlReply) errorText() string { _, text := refusal(r.body); return text }
 

@@ -174,7 +174,7 @@ func TestReplaysAndFencing(t *testing.T) {
 	// until resume (resources.py: it waits instead of being refused).
 	heldRow := w.coll.row(7, 0, job{steps: 1, stepS: 0.05})
 	held := make(chan reply, 1)
-	go func() { held <- w.postOwnerAsync("/ng-rollout/"+rolloutID(heldRow)+"/seed_session", heldRow) }()
+	go func() { held <- w.postOwnerAsync("/ng-rollout/"+rolloutID(heldRow)+"/seed_session", nil, heldRow) }()
 	select {
 	case r := <-held:
 		t.Errorf("%s: answered while the checkpoint was open, want it held until resume", r)
@@ -182,10 +182,11 @@ func TestReplaysAndFencing(t *testing.T) {
 	case <-time.After(2 * time.Second):
 	}
 	w.coord.resume(id, deadline)
-	if r := <-held; r.status != http.StatusOK {
-		t.Errorf("%s: the held seed after resume, want 200", r)
+	seeded := <-held
+	if seeded.status != http.StatusOK {
+		t.Errorf("%s: the held seed after resume, want 200", seeded)
 	}
-	if r := w.postOwner(t, "/ng-rollout/"+rolloutID(heldRow)+"/close_session", map[string]any{}); r.status != http.StatusOK {
+	if r := w.postOwner(t, "/ng-rollout/"+rolloutID(heldRow)+"/close_session", seeded.cookies, map[string]any{}); r.status != http.StatusOK {
 		t.Errorf("%s: want 200", r)
 	}
 	for name, rr := range w.coord.resume(id, deadline) {

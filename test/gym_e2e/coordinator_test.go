@@ -57,9 +57,10 @@ func newCoordinator(t *testing.T, token string) *coordinator {
 
 // reply is one control call's answer.
 type reply struct {
-	who    string // "<server> <op>"
-	status int
-	body   []byte
+	who     string // "<server> <op>"
+	status  int
+	body    []byte
+	cookies []*http.Cookie // the cookies an owner's seed set
 }
 
 func (r reply) String() string {

@@ -15,9 +15,9 @@ import (
 // and checkpoint_error, in TestRestoreIntoLiveProcess), in Gym's envelope
 // with its code's status, each provoked the way a Gym deployment would
 // meet it; the control-plane ones on the owner too. Routes are matched
-// before anything else (404 unknown route, 405 wrong method), a body that
-// fails validation gets FastAPI's 422 {"detail": [...]}, then the token is
-// checked (401 unauthorized).
+// before anything else (404 unknown route, 405 wrong method), then the
+// token is checked (401 unauthorized) before the body is read, then a body
+// that fails validation gets FastAPI's 422 {"detail": [...]}.
 func TestErrorCodes(t *testing.T) {
 	w := newWorld(t, options{})
 	deadline := deadlineIn(waitLimit)

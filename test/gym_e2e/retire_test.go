@@ -52,7 +52,7 @@ func TestRetireForget(t *testing.T) {
 	}
 	// The owner refuses the retired attempt on its data plane too: a seed
 	// bound to the attempt by Gym's /ng-rollout/<key>/ prefix.
-	seed := w.postOwner(t, "/ng-rollout/"+episode(r).CaptureKey()+"/seed_session", r)
+	seed := w.postOwner(t, "/ng-rollout/"+episode(r).CaptureKey()+"/seed_session", nil, r)
 	checkRefusal(t, seed, gym.CodeStaleAttempt)
 
 	later := nextAttempt(r)
@@ -159,10 +159,11 @@ func TestLeaseExpiry(t *testing.T) {
 	checkOneLaunch(t, w, rolloutID(r), await(t, ch).reply(t), 8, 1)
 }
 
-// postOwner posts a JSON body to path on the owner's data plane.
-func (w *world) postOwner(t *testing.T, path string, body any) reply {
+// postOwner posts a JSON body to path on the owner's data plane with the
+// cookies (a session's, as its seed set them).
+func (w *world) postOwner(t *testing.T, path string, cookies []*http.Cookie, body any) reply {
 	t.Helper()
-	r := w.postOwnerAsync(path, body)
+	r := w.postOwnerAsync(path, cookies, body)
 	if r.status == 0 {
 		t.Fatalf("%s", r.body)
 	}
@@ -171,16 +172,24 @@ func (w *world) postOwner(t *testing.T, path string, body any) reply {
 
 // postOwnerAsync is postOwner for a goroutine: a failure to send is a
 // reply with status 0 and the error as its body.
-func (w *world) postOwnerAsync(path string, body any) reply {
+func (w *world) postOwnerAsync(path string, cookies []*http.Cookie, body any) reply {
 	r := reply{who: "owner " + path}
 	data, err := json.Marshal(body)
 	if err == nil {
-		var resp *http.Response
-		if resp, err = http.Post(w.ownerURL()+path, "application/json", bytes.NewReader(data)); err == nil {
-			defer resp.Body.Close()
-			r.status = resp.StatusCode
-			r.body, _ = io.ReadAll(resp.Body)
-			return r
+		var req *http.Request
+		if req, err = http.NewRequest(http.MethodPost, w.ownerURL()+path, bytes.NewReader(data)); err == nil {
+			req.Header.Set("Content-Type", "application/json")
+			for _, c := range cookies {
+				req.AddCookie(c)
+			}
+			var resp *http.Response
+			if resp, err = http.DefaultClient.Do(req); err == nil {
+				defer resp.Body.Close()
+				r.status = resp.StatusCode
+				r.body, _ = io.ReadAll(resp.Body)
+				r.cookies = resp.Cookies()
+				return r
+			}
 		}
 	}
 	r.body = []byte(fmt.Sprintf("POST %s: %v", path, err))

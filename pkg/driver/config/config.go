@@ -20,7 +20,8 @@ import (
 // Config is the whole configuration of `ngdriver serve` (and the parts of
 // `ngdriver owner serve` it shares).
 type Config struct {
-	// Listen is the address the driver serves on.
+	// Listen is the address the driver serves on; empty or unset is the
+	// default, 127.0.0.1:8090 (loopback: only this host reaches it).
 	Listen string `yaml:"listen"`
 	// Name names this participant in the checkpoint records it writes.
 	Name string `yaml:"name"`

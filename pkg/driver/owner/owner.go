@@ -67,8 +67,11 @@ var ErrClosed = errors.New("session closed")
 // attempt it belongs to by its capture key (gym.EpisodeID.CaptureKey: the
 // rollout id, with "-a<N>" after attempt 0): over HTTP it is the
 // /ng-rollout/<key>/ prefix that binds the session on Gym's resources
-// servers, and after a restore it is how the attempt + 1 finds the session
-// restored for it.
+// servers. Every call after the seed carries the cookies the seed set:
+// they are what proves the session is the caller's (the embedded owner
+// refuses a call without them), and after a restore the attempt + 1 finds
+// the session restored for it by its key and those cookies, which the
+// bookmark kept.
 type Owner interface {
 	// SeedSession starts the attempt's session with its run body.
 	SeedSession(ctx context.Context, key string, body json.RawMessage) (SeedReply, error)

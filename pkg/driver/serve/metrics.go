@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ngharness/ngharness/pkg/driver"
 )
@@ -26,10 +27,20 @@ type Metrics struct {
 // latencyBuckets span a fast pause (ms) to the 120 s command budget.
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
 
-// NewMetrics registers the metrics; runs by stage are read from p at each
-// scrape.
+// NewRegistry returns a registry holding the standard collectors every
+// /metrics of ngdriver serves (serve and owner serve alike): the Go
+// runtime's (go_goroutines, go_memstats_*, ...) and the process's
+// (process_resident_memory_bytes, process_open_fds, ...).
+func NewRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}
+
+// NewMetrics registers the metrics in a NewRegistry; runs by stage are
+// read from p at each scrape.
 func NewMetrics(p *driver.Participant) *Metrics {
-	m := &Metrics{Registry: prometheus.NewRegistry()}
+	m := &Metrics{Registry: NewRegistry()}
 	m.launches = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ngdriver_launches_total", Help: "Harness launches that ended, by outcome (finished, interrupted, failed).",
 	}, []string{"outcome"})

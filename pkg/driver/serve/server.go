@@ -3,8 +3,9 @@
 // the driver's stage machine, with its identity taken from the body as
 // Gym's collector sends it; POST /aggregate_metrics answers as Gym's agents
 // do; the checkpoint routes under /ng-control/v1/checkpoint are pkg/gym's
-// control plane over the driver's agent participant; /metrics and /healthz
-// report on it.
+// control plane over the driver's agent participant (bearer token, checked
+// before a body is read); /metrics (the driver's figures, the Go runtime's
+// and the process's) and /healthz report on it and need no token.
 package serve
 
 import (
@@ -242,10 +243,9 @@ func classify(err error) (int, string) {
 	return http.StatusInternalServerError, gym.CodeInternal
 }
 
-// maxErrorText bounds the error text of a reply and its log line, so no
-// input echoed in an error comes back (or is logged) whole.
-const maxErrorText = 4 << 10
-
+// fail answers err in the envelope; its text, in the reply and in the log
+// line, is capped by gym.CapDetail, so no input echoed in an error comes
+// back (or is logged) whole.
 func (s *Server) fail(w http.ResponseWriter, route string, err error) {
 	code, name := classify(err)
 	s.count(route, code)
@@ -253,10 +253,7 @@ func (s *Server) fail(w http.ResponseWriter, route string, err error) {
 	if code >= 500 {
 		level = slog.LevelError
 	}
-	msg := err.Error()
-	if len(msg) > maxErrorText {
-		msg = fmt.Sprintf("%s... (%d bytes cut)", strings.ToValidUTF8(msg[:maxErrorText], ""), len(msg)-maxErrorText)
-	}
+	msg := gym.CapDetail(err.Error())
 	s.log().Log(context.Background(), level, route+" failed", "status", code, "code", name, "error", msg)
 	writeJSON(w, code, gym.ErrorBody{Error: gym.ErrorDetail{Code: name, Detail: msg}})
 }

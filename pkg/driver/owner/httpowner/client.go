@@ -154,9 +154,12 @@ func statusError(name string, resp *http.Response, data []byte) error {
 	}
 	// A refusal in Gym's envelope (stale_attempt, checkpoint_parked, ...)
 	// is handed on as the same refusal, so the run's caller gets Gym's code.
+	// Not unauthorized: the owner refused this driver's session cookie, not
+	// the run's caller (whose /run would read as a bad token); it stays an
+	// owner error.
 	var env gym.ErrorBody
 	if resp.StatusCode < 500 && json.Unmarshal(data, &env) == nil {
-		if kind := gym.Sentinel(env.Error.Code); kind != nil {
+		if kind := gym.Sentinel(env.Error.Code); kind != nil && kind != gym.ErrUnauthorized {
 			return fmt.Errorf("%w: %w", kind, e)
 		}
 	}

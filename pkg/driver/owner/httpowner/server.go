@@ -7,6 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -18,6 +22,13 @@ import (
 // its attempt. With a Control and a Token it is also a checkpoint
 // participant: Gym's control routes (gym.NewHandler) under gym.RoutePrefix.
 // So tests and users run the same HTTP path a cluster uses.
+//
+// Who may call what: the session routes but the seed need the session's
+// cookie (the owner checks it: an Authenticator is asked before the body is
+// read); the control routes need the bearer Token; GET /healthz and GET
+// /metrics need nothing (they say nothing of any session). Every error is
+// answered in Gym's envelope {"error": {"code", "detail"}}, its detail
+// capped by gym.CapDetail.
 type Server struct {
 	// Owner answers the session calls.
 	Owner owner.Owner
@@ -32,18 +43,50 @@ type Server struct {
 	// ClientError classifies an owner error as the caller's fault (HTTP
 	// 400), e.g. a malformed body or an unknown session.
 	ClientError func(error) bool
+	// Metrics, when set, is served at GET /metrics, with a count of the
+	// session calls by route and status registered in it
+	// (ngdriver_owner_http_requests_total).
+	Metrics *prometheus.Registry
+
+	requests *prometheus.CounterVec
 }
+
+// Authenticator is an owner that checks a call's credentials (its cookies,
+// for the attempt key names) without acting: the server asks it before it
+// reads the body of /sandbox_access, /verify or /close_session, so a
+// caller without them costs no body read. call is the route's name.
+type Authenticator interface {
+	Authenticate(call, key string, c owner.Cookies) error
+}
+
+// Codes of the owner's own refusals, beside Gym's (gym.Classify); serve
+// answers the same classes with the same names.
+const (
+	CodeBadRequest    = "bad_request"
+	CodeNoSandbox     = "no_sandbox"
+	CodeSessionClosed = "session_closed"
+	CodeCancelled     = "cancelled"
+)
 
 // Handler returns the routes.
 func (s *Server) Handler() http.Handler {
+	if s.Metrics != nil && s.requests == nil {
+		s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ngdriver_owner_http_requests_total", Help: "Session calls of the owner by route and status code.",
+		}, []string{"route", "code"})
+		s.Metrics.MustRegister(s.requests)
+	}
 	mux := http.NewServeMux()
 	for _, prefix := range []string{"", "/ng-rollout/{key}"} {
-		mux.HandleFunc("POST "+prefix+"/seed_session", s.seed)
-		mux.HandleFunc("POST "+prefix+"/sandbox_access", s.access)
-		mux.HandleFunc("POST "+prefix+"/verify", s.verify)
-		mux.HandleFunc("POST "+prefix+"/close_session", s.close)
+		mux.HandleFunc("POST "+prefix+"/seed_session", s.counted("seed_session", s.seed))
+		mux.HandleFunc("POST "+prefix+"/sandbox_access", s.counted("sandbox_access", s.access))
+		mux.HandleFunc("POST "+prefix+"/verify", s.counted("verify", s.verify))
+		mux.HandleFunc("POST "+prefix+"/close_session", s.counted("close_session", s.close))
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { reply(w, http.StatusOK, map[string]bool{"ok": true}) })
+	if s.Metrics != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(s.Metrics, promhttp.HandlerOpts{}))
+	}
 	if s.Control != nil && s.Token != "" {
 		if control, err := gym.NewHandler(s.Control, s.Token); err == nil {
 			mux.Handle(gym.RoutePrefix+"/", control)
@@ -58,6 +101,42 @@ func cookiesOf(r *http.Request) owner.Cookies {
 		c[ck.Name] = ck.Value
 	}
 	return c
+}
+
+// counted counts a session call by route and status when metrics are on.
+func (s *Server) counted(route string, h http.HandlerFunc) http.HandlerFunc {
+	if s.requests == nil {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		h(rec, r)
+		s.requests.WithLabelValues(route, strconv.Itoa(rec.status)).Inc()
+	}
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// authenticate asks an Authenticator owner whether the call may act, before
+// its body is read; false when it answered the refusal.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, call string) bool {
+	a, ok := s.Owner.(Authenticator)
+	if !ok {
+		return true
+	}
+	if err := a.Authenticate(call, r.PathValue("key"), cookiesOf(r)); err != nil {
+		s.fail(w, call, err)
+		return false
+	}
+	return true
 }
 
 func body(r *http.Request) ([]byte, error) {
@@ -103,6 +182,9 @@ func (s *Server) seed(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) access(w http.ResponseWriter, r *http.Request) {
+	if !s.authenticate(w, r, "sandbox_access") {
+		return
+	}
 	acc, err := s.Owner.SandboxAccess(r.Context(), r.PathValue("key"), cookiesOf(r))
 	if err != nil {
 		s.fail(w, "sandbox_access", err)
@@ -112,6 +194,9 @@ func (s *Server) access(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) verify(w http.ResponseWriter, r *http.Request) {
+	if !s.authenticate(w, r, "verify") {
+		return
+	}
 	data, err := body(r)
 	if err != nil {
 		s.fail(w, "verify", err)
@@ -130,6 +215,9 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) close(w http.ResponseWriter, r *http.Request) {
+	if !s.authenticate(w, r, "close_session") {
+		return
+	}
 	if err := s.Owner.CloseSession(r.Context(), r.PathValue("key"), cookiesOf(r)); err != nil {
 		s.fail(w, "close_session", err)
 		return
@@ -137,40 +225,41 @@ func (s *Server) close(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusOK, struct{}{})
 }
 
-// code maps an owner error class to its HTTP status, in one place.
-func (s *Server) code(err error) int {
+// classify maps an owner error class to its HTTP status and code, in one
+// place: Gym's refusals (a stale attempt, closed admission, a bad capture
+// key, a call without its session's cookie) keep Gym's.
+func (s *Server) classify(err error) (int, string) {
+	if status, code := gym.Classify(err); code != gym.CodeInternal {
+		return status, code
+	}
 	switch {
 	case errors.Is(err, owner.ErrNoSandbox):
-		return http.StatusNotFound
+		return http.StatusNotFound, CodeNoSandbox
 	case errors.Is(err, owner.ErrClosed):
-		return http.StatusGone
+		return http.StatusGone, CodeSessionClosed
 	case errors.Is(err, context.Canceled):
-		return 499
+		return 499, CodeCancelled
 	case s.ClientError != nil && s.ClientError(err):
-		return http.StatusBadRequest
+		return http.StatusBadRequest, CodeBadRequest
 	}
-	return http.StatusInternalServerError
+	return http.StatusInternalServerError, gym.CodeInternal
 }
 
-// fail answers an owner error. A refusal of Gym's checkpoint wire (a
-// stale attempt, closed admission, a bad capture key) is answered in Gym's
-// error envelope; the others as {"error": text} with the status code says.
+// fail answers an owner error in Gym's envelope, its detail (and the log
+// line's) capped by gym.CapDetail.
 func (s *Server) fail(w http.ResponseWriter, call string, err error) {
-	code := s.code(err)
-	var body any = map[string]string{"error": err.Error()}
-	if status, _ := gym.Classify(err); status != http.StatusInternalServerError {
-		code, body = gym.Envelope(err)
-	}
+	code, name := s.classify(err)
+	detail := gym.CapDetail(err.Error())
 	if s.Log != nil {
-		s.Log.Warn("owner "+call+" failed", "status", code, "error", err.Error())
+		s.Log.Warn("owner "+call+" failed", "status", code, "code", name, "error", detail)
 	}
-	reply(w, code, body)
+	reply(w, code, gym.ErrorBody{Error: gym.ErrorDetail{Code: name, Detail: detail}})
 }
 
 func reply(w http.ResponseWriter, code int, v any) {
 	data, err := json.Marshal(v)
 	if err != nil {
-		code, data = http.StatusInternalServerError, []byte(`{"error":"encode reply"}`)
+		code, data = http.StatusInternalServerError, []byte(`{"error":{"code":"internal_error","detail":"cannot encode the reply"}}`)
 	}
 	raw(w, code, data)
 }

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
@@ -161,6 +163,13 @@ func (s *server) counts() map[string]any {
 func (s *server) seed(key string, body map[string]any) reply {
 	s.t.Helper()
 	return s.post(httpowner.RolloutPath(key, "seed_session"), nil, body)
+}
+
+// seedWith seeds key carrying the cookies c, as a caller continuing a
+// session does.
+func (s *server) seedWith(key string, c owner.Cookies, body map[string]any) reply {
+	s.t.Helper()
+	return s.post(httpowner.RolloutPath(key, "seed_session"), c, body)
 }
 
 func (s *server) mustSeed(key string, body map[string]any) reply {
@@ -312,16 +321,22 @@ func TestStatusDiscovery(t *testing.T) {
 	}
 }
 
-// TestSeedOfAnOpenSessionsKeyAnswersItAgain: the /ng-rollout/<key>/ prefix
-// binds the session; a seed repeated for the key answers the same session,
-// one after it closed is refused, and calls without a key still work by
-// cookie.
-func TestSeedOfAnOpenSessionsKeyAnswersItAgain(t *testing.T) {
+// TestASeedOfAnExistingKeyAnswersOnlyWithItsCookie: the /ng-rollout/<key>/
+// prefix binds the session; a seed repeated for the key with the session's
+// cookie answers the same session, one without it is refused and hands out
+// nothing (no cookie, no sandbox), one after it closed is refused, and
+// calls without a key still work by cookie.
+func TestASeedOfAnExistingKeyAnswersOnlyWithItsCookie(t *testing.T) {
 	s := newServer(t, t.TempDir())
 	first := s.mustSeed("r", map[string]any{"files": map[string]string{"a.txt": "one"}})
-	again := s.mustSeed("r", map[string]any{"files": map[string]string{"a.txt": "one"}})
+	again := ok(t, "seed again with the cookie", s.seedWith("r", first.cookies, map[string]any{"files": map[string]string{"a.txt": "one"}}))
 	if again.cookies[localowner.CookieName] != first.cookies[localowner.CookieName] || handle(t, again) != handle(t, first) {
 		t.Fatalf("the second seed of r answered %v %s, the first %v %s", again.cookies, again.raw, first.cookies, first.raw)
+	}
+	stranger := s.seed("r", map[string]any{})
+	want(t, "a seed of r without its cookie", stranger, http.StatusUnauthorized, gym.CodeUnauthorized)
+	if len(stranger.cookies) > 0 || strings.Contains(stranger.raw, handle(t, first)) || strings.Contains(stranger.raw, localowner.SessionIDOf(first.cookies)) {
+		t.Fatalf("a seed without the cookie was told %v %s", stranger.cookies, stranger.raw)
 	}
 	other := s.mustSeed("r-a1", map[string]any{})
 	if other.cookies[localowner.CookieName] == first.cookies[localowner.CookieName] {
@@ -338,7 +353,8 @@ func TestSeedOfAnOpenSessionsKeyAnswersItAgain(t *testing.T) {
 		t.Fatalf("close_session answered %s, want {}", closed.raw)
 	}
 	ok(t, "close again", s.post("/ng-rollout/r/close_session", first.cookies, map[string]any{}))
-	want(t, "seed of a closed session's key", s.seed("r", map[string]any{}), http.StatusGone, "")
+	want(t, "seed of a closed session's key", s.seedWith("r", first.cookies, map[string]any{}), http.StatusGone, httpowner.CodeSessionClosed)
+	want(t, "seed of a closed session's key without its cookie", s.seed("r", map[string]any{}), http.StatusUnauthorized, gym.CodeUnauthorized)
 
 	legacy := ok(t, "seed without a key", s.post("/seed_session", nil, map[string]any{}))
 	if legacy.cookies[localowner.CookieName] == "" {
@@ -378,7 +394,8 @@ func TestSeededSessionStateIsCommittedAndRestored(t *testing.T) {
 	if _, err := gym.ReadState(dir, gym.KindResources, instance, func(r gym.Record) error { return r.Decode(&rec) }); err != nil {
 		t.Fatal(err)
 	}
-	if rec.SessionID != seeded.cookies[localowner.CookieName] || rec.State.Snapshot == "" || rec.State.SandboxID != sb || rec.EpisodeID.CaptureKey() != "r" {
+	if rec.SessionID != localowner.SessionIDOf(seeded.cookies) || rec.State.Snapshot == "" || rec.State.SandboxID != sb || rec.EpisodeID.CaptureKey() != "r" ||
+		strings.Contains(string(data), seeded.cookies[localowner.CookieName]) {
 		t.Fatalf("record %+v", rec)
 	}
 
@@ -391,9 +408,12 @@ func TestSeededSessionStateIsCommittedAndRestored(t *testing.T) {
 	if report, _ := st["report"].(map[string]any); report["counts"].(map[string]any)["sessions"] != float64(1) {
 		t.Fatalf("status after restore %v", st)
 	}
-	// A call before resume waits for it instead of being refused.
+	// A call before resume waits for it instead of being refused. The
+	// caller continues with the cookie it kept across the crash.
 	seeding := make(chan reply, 1)
-	go func() { seeding <- fresh.seed("r-a1", map[string]any{"files": map[string]string{"a.txt": "one"}}) }()
+	go func() {
+		seeding <- fresh.seedWith("r-a1", seeded.cookies, map[string]any{"files": map[string]string{"a.txt": "one"}})
+	}()
 	select {
 	case r := <-seeding:
 		t.Fatalf("a seed before resume answered %d %s", r.status, r.raw)
@@ -401,8 +421,8 @@ func TestSeededSessionStateIsCommittedAndRestored(t *testing.T) {
 	}
 	ok(t, "resume", fresh.control("resume", "r1", 5*time.Second, nil))
 	again := ok(t, "seed of r-a1", <-seeding)
-	if again.cookies[localowner.CookieName] != rec.SessionID {
-		t.Fatalf("the seed of r-a1 set %v, want the restored session %s", again.cookies, rec.SessionID)
+	if again.cookies[localowner.CookieName] != seeded.cookies[localowner.CookieName] {
+		t.Fatalf("the seed of r-a1 set %v, want the restored session's %v", again.cookies, seeded.cookies)
 	}
 	fork := handle(t, again)
 	if fork == sb || !strings.HasPrefix(fork, "sb-"+rec.SessionID+"-") {
@@ -450,7 +470,7 @@ func TestLateCallsOfARetiredAttemptAreRefusedUntilForgetButACloseIsNot(t *testin
 	if st := ok(t, "status", s.status()); st.body["retired_sessions"] != float64(0) {
 		t.Fatalf("status after forget %s", st.raw)
 	}
-	want(t, "a late call after forget", s.post("/sandbox_access", seeded.cookies, map[string]any{}), http.StatusGone, "")
+	want(t, "a late call after forget", s.post("/sandbox_access", seeded.cookies, map[string]any{}), http.StatusGone, httpowner.CodeSessionClosed)
 	after := s.mustSeed("r", map[string]any{})
 	if after.cookies[localowner.CookieName] == seeded.cookies[localowner.CookieName] || after.cookies[localowner.CookieName] == next.cookies[localowner.CookieName] {
 		t.Fatal("the seed after forget did not start a new session")
@@ -589,9 +609,13 @@ func TestACommitWithStopRemovesTheExportedSandboxes(t *testing.T) {
 	fresh := newServer(t, base)
 	ok(t, "restore", fresh.control("restore", "r1", 30*time.Second, map[string]any{"checkpoint_dir": dir, "episode_ids": episodes("a", "b")}))
 	ok(t, "resume", fresh.control("resume", "r1", 5*time.Second, nil))
-	for key, want := range map[string]string{"a-a1": "A", "b-a1": "B"} {
-		if got := fresh.hostFile(handle(t, fresh.mustSeed(key, map[string]any{})), "f"); got != want {
-			t.Fatalf("%s: f is %q, want %q", key, got, want)
+	for key, c := range map[string]struct {
+		seeded reply
+		want   string
+	}{"a-a1": {a, "A"}, "b-a1": {b, "B"}} {
+		seeded := ok(t, "seed "+key, fresh.seedWith(key, c.seeded.cookies, map[string]any{}))
+		if got := fresh.hostFile(handle(t, seeded), "f"); got != c.want {
+			t.Fatalf("%s: f is %q, want %q", key, got, c.want)
 		}
 	}
 }
@@ -719,7 +743,7 @@ func TestAReplayableVerifyDuringACheckpointKeepsTheSessionExported(t *testing.T)
 	if got := s.counts()["sessions"]; got != float64(0) {
 		t.Fatalf("sessions after resume: %v", got)
 	}
-	want(t, "a seed after the session ended", s.seed("r", map[string]any{}), http.StatusGone, "")
+	want(t, "a seed after the session ended", s.seedWith("r", seeded.cookies, map[string]any{}), http.StatusGone, httpowner.CodeSessionClosed)
 }
 
 // TestASessionWhoseSandboxIsGoneIsNotExportedAndDoesNotFailTheCommit ports
@@ -819,5 +843,249 @@ func TestASessionKeepsOnlyItsLatestSnapshots(t *testing.T) {
 	}
 	if len(names) != localowner.KeptSnapshots || !slices.Contains(names, last) {
 		t.Fatalf("snapshots left after 5 commits: %v; want %d of them, %s among them", names, localowner.KeptSnapshots, last)
+	}
+}
+
+// sessionState is what a refused call must leave as it was: the session
+// (open, not verified, on its sandbox) and its sandbox's files.
+func (s *server) sessionState(c owner.Cookies) string {
+	s.t.Helper()
+	info, err := s.own.Session(c)
+	if err != nil {
+		s.t.Fatalf("session of %v: %v", c, err)
+	}
+	files := "gone"
+	if s.exists(info.SandboxID) {
+		files = s.hostFile(info.SandboxID, "a.txt")
+	}
+	return fmt.Sprintf("closed=%v verified=%v sandbox=%s a.txt=%q", info.Closed, info.Verified, info.SandboxID, files)
+}
+
+// TestSessionCallsNeedTheirSessionsCookie (issue 18, finding 1): a call on
+// a session (sandbox_access, verify, close_session, with and without the
+// /ng-rollout/<key>/ prefix) without that session's cookie, with a wrong
+// secret, with the session id alone (the cookie of old) or with another
+// live session's cookie is refused 401 unauthorized in Gym's envelope,
+// tells nothing of the session and changes neither session; a seed of the
+// key without the cookie is refused the same way and sets no cookie. The
+// sessions' own calls work after.
+func TestSessionCallsNeedTheirSessionsCookie(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	a := s.mustSeed("a", map[string]any{"files": map[string]string{"a.txt": "A"}, "check": "test \"$(cat a.txt)\" = A"})
+	b := s.mustSeed("b", map[string]any{"files": map[string]string{"a.txt": "B"}})
+	aID := localowner.SessionIDOf(a.cookies)
+	beforeA, beforeB := s.sessionState(a.cookies), s.sessionState(b.cookies)
+	_, aSecret, _ := strings.Cut(a.cookies[localowner.CookieName], ".")
+	forged := owner.Cookies{localowner.CookieName: aID + "." + strings.Repeat("0", 64)}
+	cases := map[string]owner.Cookies{
+		"no cookie":               nil,
+		"an empty cookie":         {localowner.CookieName: ""},
+		"a wrong secret":          forged,
+		"the session id alone":    {localowner.CookieName: aID},
+		"another session's":       b.cookies,
+		"another cookie name":     {"other": a.cookies[localowner.CookieName]},
+		"a's secret under b's id": {localowner.CookieName: localowner.SessionIDOf(b.cookies) + "." + aSecret},
+	}
+	for _, call := range []string{"sandbox_access", "verify", "close_session"} {
+		for _, path := range []string{"/ng-rollout/a/" + call, "/" + call} {
+			for name, c := range cases {
+				if path == "/"+call && name == "another session's" {
+					continue // without a key the cookie names its own session: b's, legitimately
+				}
+				r := s.post(path, c, map[string]any{"response": map[string]any{}})
+				want(t, path+" with "+name, r, http.StatusUnauthorized, gym.CodeUnauthorized)
+				if strings.Contains(r.raw, handle(t, a)) || strings.Contains(r.raw, aID) || len(r.cookies) > 0 {
+					t.Errorf("%s with %s told %s (cookies %v)", path, name, r.raw, r.cookies)
+				}
+			}
+		}
+	}
+	for name, c := range cases {
+		r := s.seedWith("a", c, map[string]any{})
+		want(t, "a seed of a with "+name, r, http.StatusUnauthorized, gym.CodeUnauthorized)
+		if len(r.cookies) > 0 || strings.Contains(r.raw, handle(t, a)) {
+			t.Errorf("a seed of a with %s was told %v %s", name, r.cookies, r.raw)
+		}
+	}
+	if after := s.sessionState(a.cookies); after != beforeA {
+		t.Errorf("session a after the refused calls: %s, before %s", after, beforeA)
+	}
+	if after := s.sessionState(b.cookies); after != beforeB {
+		t.Errorf("session b after the refused calls: %s, before %s", after, beforeB)
+	}
+	acc := ok(t, "a's own sandbox_access", s.post("/ng-rollout/a/sandbox_access", a.cookies, map[string]any{}))
+	if acc.body["connection"].(map[string]any)["descriptor"].(map[string]any)["sandbox_id"] != handle(t, a) {
+		t.Fatalf("a's sandbox_access %s", acc.raw)
+	}
+	if v := ok(t, "a's own verify", s.post("/ng-rollout/a/verify", a.cookies, map[string]any{"response": map[string]any{}})); v.body["reward"] != float64(1) {
+		t.Fatalf("a's verify %s", v.raw)
+	}
+	ok(t, "b's own close", s.post("/ng-rollout/b/close_session", b.cookies, map[string]any{}))
+}
+
+// TestARestoredSessionSoughtWithoutItsCookieIsReplacedNotHandedOut (issue
+// 18, finding 1): after a restore, a seed of the next attempt without the
+// restored session's cookie (a driver whose checkpoint caught it before
+// its seed reply never had it) gets a fresh session: a new cookie and a
+// fresh sandbox from its own body, never the restored session's cookie or
+// sandbox. The restored session is gone with its fork, and its cookie no
+// longer acts.
+func TestARestoredSessionSoughtWithoutItsCookieIsReplacedNotHandedOut(t *testing.T) {
+	base, dir := t.TempDir(), t.TempDir()
+	s := newServer(t, base)
+	seeded := s.mustSeed("r", map[string]any{"files": map[string]string{"a.txt": "one"}})
+	s.writeFile(handle(t, seeded), "a.txt", "two")
+	s.commit("c1", dir, nil)
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+
+	fresh := newServer(t, base)
+	ok(t, "restore", fresh.control("restore", "r1", 30*time.Second, map[string]any{"checkpoint_dir": dir, "episode_ids": episodes("r")}))
+	ok(t, "resume", fresh.control("resume", "r1", 5*time.Second, nil))
+	restoredID := localowner.SessionIDOf(seeded.cookies)
+	fork := ""
+	for _, sb := range sandboxes(t, base) {
+		if strings.HasPrefix(sb, "sb-"+restoredID+"-") && sb != handle(t, seeded) {
+			fork = sb
+		}
+	}
+	if fork == "" {
+		t.Fatalf("no fork of %s among %v", restoredID, sandboxes(t, base))
+	}
+	again := fresh.mustSeed("r-a1", map[string]any{"files": map[string]string{"a.txt": "one"}})
+	if localowner.SessionIDOf(again.cookies) == restoredID || again.cookies[localowner.CookieName] == seeded.cookies[localowner.CookieName] ||
+		handle(t, again) == fork || strings.Contains(again.raw, restoredID) {
+		t.Fatalf("a seed without the cookie was answered with the restored session: %v %s", again.cookies, again.raw)
+	}
+	if got := fresh.hostFile(handle(t, again), "a.txt"); got != "one" {
+		t.Fatalf("the fresh session's a.txt is %q, want its own seed's \"one\"", got)
+	}
+	if fresh.exists(fork) {
+		t.Errorf("the replaced restored session's fork %s is still there", fork)
+	}
+	want(t, "the restored cookie after the replacement", fresh.post("/ng-rollout/r-a1/sandbox_access", seeded.cookies, map[string]any{}), http.StatusUnauthorized, gym.CodeUnauthorized)
+	if got := fresh.counts()["sessions"]; got != float64(1) {
+		t.Fatalf("sessions after the replacement: %v", got)
+	}
+	ok(t, "the fresh session's verify", fresh.post("/ng-rollout/r-a1/verify", again.cookies, map[string]any{}))
+}
+
+// TestOwnerErrorRepliesAreCapped (issue 18, finding 2): whatever a caller
+// sends, no error reply of the owner is longer than the documented cap: a
+// 60 KB cookie, a malformed 60 KB capture key, a control call without the token
+// whose body holds a 4 MiB checkpoint id of NUL bytes (refused 401 before
+// the body is read) and the same call with the token (422, its detail
+// capped).
+func TestOwnerErrorRepliesAreCapped(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	s.mustSeed("r", map[string]any{})
+	huge := strings.Repeat("c", 60<<10)
+	capped := func(what string, r reply, status int) {
+		t.Helper()
+		if r.status != status {
+			t.Errorf("%s: %d %.300s, want %d", what, r.status, r.raw, status)
+		}
+		e, _ := r.body["error"].(map[string]any)
+		detail, _ := e["detail"].(string)
+		if detail == "" {
+			if d, _ := r.body["detail"].([]any); len(d) == 1 {
+				detail, _ = d[0].(map[string]any)["msg"].(string)
+			}
+		}
+		if detail == "" || len(detail) > gym.MaxDetailBytes || len(r.raw) > 6*gym.MaxDetailBytes {
+			t.Errorf("%s: a reply of %d bytes, detail %d bytes (cap %d): %.300s", what, len(r.raw), len(detail), gym.MaxDetailBytes, r.raw)
+		}
+	}
+	capped("sandbox_access with a 60 KB cookie", s.post("/sandbox_access", owner.Cookies{localowner.CookieName: huge}, map[string]any{}), http.StatusUnauthorized)
+	capped("verify of key r with a 60 KB cookie", s.post("/ng-rollout/r/verify", owner.Cookies{localowner.CookieName: huge}, map[string]any{}), http.StatusUnauthorized)
+	capped("a seed under a malformed 60 KB key", s.seed("-"+huge, map[string]any{}), http.StatusUnprocessableEntity)
+	body, err := json.Marshal(map[string]any{"checkpoint_id": strings.Repeat("\x00", 4<<20), "deadline_ts": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequest(http.MethodPost, s.url+gym.RoutePrefix+"/prepare", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	r := reply{status: resp.StatusCode, raw: string(raw)}
+	_ = json.Unmarshal(raw, &r.body)
+	want(t, "prepare without a token and a 4 MiB id", r, http.StatusUnauthorized, gym.CodeUnauthorized)
+	capped("prepare without a token and a 4 MiB id", r, http.StatusUnauthorized)
+	capped("prepare with the token and a 4 MiB id", s.post(gym.RoutePrefix+"/prepare", nil, string(body)), http.StatusUnprocessableEntity)
+	if st := s.status(); st.body["phase"] != "idle" {
+		t.Fatalf("status after the refused prepares: %s", st.raw)
+	}
+}
+
+// fullDisk mounts a tmpfs of size bytes on a folder of the test and
+// returns it; it is unmounted when the test ends. It needs root.
+func fullDisk(t *testing.T, size int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a full disk is a tmpfs mount: this test needs root")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
+		t.Fatalf("mount a tmpfs of %d bytes on %s: %v", size, dir, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// TestAnOwnerSnapshotOnAFullDiskIsRefusedAsTheAgentsWriteIs (issue 18,
+// finding 8): a commit whose snapshot of a sandbox meets a full disk
+// answers what the agent's commit answers when its records meet one, by
+// the one rule (gym.StorageRefusal): 422 invalid_checkpoint_state, the
+// detail naming the path and the cause, not 500 internal_error. The
+// owner takes the next checkpoint once there is room again.
+func TestAnOwnerSnapshotOnAFullDiskIsRefusedAsTheAgentsWriteIs(t *testing.T) {
+	base := fullDisk(t, 1<<20)
+	s := newServer(t, base)
+	seeded := s.mustSeed("r", map[string]any{"files": map[string]string{"a.txt": "one"}})
+	s.writeFile(handle(t, seeded), "big", strings.Repeat("x", 700<<10))
+	dir := t.TempDir()
+	ok(t, "prepare", s.control("prepare", "c1", 30*time.Second, nil))
+	refused := s.control("commit", "c1", 30*time.Second, map[string]any{"checkpoint_dir": dir})
+	want(t, "a commit whose snapshot fills the disk", refused, http.StatusUnprocessableEntity, gym.CodeCheckpointState)
+	detail := refused.body["error"].(map[string]any)["detail"].(string)
+	if !strings.Contains(detail, filepath.Join(base, "snapshots")) || !strings.Contains(strings.ToLower(detail), "no space left on device") {
+		t.Errorf("the refusal does not name the path and the cause: %s", detail)
+	}
+
+	// The agent's side of the same rule: records written to a full disk.
+	filler, err := os.Create(filepath.Join(base, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for err == nil {
+		_, err = filler.Write(make([]byte, 64<<10))
+	}
+	filler.Close()
+	rec, err := gym.NewRecord(map[string]any{"episode_id": map[string]any{"rollout_id": "r"}, "x": strings.Repeat("y", 64<<10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, werr := gym.WriteState(filepath.Join(base, "agent-ck"), gym.KindAgent, "drv", "c1", []gym.Record{rec}, nil, nil)
+	if status, code := gym.Classify(werr); status != refused.status || code != refused.code() {
+		t.Errorf("the agent's write on a full disk is %d %s (%v), the owner's snapshot %d %s", status, code, werr, refused.status, refused.code())
+	}
+
+	if err := os.Remove(filepath.Join(base, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	s.writeFile(handle(t, seeded), "big", "small now")
+	ok(t, "resume", s.control("resume", "c1", 5*time.Second, nil))
+	committed := s.commit("c2", dir, nil)
+	if fmt.Sprint(committed.body["episode_ids"]) != "[r]" {
+		t.Fatalf("the commit after room was made: %s", committed.raw)
 	}
 }

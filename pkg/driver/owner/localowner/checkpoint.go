@@ -2,6 +2,8 @@ package localowner
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,8 +35,8 @@ var (
 const Mode = "exported"
 
 // Record is one exported session as the store keeps it, in the shape of
-// Gym's ResourcesSessionRecord: the attempt, the session's id (its
-// cookie, kept across the restore) and its state.
+// Gym's ResourcesSessionRecord: the attempt, the session's id (kept across
+// the restore) and its state.
 type Record struct {
 	EpisodeID gym.EpisodeID `json:"episode_id"`
 	SessionID string        `json:"session_id"`
@@ -62,6 +64,12 @@ type SessionState struct {
 	// always false: such a session is never exported).
 	VerifyMode string `json:"verify_mode"`
 	Restart    bool   `json:"restart"`
+	// CookieSHA256 is the hex SHA-256 of the secret of the session's
+	// cookie (CookieName), never the secret: the restored session is
+	// continued by the caller that holds the cookie (a driver keeps it in
+	// its bookmark). Empty in a record of an owner before the rule: the
+	// session's id was its cookie.
+	CookieSHA256 string `json:"cookie_sha256,omitempty"`
 }
 
 // Kind implements gym.Participant.
@@ -204,6 +212,7 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 			Provider: o.opt.Sandboxes.Name(), Snapshot: snap,
 			SandboxID: s.sandboxID, Generation: s.generation, Workdir: s.workdir,
 			RunBody: s.raw, VerifyMode: s.body.VerifyMode, Restart: s.body.Restart,
+			CookieSHA256: hex.EncodeToString(s.secret[:]),
 		}})
 		if err != nil {
 			return err
@@ -250,10 +259,11 @@ func (o *Owner) dropOldSnapshots(ctx context.Context, s *session) {
 
 // install is one record, checked, with the fork made for it.
 type install struct {
-	rec  Record
-	body runBody
-	fork sandbox.Sandbox
-	gen  int
+	rec    Record
+	body   runBody
+	secret [sha256.Size]byte
+	fork   sandbox.Sandbox
+	gen    int
 }
 
 // decodeRecords checks every record: its shape, its provider, its run
@@ -284,6 +294,15 @@ func (o *Owner) decodeRecords(records []gym.Record) ([]*install, error) {
 			return nil, bad("generation %d is negative", st.Generation)
 		case sessions[in.rec.SessionID] || keys[r.EpisodeID.CaptureKey()]:
 			return nil, bad("a second record of session %s or of its attempt", in.rec.SessionID)
+		}
+		switch sum, err := hex.DecodeString(st.CookieSHA256); {
+		case st.CookieSHA256 == "":
+			// A record of an owner before the cookie's secret: the id was the cookie.
+			in.secret = sha256.Sum256([]byte(in.rec.SessionID))
+		case err != nil || len(sum) != sha256.Size:
+			return nil, bad("cookie_sha256 is not the hex of a SHA-256")
+		default:
+			copy(in.secret[:], sum)
 		}
 		body, err := parseRunBody(st.RunBody)
 		if err != nil {
@@ -353,7 +372,7 @@ func (o *Owner) Install(ctx context.Context, records []gym.Record, scope []gym.E
 func (o *Owner) installOne(ctx context.Context, in *install) {
 	next := in.rec.EpisodeID.Next()
 	s := &session{
-		id: in.rec.SessionID, body: in.body, raw: in.rec.State.RunBody,
+		id: in.rec.SessionID, secret: in.secret, body: in.body, raw: in.rec.State.RunBody,
 		sandboxID: in.fork.ID(), workdir: in.fork.Workdir(), generation: in.gen,
 		snapshots: map[string]string{},
 		bound:     true, episode: next, restored: true,

@@ -5,8 +5,9 @@
 // kubectl) the same way.
 //
 // Sessions are bound to the attempt a call names by its capture key (the
-// /ng-rollout/<key>/ prefix of Gym's resources servers): a seed for a key
-// whose session exists answers that session again. The Owner is also
+// /ng-rollout/<key>/ prefix of Gym's resources servers), and belong to
+// whoever holds the cookie their seed set (see CookieName for the rule:
+// every call on a session must carry it). The Owner is also
 // Gym's resources checkpoint participant (gym.Participant of kind
 // "resources", checkpoint.go): at a commit it snapshots the sandbox of
 // every open session in scope and exports a record per session, at a
@@ -34,6 +35,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -51,11 +53,43 @@ import (
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
-// CookieName is the cookie that names a session. Gym's resources servers
-// name their session cookie after the server (<ServerClass>___<name>); a
-// caller sends back every cookie the seed reply set, so the name is ours
-// to keep stable.
+// CookieName is the cookie that names a session and proves its caller.
+// Gym's resources servers name their session cookie after the server
+// (<ServerClass>___<name>); a caller sends back every cookie the seed reply
+// set, so the name is ours to keep stable.
+//
+// Its value is "<session id>.<secret>". The session id is no secret (it is
+// in sandbox names, checkpoint records and logs, and a local sandbox sees
+// the others' folders); the secret is 32 random bytes the seed makes, of
+// which the owner keeps only the SHA-256 (in memory and in its checkpoint
+// records). The rule:
+//   - Every call on a session (sandbox_access, verify, close_session, with
+//     or without the /ng-rollout/<key>/ prefix) must carry the cookie of
+//     that session, compared in constant time. Without it, with a wrong
+//     secret, or with the cookie of a session other than the key's, the
+//     call is refused (ErrSessionCookie, which is gym.ErrUnauthorized: 401
+//     unauthorized) and changes nothing.
+//   - A seed for a key that has no session makes a new one, whatever
+//     cookies it carries. A seed for a key whose session exists answers
+//     that session again only when it carries the session's cookie;
+//     without it the seed is refused (401) and hands out nothing. The one
+//     exception is a session a restore installed that no call has claimed
+//     yet: a driver whose checkpoint caught it before its seed reply never
+//     had that cookie and seeds its next attempt again without one, so such
+//     a seed replaces the restored session (its sandbox is removed) with a
+//     fresh one. A caller with the cookie continues the restored session.
+//   - A seed without a key answers the session its cookie proves again, and
+//     otherwise makes a new session.
+//
+// A cookie without a '.' is one an owner before this rule wrote (it was the
+// session id); it proves only a session restored from a record of that
+// time, whose secret was its id.
 const CookieName = "session_id"
+
+// ErrSessionCookie is a call on a session without that session's cookie
+// (none, a wrong secret, or another session's). It is refused as
+// gym.ErrUnauthorized (401 unauthorized); it names no session.
+var ErrSessionCookie = errors.New("no valid session cookie")
 
 // DefaultCheckTimeout bounds a verify's check when Options.CheckTimeout is 0.
 const DefaultCheckTimeout = 10 * time.Minute
@@ -139,6 +173,7 @@ var _ owner.Owner = (*Owner)(nil)
 type session struct {
 	mu         sync.Mutex
 	id         string
+	secret     [sha256.Size]byte // SHA-256 of its cookie's secret; set before it is reachable, never changed
 	body       runBody
 	raw        json.RawMessage // the run body as the seed sent it
 	sandboxID  string          // "" when no sandbox is lent
@@ -165,7 +200,8 @@ func (s *session) capturable() bool { return !s.body.Restart && !s.body.NoSandbo
 
 // SessionInfo describes a session, for tests and the CLI.
 type SessionInfo struct {
-	// SessionID is the session's id (its cookie).
+	// SessionID is the session's id (the part of its cookie before the
+	// '.': SessionIDOf).
 	SessionID string `json:"session_id"`
 	// RolloutID is the run body's rollout_id.
 	RolloutID string `json:"rollout_id,omitempty"`
@@ -218,6 +254,53 @@ func newSessionID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// newSecret makes a session's secret: its cookie's value and the hash the
+// owner keeps of it.
+func newSecret(id string) (cookie string, sum [sha256.Size]byte) {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	secret := hex.EncodeToString(b[:])
+	return id + "." + secret, sha256.Sum256([]byte(secret))
+}
+
+// parseCookie splits a session cookie into the session id it names and the
+// SHA-256 of its secret (for a cookie without a '.', the whole cookie is
+// both: see CookieName).
+func parseCookie(v string) (id string, sum [sha256.Size]byte) {
+	id, secret, found := strings.Cut(v, ".")
+	if !found {
+		secret = v
+	}
+	return id, sha256.Sum256([]byte(secret))
+}
+
+// SessionIDOf is the session id a cookie set names (not a proof of
+// anything): "" when there is no session cookie.
+func SessionIDOf(c owner.Cookies) string {
+	if c[CookieName] == "" {
+		return ""
+	}
+	id, _ := parseCookie(c[CookieName])
+	return id
+}
+
+// proves reports, in constant time, whether sum is the hash of the
+// session's secret.
+func (s *session) proves(sum [sha256.Size]byte) bool {
+	return subtle.ConstantTimeCompare(s.secret[:], sum[:]) == 1
+}
+
+// refuseCookie is the refusal of a call without the session's cookie: the
+// same whatever is wrong with it, naming only the attempt the caller named.
+func refuseCookie(call, key string) error {
+	where := "this session"
+	if key != "" {
+		where = fmt.Sprintf("the session of attempt %q", key)
+	}
+	return fmt.Errorf("localowner: %w: %w", ErrSessionCookie,
+		gym.Refuse(gym.ErrUnauthorized, "%s on %s needs the %s cookie its seed set", call, where, CookieName))
+}
+
 func sandboxID(sessionID string, generation int) string {
 	return fmt.Sprintf("sb-%s-%d", sessionID, generation)
 }
@@ -229,22 +312,22 @@ func sandboxID(sessionID string, generation int) string {
 // known fields have the wrong type, is an error and creates nothing.
 //
 // key is the attempt's capture key ("" for a caller that names none): the
-// session is bound to it, and a later seed for the same key answers the
-// same session (its cookies) again, or owner.ErrClosed once it ended. After
-// a restore the next attempt's key names the fork of the snapshot, so its
-// seed continues the session instead of making a fresh sandbox. A key of a
-// retired attempt is refused with gym.ErrStaleAttempt; while a checkpoint
-// has admission closed the seed waits for it to reopen.
+// session is bound to it. A later seed for the same key is answered by the
+// rule of CookieName: without the session's cookie it is refused (or, for
+// a restored session no call has claimed, makes a fresh session in its
+// place). A key of a retired attempt is refused with gym.ErrStaleAttempt;
+// while a checkpoint has admission closed the seed waits for it to reopen.
 func (o *Owner) SeedSession(ctx context.Context, key string, body json.RawMessage) (owner.SeedReply, error) {
 	return o.SeedSessionWith(ctx, key, nil, body)
 }
 
 // SeedSessionWith is SeedSession for a caller that sends cookies with the
-// seed (as an HTTP client's cookie jar does). Without a key, when they name
-// a closed session the seed is refused with owner.ErrClosed and nothing is
-// created (a late seed must not recreate a closed session); when they name
-// an open session, its seed reply is returned again. With a key, the key
-// decides.
+// seed (as an HTTP client's cookie jar does). When they prove the session
+// the seed would continue (the key's, or without a key the one they name),
+// that session's seed reply is returned again, or owner.ErrClosed once it
+// ended (a late seed must not recreate a closed session). After a restore
+// the next attempt's key names the fork of the snapshot, so a seed with
+// the restored session's cookie continues it.
 func (o *Owner) SeedSessionWith(ctx context.Context, key string, c owner.Cookies, body json.RawMessage) (owner.SeedReply, error) {
 	rb, err := parseRunBody(body)
 	if err != nil {
@@ -261,12 +344,28 @@ func (o *Owner) SeedSessionWith(ctx context.Context, key string, c owner.Cookies
 	defer done()
 
 	s := &session{id: newSessionID(), body: rb, raw: append(json.RawMessage(nil), body...), snapshots: map[string]string{}}
+	cookie, sum := newSecret(s.id)
+	s.secret = sum
+	given, givenSum := parseCookie(c[CookieName])
 	s.mu.Lock() // held until the sandbox exists: a concurrent seed of the key waits for it
 	defer s.mu.Unlock()
 	o.mu.Lock()
-	existing := o.byKey[key]
-	if !bound {
-		existing = o.sessions[c[CookieName]]
+	var existing, replaced *session
+	if bound {
+		existing = o.byKey[key]
+	} else if c[CookieName] != "" {
+		existing = o.sessions[given]
+	}
+	proven := existing != nil && c[CookieName] != "" && existing.id == given && existing.proves(givenSum)
+	switch {
+	case existing != nil && !proven && bound && existing.restored:
+		// Restored, unclaimed, and sought without its cookie: the attempt
+		// starts afresh (CookieName); the restored session goes.
+		replaced, existing = existing, nil
+		replaced.restored = false
+		delete(o.sessions, replaced.id)
+	case existing != nil && !proven && !bound:
+		existing = nil // an unknown or unproven cookie: a new session
 	}
 	if existing == nil && bound {
 		s.bound, s.episode = true, id
@@ -274,7 +373,16 @@ func (o *Owner) SeedSessionWith(ctx context.Context, key string, c owner.Cookies
 	}
 	o.mu.Unlock()
 	if existing != nil {
-		return o.seedAgain(existing)
+		if !proven {
+			return owner.SeedReply{}, refuseCookie(callSeed, key)
+		}
+		return o.seedAgain(existing, c[CookieName])
+	}
+	if replaced != nil {
+		if err := o.free(ctx, replaced); err != nil {
+			o.log.Warn("free a restored session a seed without its cookie replaced", "session", replaced.id, "key", key, "err", err)
+		}
+		o.log.Info("restored session replaced by a seed without its cookie", "session", replaced.id, "key", key, "by", s.id)
 	}
 	if err := ctx.Err(); err != nil {
 		o.unregister(s)
@@ -293,12 +401,12 @@ func (o *Owner) SeedSessionWith(ctx context.Context, key string, c owner.Cookies
 	o.mu.Unlock()
 	o.log.Info("session seeded", "session", s.id, "key", key, "rollout", rb.RolloutID, "sandbox", s.sandboxID,
 		"restart", rb.Restart, "no_sandbox", rb.NoSandbox)
-	return s.seedReply()
+	return s.seedReply(cookie)
 }
 
-// seedAgain answers a seed for a session that exists: its reply again, or
-// owner.ErrClosed once it ended.
-func (o *Owner) seedAgain(s *session) (owner.SeedReply, error) {
+// seedAgain answers a seed that proved the session with its cookie: its
+// reply again (with that cookie), or owner.ErrClosed once it ended.
+func (o *Owner) seedAgain(s *session, cookie string) (owner.SeedReply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.failed {
@@ -316,7 +424,7 @@ func (o *Owner) seedAgain(s *session) (owner.SeedReply, error) {
 	if retired {
 		return owner.SeedReply{}, gym.Refuse(gym.ErrStaleAttempt, "resources session %s belongs to a retired attempt", s.id)
 	}
-	return s.seedReply()
+	return s.seedReply(cookie)
 }
 
 // unregister drops a session whose seed failed (s.mu held).
@@ -352,8 +460,8 @@ func (o *Owner) newSandbox(ctx context.Context, id string, files map[string]stri
 	return sb, nil
 }
 
-// seedReply is the session's seed reply (s.mu held).
-func (s *session) seedReply() (owner.SeedReply, error) {
+// seedReply is the session's seed reply, setting cookie (s.mu held).
+func (s *session) seedReply(cookie string) (owner.SeedReply, error) {
 	reply := map[string]string{}
 	if s.sandboxID != "" {
 		reply["sandbox_handle"] = s.sandboxID
@@ -364,35 +472,40 @@ func (s *session) seedReply() (owner.SeedReply, error) {
 		return owner.SeedReply{}, err
 	}
 	return owner.SeedReply{
-		Cookies:    owner.Cookies{CookieName: s.id},
+		Cookies:    owner.Cookies{CookieName: cookie},
 		Restart:    s.body.Restart,
 		VerifyMode: s.body.VerifyMode,
 		Body:       b,
 	}, nil
 }
 
-// lookup returns the session a call names: the one its cookies name, else
-// the one bound to its key.
-func (o *Owner) lookup(key string, c owner.Cookies) (*session, error) {
-	id := c[CookieName]
+// lookup returns the session call acts on: the one its cookie names and
+// proves (CookieName). With a key, that session must be the one bound to
+// it (a session seeded without a key is bound to none and takes any).
+// Anything else is refused with ErrSessionCookie, the same refusal whatever
+// was wrong, before anything is read or changed.
+func (o *Owner) lookup(call, key string, c owner.Cookies) (*session, error) {
+	v := c[CookieName]
+	if v == "" {
+		return nil, refuseCookie(call, key)
+	}
+	id, sum := parseCookie(v)
 	o.mu.Lock()
 	s := o.sessions[id]
-	if id == "" && key != "" {
-		s = o.byKey[key]
-		if s != nil && s.failed {
-			s = nil
-		}
-	}
+	ok := s != nil && s.proves(sum) && (key == "" || !s.bound || s.episode.CaptureKey() == key)
 	o.mu.Unlock()
-	switch {
-	case s != nil:
-		return s, nil
-	case id == "" && key != "":
-		return nil, fmt.Errorf("localowner: %w: no %s cookie and no session of attempt %q", ErrUnknownSession, CookieName, key)
-	case id == "":
-		return nil, fmt.Errorf("localowner: %w: no %s cookie", ErrUnknownSession, CookieName)
+	if !ok {
+		return nil, refuseCookie(call, key)
 	}
-	return nil, fmt.Errorf("localowner: %w: %q", ErrUnknownSession, id)
+	return s, nil
+}
+
+// Authenticate checks that a call of key carrying c would be let act on a
+// session (lookup), without acting: the HTTP server asks it before reading
+// a call's body, so a caller without the session's cookie costs nothing.
+func (o *Owner) Authenticate(call, key string, c owner.Cookies) error {
+	_, err := o.lookup(call, key, c)
+	return err
 }
 
 // enter finds the session of a call and admits the call (see admit).
@@ -401,7 +514,7 @@ func (o *Owner) enter(ctx context.Context, call, key string, c owner.Cookies) (*
 	if err != nil {
 		return nil, nil, err
 	}
-	s, err := o.lookup(key, c)
+	s, err := o.lookup(call, key, c)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -458,6 +571,9 @@ func (o *Owner) SandboxAccess(ctx context.Context, key string, c owner.Cookies) 
 // closed leaves the session open until admission reopens, so the
 // checkpoint still exports it.
 func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body json.RawMessage) (owner.VerifyReply, error) {
+	if err := o.Authenticate(callVerify, key, c); err != nil {
+		return owner.VerifyReply{}, err
+	}
 	req, err := parseObject("verify body", body)
 	if err != nil {
 		return owner.VerifyReply{}, err
@@ -664,9 +780,9 @@ func (o *Owner) CloseSession(ctx context.Context, key string, c owner.Cookies) e
 	return nil
 }
 
-// Session describes the session the cookies name.
+// Session describes the session the cookies name and prove.
 func (o *Owner) Session(c owner.Cookies) (SessionInfo, error) {
-	s, err := o.lookup("", c)
+	s, err := o.lookup("session", "", c)
 	if err != nil {
 		return SessionInfo{}, err
 	}

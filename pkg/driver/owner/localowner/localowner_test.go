@@ -22,6 +22,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // fixture is an owner on a fresh backend (namespace isolation when running
@@ -228,8 +229,8 @@ func TestSeedAccessVerifyPassingCheck(t *testing.T) {
 		"extra":      map[string]any{"kept": true},
 	}
 	r := f.seed(body)
-	sid := r.Cookies[CookieName]
-	if len(sid) != 24 || r.Restart || r.VerifyMode != "" {
+	sid := SessionIDOf(r.Cookies)
+	if len(sid) != 24 || len(r.Cookies[CookieName]) != 24+1+64 || !strings.HasPrefix(r.Cookies[CookieName], sid+".") || r.Restart || r.VerifyMode != "" {
 		t.Fatalf("seed reply %+v", r)
 	}
 	var sbody struct {
@@ -438,14 +439,16 @@ func TestBadBodiesAndCookies(t *testing.T) {
 	// Unknown fields and a null task are fine.
 	f.seed(map[string]any{"task": nil, "responses_create_params": map[string]any{"input": []any{}}})
 
+	// A cookie that proves no session is refused as unauthorized, and the
+	// refusal does not echo it.
 	unknown := owner.Cookies{CookieName: "feedface"}
-	if _, err := f.o.SandboxAccess(ctx, "", unknown); !errors.Is(err, ErrUnknownSession) || !strings.Contains(err.Error(), "feedface") {
+	if _, err := f.o.SandboxAccess(ctx, "", unknown); !errors.Is(err, ErrSessionCookie) || !errors.Is(err, gym.ErrUnauthorized) || strings.Contains(err.Error(), "feedface") {
 		t.Errorf("unknown session: %v", err)
 	}
-	if err := f.o.CloseSession(ctx, "", owner.Cookies{}); !errors.Is(err, ErrUnknownSession) {
+	if err := f.o.CloseSession(ctx, "", owner.Cookies{}); !errors.Is(err, ErrSessionCookie) {
 		t.Errorf("no cookie: %v", err)
 	}
-	if _, err := f.o.Verify(ctx, "", unknown, json.RawMessage(`{}`)); !errors.Is(err, ErrUnknownSession) {
+	if _, err := f.o.Verify(ctx, "", unknown, json.RawMessage(`{}`)); !errors.Is(err, ErrSessionCookie) {
 		t.Errorf("verify of an unknown session: %v", err)
 	}
 	r := f.seed(map[string]any{"task": "t"})
@@ -510,7 +513,7 @@ func TestSnapshotRestoreRetire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s1, s2 := r1.Cookies[CookieName], r2.Cookies[CookieName]
+	s1, s2 := SessionIDOf(r1.Cookies), SessionIDOf(r2.Cookies)
 	if len(snaps) != 2 || snaps[s1] == "" || snaps[s2] == "" {
 		t.Fatalf("snapshots %v (the closed session must not be in it)", snaps)
 	}
@@ -664,9 +667,10 @@ func TestConcurrentRuns(t *testing.T) {
 	}
 }
 
-// TestConcurrentSeedsOfOneKeyShareTheSession: seeds of the same capture
-// key at once make one session and one sandbox, and all answer it.
-func TestConcurrentSeedsOfOneKeyShareTheSession(t *testing.T) {
+// TestConcurrentSeedsOfOneKeyMakeOneSession: seeds of the same capture key
+// at once make one session and one sandbox; one of them answers it, the
+// others (without its cookie) are refused and get no cookie.
+func TestConcurrentSeedsOfOneKeyMakeOneSession(t *testing.T) {
 	f := newFixture(t, Options{})
 	const n = 8
 	replies := make([]owner.SeedReply, n)
@@ -680,18 +684,24 @@ func TestConcurrentSeedsOfOneKeyShareTheSession(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	won := -1
 	for i := range n {
-		if errs[i] != nil {
-			t.Fatalf("seed %d: %v", i, errs[i])
+		switch {
+		case errs[i] == nil && won < 0:
+			won = i
+		case errs[i] == nil:
+			t.Fatalf("seeds %d and %d both answered: %v, %v", won, i, replies[won].Cookies, replies[i].Cookies)
+		case !errors.Is(errs[i], ErrSessionCookie) || len(replies[i].Cookies) > 0:
+			t.Fatalf("seed %d: %v (cookies %v), want a refusal without a cookie", i, errs[i], replies[i].Cookies)
 		}
-		if replies[i].Cookies[CookieName] != replies[0].Cookies[CookieName] {
-			t.Fatalf("seed %d got session %v, seed 0 %v", i, replies[i].Cookies, replies[0].Cookies)
-		}
+	}
+	if won < 0 {
+		t.Fatal("no seed answered")
 	}
 	if got := f.sandboxCount(); got != 1 {
 		t.Fatalf("%d sandboxes for one attempt, want 1", got)
 	}
-	info, err := f.o.Session(replies[0].Cookies)
+	info, err := f.o.Session(replies[won].Cookies)
 	if err != nil || info.Key != "k-a3" {
 		t.Fatalf("session %+v %v", info, err)
 	}

@@ -58,9 +58,41 @@ func (b *Backend) copyTree(ctx context.Context, src, dstDir, name string) error 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("cp: %v: %s", err, tail(stderr.Bytes(), 2048))
+		// A copy that failed is a file error where it copied to (a full
+		// or read-only disk, mostly), so callers classify it as any other.
+		return &fs.PathError{Op: "copy " + src + " to", Path: filepath.Join(dstDir, name), Err: cpFailed(err, stderr.Bytes())}
 	}
 	return renameNoReplace(tmp, filepath.Join(dstDir, name))
+}
+
+// cpFailure is why cp failed: its exit and the end of what it said, and
+// the errno it named when it is one of a disk's (errors.Is finds it).
+type cpFailure struct {
+	errno unix.Errno
+	text  string
+}
+
+func (e *cpFailure) Error() string { return e.text }
+
+func (e *cpFailure) Unwrap() error {
+	if e.errno == 0 {
+		return nil
+	}
+	return e.errno
+}
+
+// cpFailed reads cp's stderr for the errno of a failing disk (cp prints
+// strerror's text, as "No space left on device").
+func cpFailed(err error, stderr []byte) error {
+	f := &cpFailure{text: fmt.Sprintf("cp: %v: %s", err, tail(stderr, 2048))}
+	said := strings.ToLower(string(stderr))
+	for _, errno := range []unix.Errno{unix.ENOSPC, unix.EDQUOT, unix.EROFS, unix.EIO, unix.EACCES} {
+		if strings.Contains(said, strings.ToLower(errno.Error())) {
+			f.errno = errno
+			break
+		}
+	}
+	return f
 }
 
 // removeTree renames dir/name away and deletes it.
