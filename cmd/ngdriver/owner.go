@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -89,6 +90,7 @@ Sandboxes no session uses any more are then removed unless
 				if err != nil {
 					return err
 				}
+				sweep(log, backend)
 				lender = localowner.Local(backend)
 			} else {
 				cfg, err := config.Load(cfgPath, builtIn())
@@ -173,6 +175,18 @@ Sandboxes no session uses any more are then removed unless
 	fl.StringVar(&logFormat, "log-format", "auto", "json, text or auto")
 	c.AddCommand(serveCmd)
 	return c
+}
+
+// sweep removes what a killed owner left half done under the local
+// backend's base (local.Backend.Sweep) and says so in the log.
+func sweep(log *slog.Logger, b *local.Backend) {
+	removed, err := b.Sweep()
+	if len(removed) > 0 {
+		log.Info("removed what a killed process left half done", "base", b.Base(), "count", len(removed), "first", removed[:min(len(removed), 5)])
+	}
+	if err != nil {
+		log.Warn("could not remove all a killed process left half done", "base", b.Base(), "err", err)
+	}
 }
 
 // remarshal copies a decoded YAML map into a typed struct, rejecting
