@@ -34,11 +34,17 @@ const Mode = "exported"
 
 // Record is one exported session as the store keeps it, in the shape of
 // Gym's ResourcesSessionRecord: the attempt, the session's id (its
-// cookie, kept across the restore) and its state.
+// cookie, kept across the restore) and its state. A restore validates it
+// field for field as Gym's model does (extra="forbid"; episode_id,
+// session_id and state required) and its state as this owner wrote it.
 type Record struct {
 	EpisodeID gym.EpisodeID `json:"episode_id"`
 	SessionID string        `json:"session_id"`
 	State     SessionState  `json:"state"`
+	// Owner is Gym's routing owner of the session (the worker its cookie
+	// names when a server runs several). This owner is one process: it
+	// never writes one and ignores one it reads.
+	Owner *string `json:"owner,omitempty"`
 }
 
 // SessionState is what a restore in a fresh owner process needs to bring
@@ -256,8 +262,9 @@ type install struct {
 	gen  int
 }
 
-// decodeRecords checks every record: its shape, its provider, its run
-// body, and that no two continue the same session or attempt. An invalid
+// decodeRecords checks every record: its shape (field for field, as
+// Record says), its provider, its run body, and that no two continue the
+// same session or attempt. An invalid
 // one is gym.ErrCheckpointState naming its episode.
 func (o *Owner) decodeRecords(records []gym.Record) ([]*install, error) {
 	out := make([]*install, 0, len(records))
@@ -267,7 +274,7 @@ func (o *Owner) decodeRecords(records []gym.Record) ([]*install, error) {
 			return gym.Refuse(gym.ErrCheckpointState, "resources record of episode %q: %s", r.EpisodeID.CaptureKey(), fmt.Sprintf(format, args...))
 		}
 		var in install
-		if err := r.Decode(&in.rec); err != nil {
+		if err := r.DecodeStrict(&in.rec, "episode_id", "session_id", "state"); err != nil {
 			return nil, err
 		}
 		st := in.rec.State
