@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/owner"
@@ -26,6 +28,7 @@ import (
 var (
 	_ owner.CheckpointOwner = (*Owner)(nil)
 	_ gym.Readier           = (*Owner)(nil)
+	_ gym.WriteWatcher      = (*Owner)(nil)
 )
 
 // Mode is the resources checkpoint mode the owner reports: it exports
@@ -166,6 +169,8 @@ func (o *Owner) exportable(scope []gym.EpisodeID) []*session {
 // open session in scope (the calls are held by the closed admission) and
 // returns a Record per session. A session whose sandbox is gone is left
 // out with a warning and ends, as Gym drops a session its server dropped.
+// First it removes the snapshots of earlier exports that no checkpoint on
+// disk names any more (sweepSnapshots).
 func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record, error) {
 	o.ckMu.Lock()
 	defer o.ckMu.Unlock()
@@ -175,6 +180,13 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 	if checkpointID == "" {
 		checkpointID = "export-" + newSessionID()[:8]
 	}
+	o.sweepSnapshots(ctx, checkpointID)
+	ex := o.exports[checkpointID]
+	if ex == nil {
+		ex = &export{snaps: map[string]string{}}
+		o.exports[checkpointID] = ex
+	}
+	var exMu sync.Mutex // guards ex.snaps while sessions are copied at once
 	sessions := o.exportable(scope)
 	records := make([]*gym.Record, len(sessions))
 	index := make(map[*session]int, len(sessions))
@@ -201,11 +213,10 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 		if err != nil {
 			return fmt.Errorf("session %s of %s: %w", s.id, id.CaptureKey(), err)
 		}
-		if _, again := s.snapshots[checkpointID]; !again {
-			s.exported = append(s.exported, checkpointID)
-		}
 		s.snapshots[checkpointID] = snap
-		o.dropOldSnapshots(ctx, s)
+		exMu.Lock()
+		ex.snaps[s.id] = snap
+		exMu.Unlock()
 		rec, err := gym.NewRecord(Record{EpisodeID: id, SessionID: s.id, State: SessionState{
 			Provider: o.opt.Sandboxes.Name(), Snapshot: snap,
 			SandboxID: s.sandboxID, Generation: s.generation, Workdir: s.workdir,
@@ -231,26 +242,75 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 	return out, nil
 }
 
-// KeptSnapshots is how many of its latest exports' snapshots a session
-// keeps: the one being committed, and the two before it in case that commit
-// never becomes durable (a restore then reads an earlier checkpoint). Older
-// ones are removed, so a long run's checkpoints do not fill the disk.
-const KeptSnapshots = 3
+// export is the snapshots one checkpoint's Export took, and where its
+// records went.
+type export struct {
+	// dir is the participant folder the records were written to (Writing);
+	// "" while no write of them started.
+	dir   string
+	snaps map[string]string // session id -> snapshot id
+}
 
-// dropOldSnapshots removes the session's snapshots beyond KeptSnapshots,
-// oldest first (s.mu held). One that cannot be removed is kept and tried
-// again at the next export.
-func (o *Owner) dropOldSnapshots(ctx context.Context, s *session) {
-	for len(s.exported) > KeptSnapshots {
-		id := s.exported[0]
-		if snap, ok := s.snapshots[id]; ok {
-			if err := o.opt.Sandboxes.RemoveSnapshot(ctx, snap); err != nil {
-				o.log.Warn("remove an old snapshot", "session", s.id, "snapshot", snap, "err", err)
-				return
-			}
-			delete(s.snapshots, id)
+// Writing implements gym.WriteWatcher: the records of checkpointID are
+// being written to dir, whose manifest will name the checkpoint once it is
+// durable.
+func (o *Owner) Writing(checkpointID, dir string) {
+	o.ckMu.Lock()
+	defer o.ckMu.Unlock()
+	if ex := o.exports[checkpointID]; ex != nil {
+		ex.dir = dir
+	}
+}
+
+// sweepSnapshots removes the snapshots of the earlier exports (every one
+// but current's) that no checkpoint on disk names: a snapshot lives as long
+// as a checkpoint that still exists names it, and only that long. Gym never
+// says whether a checkpoint completed (another participant's commit may
+// have failed and the controller resumed without publishing it), so the
+// rule is the disk's: an export is kept while the manifest in the folder
+// its records were written to names its checkpoint; once the controller
+// has deleted that checkpoint, or when its write never published (it
+// failed, or a resume stopped it; an earlier checkpoint is over by the
+// time a later one exports), its snapshots go: no manifest there (or a
+// file where one of its folders should be) means none. A manifest that cannot be
+// read for another reason keeps them (and is tried again at the next
+// export), and so does a snapshot that cannot be removed (ckMu held).
+func (o *Owner) sweepSnapshots(ctx context.Context, current string) {
+	for id, ex := range o.exports {
+		if id == current {
+			continue
 		}
-		s.exported = s.exported[1:]
+		if ex.dir != "" {
+			named, err := gym.ManifestCheckpointID(ex.dir)
+			if err == nil && named == id {
+				continue
+			}
+			if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+				o.log.Warn("cannot tell whether a checkpoint is still on disk; its snapshots are kept", "checkpoint", id, "dir", ex.dir, "err", err)
+				continue
+			}
+		}
+		for sessionID, snap := range ex.snaps {
+			if err := o.opt.Sandboxes.RemoveSnapshot(ctx, snap); err != nil {
+				o.log.Warn("remove the snapshot of a checkpoint no folder holds", "checkpoint", id, "snapshot", snap, "err", err)
+				continue
+			}
+			delete(ex.snaps, sessionID)
+			o.mu.Lock()
+			s := o.sessions[sessionID]
+			o.mu.Unlock()
+			if s != nil {
+				s.mu.Lock()
+				if s.snapshots[id] == snap {
+					delete(s.snapshots, id)
+				}
+				s.mu.Unlock()
+			}
+			o.log.Info("snapshot removed: no checkpoint on disk names it", "checkpoint", id, "session", sessionID, "snapshot", snap, "dir", ex.dir)
+		}
+		if len(ex.snaps) == 0 {
+			delete(o.exports, id)
+		}
 	}
 }
 

@@ -129,6 +129,7 @@ type Owner struct {
 	// guards checkpoints. Lock order: ckMu, then a session's mu, then mu.
 	ckMu        sync.Mutex
 	checkpoints map[string]map[string]string // checkpoint id -> session id -> snapshot id
+	exports     map[string]*export           // Gym checkpoint id -> what its Export took (checkpoint.go)
 }
 
 var _ owner.Owner = (*Owner)(nil)
@@ -149,7 +150,6 @@ type session struct {
 	parked     bool              // its sandbox was removed after a commit with stop
 	failed     bool              // the seed that made it failed; it is not registered
 	snapshots  map[string]string // checkpoint id -> snapshot id
-	exported   []string          // checkpoint ids of the exports, oldest first (KeptSnapshots kept)
 
 	// Guarded by Owner.mu.
 	bound    bool          // seeded under a capture key
@@ -209,7 +209,7 @@ func New(opt Options) *Owner {
 	return &Owner{opt: opt, log: log.With("owner", "local"),
 		sessions: map[string]*session{}, byKey: map[string]*session{},
 		accepting: true, opened: opened, requests: map[gym.EpisodeID]int{}, changed: make(chan struct{}),
-		checkpoints: map[string]map[string]string{}}
+		checkpoints: map[string]map[string]string{}, exports: map[string]*export{}}
 }
 
 func newSessionID() string {
