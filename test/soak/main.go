@@ -315,7 +315,8 @@ func run(c config) error {
 	token := "soak-" + strconv.Itoa(os.Getpid())
 	env := []string{"NG_CONTROL_TOKEN=" + token}
 	owner, err := start(filepath.Join(bin, "ngdriver"), filepath.Join(c.work, "owner.log"), env,
-		"owner", "serve", "--listen", "127.0.0.1:0", "--base", base, "--ngsup-dir", bin, "--isolation", c.isolation, "--log-format", "json")
+		// The report reads the sessions in the sandboxes after the runs: keep them.
+		"owner", "serve", "--listen", "127.0.0.1:0", "--base", base, "--ngsup-dir", bin, "--isolation", c.isolation, "--log-format", "json", "--keep-sandboxes")
 	if err != nil {
 		return err
 	}

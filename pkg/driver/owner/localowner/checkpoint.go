@@ -444,9 +444,10 @@ func (o *Owner) installOne(ctx context.Context, in *install) {
 			continue
 		}
 		if err := o.kill(ctx, id); err != nil {
-			o.log.Warn("stop the sandbox a restore replaces", "session", s.id, "sandbox", id, "err", err)
+			o.log.Warn("stop the sandbox a restore replaces; it is kept", "session", s.id, "sandbox", id, "err", err)
+			continue
 		}
-		o.removeUnused(ctx, id)
+		o.removeUnused(ctx, s, id)
 	}
 	o.log.Info("session restored", "session", s.id, "key", next.CaptureKey(),
 		"snapshot", in.rec.State.Snapshot, "old_sandbox", in.rec.State.SandboxID, "sandbox", s.sandboxID)
