@@ -280,6 +280,10 @@ func (o *Owner) sweepSnapshots(ctx context.Context, current string) {
 		if id == current {
 			continue
 		}
+		if len(ex.snaps) == 0 {
+			delete(o.exports, id)
+			continue
+		}
 		if ex.dir != "" {
 			named, err := gym.ManifestCheckpointID(ex.dir)
 			if err == nil && named == id {
