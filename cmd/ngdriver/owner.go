@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -37,7 +38,7 @@ func newOwnerCmd() *cobra.Command {
 		Short: "The embedded local sandbox owner",
 	}
 	var listen, base, ngsupDir, isolation, tokenEnv, logFormat, backendName, cfgPath, instance string
-	var removeUnused bool
+	var removeUnused, keepSandboxes, keepFailed bool
 	var leaseGrace time.Duration
 	serveCmd := &cobra.Command{
 		Use:   "serve --listen ADDR (--base DIR | --backend NAME --config FILE)",
@@ -68,13 +69,23 @@ restart, are reported as restarts and never exported. Without a token the
 control routes answer 404 (not a participant). --lease-grace is Gym's
 lease_grace_seconds.
 
+A session's sandbox is removed when the session ends: at its verify
+(whatever the reward), or at close_session, once every process of it has
+been ended; a sandbox whose processes could not all be ended is kept, with a
+warning. With --backend local a session closed without a verdict (its run
+failed, was cancelled or gave up) keeps its sandbox for inspection
+(--keep-failed-sandboxes=false removes those too). The sandbox a restore
+replaces is removed the same way. --keep-sandboxes keeps every sandbox.
+Snapshots are not sandboxes: one stays while a checkpoint folder this owner
+committed to still holds the manifest naming it, and goes at the next commit
+once none does. At start, the owner removes what a killed owner left half
+done under --base (partial snapshot or fork copies, half-deleted folders).
+
 With --backend opensandbox, docker or kubectl it lends sandboxes of that
 backend instead, made from the image that section of the --config file's
 backends names (OpenSandbox: create and snapshot through the lifecycle
 server, renewing the expiration of open sessions' sandboxes; docker: run,
-commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).
-Sandboxes no session uses any more are then removed unless
---remove-unused=false.`,
+commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).`,
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usagef("owner serve takes no arguments, got %q", args)
@@ -98,6 +109,7 @@ Sandboxes no session uses any more are then removed unless
 				if err != nil {
 					return err
 				}
+				sweep(log, backend)
 				lender = localowner.Local(backend)
 			} else {
 				cfg, err := config.Load(cfgPath, builtIn())
@@ -107,9 +119,12 @@ Sandboxes no session uses any more are then removed unless
 				if lender, err = buildLender(cfg.Backends, backendName); err != nil {
 					return err
 				}
-				if !c.Flags().Changed("remove-unused") {
-					removeUnused = true
-				}
+			}
+			if !c.Flags().Changed("keep-failed-sandboxes") {
+				keepFailed = backendName == "local"
+			}
+			if c.Flags().Changed("remove-unused") && !removeUnused {
+				keepSandboxes = true
 			}
 			binaries := launch.DefaultBinaries(ngsupDir)
 			if len(binaries) == 0 {
@@ -118,7 +133,8 @@ Sandboxes no session uses any more are then removed unless
 			ng := &launch.Ngsup{Binaries: binaries, Log: log}
 			own := localowner.New(localowner.Options{
 				Sandboxes:    lender,
-				RemoveUnused: removeUnused,
+				RemoveUnused: !keepSandboxes,
+				KeepFailed:   keepFailed,
 				StopSandbox:  func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandbox(ctx, sb) },
 				KillSandbox:  func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandboxGrace(ctx, sb, 0) },
 				Logger:       log,
@@ -175,7 +191,10 @@ Sandboxes no session uses any more are then removed unless
 	fl.StringVar(&base, "base", "", "folder holding the sandboxes and snapshots (absolute; --backend local)")
 	fl.StringVar(&backendName, "backend", "local", "the backend whose sandboxes are lent: local, opensandbox, docker or kubectl")
 	fl.StringVar(&cfgPath, "config", "", "the YAML config whose backends section configures --backend (not local)")
-	fl.BoolVar(&removeUnused, "remove-unused", false, "remove a sandbox once no session uses it (default true for every backend but local)")
+	fl.BoolVar(&keepSandboxes, "keep-sandboxes", false, "keep every session's sandbox after the session ends (default: removed at its verify or close, once its processes are ended)")
+	fl.BoolVar(&keepFailed, "keep-failed-sandboxes", false, "keep the sandbox of a session closed without a verdict, for inspection (default true with --backend local, false otherwise)")
+	fl.BoolVar(&removeUnused, "remove-unused", true, "remove a sandbox once no session uses it")
+	_ = fl.MarkDeprecated("remove-unused", "sandboxes are removed by default; use --keep-sandboxes to keep them")
 	fl.StringVar(&ngsupDir, "ngsup-dir", "", "folder of the ngsup binaries (default: beside ngdriver)")
 	fl.StringVar(&isolation, "isolation", "auto", "auto, namespace or none")
 	fl.StringVar(&tokenEnv, "checkpoint-token-env", "NG_CONTROL_TOKEN", "environment variable holding the checkpoint control routes' bearer token (unset or empty: no control routes)")
@@ -185,6 +204,18 @@ Sandboxes no session uses any more are then removed unless
 	fl.StringVar(&logFormat, "log-format", "auto", "json, text or auto")
 	c.AddCommand(serveCmd)
 	return c
+}
+
+// sweep removes what a killed owner left half done under the local
+// backend's base (local.Backend.Sweep) and says so in the log.
+func sweep(log *slog.Logger, b *local.Backend) {
+	removed, err := b.Sweep()
+	if len(removed) > 0 {
+		log.Info("removed what a killed process left half done", "base", b.Base(), "count", len(removed), "first", removed[:min(len(removed), 5)])
+	}
+	if err != nil {
+		log.Warn("could not remove all a killed process left half done", "base", b.Base(), "err", err)
+	}
 }
 
 // remarshal copies a decoded YAML map into a typed struct, rejecting

@@ -287,6 +287,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 	if err != nil {
 		return err
 	}
+	sweep(log, backend)
 	binaries := launch.DefaultBinaries(f.ngsupDir)
 	if len(binaries) == 0 {
 		return fmt.Errorf("no ngsup binary found (looked for ngsup-linux-amd64/arm64 beside ngdriver; build with `make build` or pass --ngsup-dir)")

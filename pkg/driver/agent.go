@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -127,15 +128,27 @@ func (p *Participant) newRecord(id gym.EpisodeID, b Bookmark) (gym.Record, error
 }
 
 // ParseAgentRecord reads a stored agent record back into its bookmark,
-// validated. Errors wrap gym.ErrCheckpointState and name the episode.
+// validated field for field as Gym's AgentSessionRecord validates it
+// (extra="forbid": episode_id, session_key and session required, boundary
+// and episode optional, no other field, names spelled exactly; a string
+// is a string), and then as this driver needs it: the session's adapter
+// named, no native boundary (a legacy /run has none to continue from),
+// and a bookmark in episode. Errors wrap gym.ErrCheckpointState and name
+// the episode.
 func ParseAgentRecord(r gym.Record) (AgentRecord, Bookmark, error) {
 	var rec AgentRecord
-	if err := r.Decode(&rec); err != nil {
+	if err := r.DecodeStrict(&rec, "episode_id", "session_key", "session"); err != nil {
 		return rec, Bookmark{}, err
 	}
 	key := r.EpisodeID.CaptureKey()
 	if rec.SessionKey != r.EpisodeID.RolloutID {
 		return rec, Bookmark{}, gym.Refuse(gym.ErrCheckpointState, "agent record %s has session_key %q, want its rollout id", key, rec.SessionKey)
+	}
+	if rec.Session.Adapter == "" {
+		return rec, Bookmark{}, gym.Refuse(gym.ErrCheckpointState, "agent record %s: its session names no adapter", key)
+	}
+	if b := bytes.TrimSpace(rec.Boundary); len(b) > 0 && string(b) != "null" {
+		return rec, Bookmark{}, gym.Refuse(gym.ErrCheckpointState, "agent record %s has a boundary; a legacy /run episode continues from its episode step only, so boundary must be null", key)
 	}
 	b, err := decodeBookmark(rec.Episode)
 	if err == nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // BookmarkVersion is the bookmark format this build writes and reads.
@@ -118,6 +119,11 @@ func decodeBookmark(data []byte) (Bookmark, error) {
 	}
 	if dec.More() {
 		return b, fmt.Errorf("%w: trailing data after the bookmark", ErrBadBookmark)
+	}
+	// The decoder matches names regardless of case and takes null for a
+	// zero value: names spelled exactly, no null where a value belongs.
+	if err := gym.CheckStrict(data, &b); err != nil {
+		return b, fmt.Errorf("%w: %v", ErrBadBookmark, err)
 	}
 	return b, nil
 }

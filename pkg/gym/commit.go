@@ -118,6 +118,11 @@ func (c *Control) startWrite(ctx context.Context, req *CommitRequest) (*pendingW
 		return nil, Refuse(ErrCheckpointConflict, "checkpoint %q is already being written to another directory or scope", req.CheckpointID)
 	}
 	if w.run == nil || (w.run.finished() && w.run.err != nil) {
+		if x, ok := c.p.(WriteWatcher); ok {
+			if pdir, err := ParticipantDir(w.dir, c.p.Kind(), c.instance); err == nil {
+				x.Writing(w.checkpointID, pdir)
+			}
+		}
 		var extra map[string]any
 		if x, ok := c.p.(ManifestExtender); ok {
 			extra = x.ManifestExtra()

@@ -107,3 +107,19 @@ type ManifestExtender interface {
 type CommitReplier interface {
 	CommitReply(records []Record) map[string]any
 }
+
+// WriteWatcher is optional, for a participant that keeps state outside the
+// checkpoint folder (an owner's sandbox snapshots) and may delete it only
+// once no checkpoint on disk refers to it. Gym never tells a participant
+// whether a checkpoint completed: the controller publishes it after every
+// participant's commit succeeded and then resumes, and a resume is the
+// same whether it published or gave up. What a participant can know is
+// where its own records went: Writing is called, under the operation lock,
+// as each write of a checkpoint's records starts, with the participant's
+// folder (<checkpoint_dir>/gym/<kind>/<instance>). While that folder's
+// manifest names the checkpoint (ManifestCheckpointID), the checkpoint is
+// on disk and a restore may read it; once the controller deletes it, or if
+// the write never published, nothing refers to that export any more.
+type WriteWatcher interface {
+	Writing(checkpointID, participantDir string)
+}

@@ -336,6 +336,24 @@ func isInt(v any, n int) bool {
 	return ok && f == float64(n)
 }
 
+// ManifestCheckpointID is the checkpoint id the manifest in a participant
+// folder names: whether a checkpoint a participant wrote is still on disk.
+// It reads the manifest only. No manifest (the folder, or the whole
+// checkpoint, deleted; or a write that never published) is an error
+// wrapping fs.ErrNotExist; an unreadable or malformed one is another error.
+func ManifestCheckpointID(participantDir string) (string, error) {
+	path := filepath.Join(participantDir, ManifestName)
+	f, err := loadManifest(path)
+	if err != nil {
+		return "", err
+	}
+	id, ok := f["checkpoint_id"].(string)
+	if !ok {
+		return "", Refuse(ErrCheckpointState, "%s names no checkpoint", path)
+	}
+	return id, nil
+}
+
 // ReadState reads and verifies a participant's records in one streaming
 // pass. It checks the manifest (schema, kind, instance, a checkpoint id,
 // the records file name), then hands each line to each (which may be nil)

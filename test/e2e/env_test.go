@@ -35,6 +35,10 @@ type options struct {
 	shutdown string // shutdown_timeout
 	steps    int    // fake defaults
 	stepS    float64
+	// removeSandboxes runs the owner as it runs by default, removing a
+	// session's sandbox when the session ends; otherwise it keeps them
+	// (--keep-sandboxes) for the tests that read them afterwards.
+	removeSandboxes bool
 }
 
 // env is one test's owner, drivers, folders and controller.
@@ -91,8 +95,13 @@ func newEnv(t *testing.T, o options) *env {
 		}
 	}
 	t.Cleanup(e.cleanup)
-	e.owner = e2eproc.StartProc(t, ngdriverBin, "owner", e.logs, e.tokenEnv(), "owner", "serve",
-		"--listen", "127.0.0.1:0", "--base", e.base, "--ngsup-dir", binDir, "--log-format", "json")
+	// The tests read the sandboxes after their runs (the sessions' steps,
+	// the pids the fake harness recorded): keep them, unless asked not to.
+	ownerArgs := []string{"owner", "serve", "--listen", "127.0.0.1:0", "--base", e.base, "--ngsup-dir", binDir, "--log-format", "json"}
+	if !o.removeSandboxes {
+		ownerArgs = append(ownerArgs, "--keep-sandboxes")
+	}
+	e.owner = e2eproc.StartProc(t, ngdriverBin, "owner", e.logs, e.tokenEnv(), ownerArgs...)
 	e.since = e.owner.Start
 	e.ownerURL = e.owner.URL(t)
 	e.own = &controller{name: "owner", url: e.ownerURL, token: e.token}

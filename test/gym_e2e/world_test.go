@@ -202,7 +202,9 @@ func (w *world) ownerArgs() []string {
 	return []string{"owner", "serve", "--listen", fmt.Sprintf("127.0.0.1:%d", w.ownerPort),
 		"--base", w.base, "--ngsup-dir", binDir, "--log-format", "json",
 		"--instance", ownerEntry, "--lease-grace", fmt.Sprintf("%ds", w.opts.leaseGrace),
-		"--checkpoint-token-env", "NG_CONTROL_TOKEN"}
+		"--checkpoint-token-env", "NG_CONTROL_TOKEN",
+		// The tests read the sandboxes after their runs: keep them.
+		"--keep-sandboxes"}
 }
 
 // start starts one server and waits until it listens at url.

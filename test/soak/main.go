@@ -14,10 +14,11 @@
 // after the crash the new driver and the owner restore under one
 // checkpoint id from the last commit's folder, scoped to the episodes it
 // wrote (the owner forks each snapshot for the next attempt), and are
-// resumed before the runs are posted again as their next attempt. The
-// owner keeps the snapshots of each session's last three exports, so a
-// run's disk use stays at about four checkpoints' worth (512 sandboxes: a
-// few GB each).
+// resumed before the runs are posted again as their next attempt. As a
+// controller that keeps its last three checkpoints, the soak deletes the
+// folders of older ones; the owner removes the snapshots no remaining
+// folder names at its next commit, so a run's disk use stays at about four
+// checkpoints' worth (512 sandboxes: a few GB each).
 //
 // Run it with `make soak` (root). It kills only the processes it started,
 // by their process groups, and stops every launch it made through ngsup.
@@ -315,7 +316,8 @@ func run(c config) error {
 	token := "soak-" + strconv.Itoa(os.Getpid())
 	env := []string{"NG_CONTROL_TOKEN=" + token}
 	owner, err := start(filepath.Join(bin, "ngdriver"), filepath.Join(c.work, "owner.log"), env,
-		"owner", "serve", "--listen", "127.0.0.1:0", "--base", base, "--ngsup-dir", bin, "--isolation", c.isolation, "--log-format", "json")
+		// The report reads the sessions in the sandboxes after the runs: keep them.
+		"owner", "serve", "--listen", "127.0.0.1:0", "--base", base, "--ngsup-dir", bin, "--isolation", c.isolation, "--log-format", "json", "--keep-sandboxes")
 	if err != nil {
 		return err
 	}
@@ -425,6 +427,7 @@ backends:
 	ckptDir := filepath.Join(c.work, "checkpoints")
 	var driverCPU, driverPeak float64
 	lastCommitted := ""
+	var kept []string // the checkpoints kept on disk, oldest first
 	ownerRecords := 0      // the owner's records over every commit
 	var lastScope []string // the capture keys the last commit wrote
 	for n := 1; time.Since(begin) < c.duration; n++ {
@@ -485,6 +488,14 @@ backends:
 		}
 		ownerRecords += ocom.Manifest.RecordCount
 		lastCommitted, lastScope = id, com.EpisodeIDs
+		if kept = append(kept, id); len(kept) > 3 {
+			// Older checkpoints will not be restored: their folders go, and
+			// with them (at the owner's next commit) their snapshots.
+			if err := os.RemoveAll(filepath.Join(ckptDir, kept[0])); err != nil {
+				return err
+			}
+			kept = kept[1:]
+		}
 		fmt.Fprintf(os.Stderr, "soak: %s at %5.1fs: prepare %.3fs, %d runs and %d owner sessions exported, %d restarts, %d finished\n",
 			id, time.Since(begin).Seconds(), took.Seconds(), com.Manifest.RecordCount, ocom.Manifest.RecordCount, len(prep.Report.Restarts), finished.Load())
 		if !crashed && time.Since(begin) >= c.crashAt {

@@ -814,35 +814,82 @@ func TestASessionWhoseRetireWasCutShortStaysUntilARetryFreesItAndBlocksMeanwhile
 	}
 }
 
-// TestASessionKeepsOnlyItsLatestSnapshots proves that a long run's
-// checkpoints do not fill the disk: after five commits of one session,
-// only the snapshots of the last localowner.KeptSnapshots remain, and the
-// last commit's snapshot (the one its record names) is among them.
-func TestASessionKeepsOnlyItsLatestSnapshots(t *testing.T) {
+// TestASnapshotLivesWhileACheckpointOnDiskNamesIt proves the owner's rule
+// for its snapshots: a snapshot stays while the checkpoint folder its
+// commit wrote still holds the manifest naming that checkpoint, and goes
+// (at the next commit) once it does not. After five commits of one
+// session every snapshot is there (their folders are); the controller then
+// deletes the folders of c1 and c2, and the owner's commit of c6 fails (a
+// file stands where its folder goes), so c6 never publishes; at c7 the
+// snapshots of c1, c2 and c6 are removed, those of c3, c4, c5 and c7 kept,
+// and c3 still restores in a fresh owner.
+func TestASnapshotLivesWhileACheckpointOnDiskNamesIt(t *testing.T) {
 	base := t.TempDir()
 	s := newServer(t, base)
 	s.mustSeed("keep", map[string]any{"files": map[string]string{"a.txt": "one"}})
-	var last string
-	for i := 1; i <= 5; i++ {
-		id, dir := fmt.Sprintf("c%d", i), t.TempDir()
-		s.commit(id, dir, nil)
+	dirs, snaps := map[string]string{}, map[string]string{}
+	commit := func(id string) {
+		t.Helper()
+		dirs[id] = t.TempDir()
+		s.commit(id, dirs[id], nil)
 		ok(t, "resume", s.control("resume", id, 5*time.Second, nil))
 		var rec localowner.Record
-		if _, err := gym.ReadState(dir, gym.KindResources, instance, func(r gym.Record) error { return r.Decode(&rec) }); err != nil {
+		if _, err := gym.ReadState(dirs[id], gym.KindResources, instance, func(r gym.Record) error { return r.Decode(&rec) }); err != nil {
 			t.Fatal(err)
 		}
-		last = rec.State.Snapshot
+		snaps[id] = rec.State.Snapshot
 	}
-	snaps, err := filepath.Glob(filepath.Join(base, "snapshots", "*"))
-	if err != nil {
+	onDisk := func() []string {
+		t.Helper()
+		paths, err := filepath.Glob(filepath.Join(base, "snapshots", "*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for id, snap := range snaps {
+			if slices.Contains(paths, filepath.Join(base, "snapshots", snap)) {
+				out = append(out, id)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	for i := 1; i <= 5; i++ {
+		commit(fmt.Sprintf("c%d", i))
+	}
+	if got := onDisk(); !slices.Equal(got, []string{"c1", "c2", "c3", "c4", "c5"}) {
+		t.Fatalf("snapshots after five commits whose folders are all there: %v", got)
+	}
+	for _, id := range []string{"c1", "c2"} {
+		if err := os.RemoveAll(dirs[id]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// c6: the owner's own write fails, so its checkpoint never publishes.
+	bad := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(bad, "gym"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	names := make([]string, len(snaps))
-	for i, p := range snaps {
-		names[i] = filepath.Base(p)
+	if err := os.WriteFile(filepath.Join(bad, "gym", gym.KindResources), []byte("not a folder"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	if len(names) != localowner.KeptSnapshots || !slices.Contains(names, last) {
-		t.Fatalf("snapshots left after 5 commits: %v; want %d of them, %s among them", names, localowner.KeptSnapshots, last)
+	ok(t, "prepare c6", s.control("prepare", "c6", 10*time.Second, nil))
+	want(t, "commit c6", s.control("commit", "c6", 30*time.Second, map[string]any{"checkpoint_dir": bad}), http.StatusUnprocessableEntity, gym.CodeCheckpointState)
+	ok(t, "resume c6", s.control("resume", "c6", 5*time.Second, nil))
+	paths, _ := filepath.Glob(filepath.Join(base, "snapshots", "ck-c6-*"))
+	if len(paths) != 1 {
+		t.Fatalf("the failed commit of c6 took snapshots %v, want one", paths)
+	}
+	snaps["c6"] = filepath.Base(paths[0])
+	commit("c7")
+	if got := onDisk(); !slices.Equal(got, []string{"c3", "c4", "c5", "c7"}) {
+		t.Fatalf("snapshots after c7: those of %v, want c3, c4, c5 and c7 (the folders of c1 and c2 are gone, c6 never published)", got)
+	}
+	fresh := newServer(t, base)
+	restored := ok(t, "restore c3", fresh.control("restore", "r3", 30*time.Second,
+		map[string]any{"checkpoint_dir": dirs["c3"], "episode_ids": episodes("keep")}))
+	if fmt.Sprint(restored.body["restored"]) != "[keep-a1]" {
+		t.Fatalf("restore of c3: %s", restored.raw)
 	}
 }
 

@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/owner"
@@ -28,6 +30,7 @@ import (
 var (
 	_ owner.CheckpointOwner = (*Owner)(nil)
 	_ gym.Readier           = (*Owner)(nil)
+	_ gym.WriteWatcher      = (*Owner)(nil)
 )
 
 // Mode is the resources checkpoint mode the owner reports: it exports
@@ -36,11 +39,17 @@ const Mode = "exported"
 
 // Record is one exported session as the store keeps it, in the shape of
 // Gym's ResourcesSessionRecord: the attempt, the session's id (kept across
-// the restore) and its state.
+// the restore) and its state. A restore validates it field for field as
+// Gym's model does (extra="forbid"; episode_id, session_id and state
+// required) and its state as this owner wrote it.
 type Record struct {
 	EpisodeID gym.EpisodeID `json:"episode_id"`
 	SessionID string        `json:"session_id"`
 	State     SessionState  `json:"state"`
+	// Owner is Gym's routing owner of the session (the worker its cookie
+	// names when a server runs several). This owner is one process: it
+	// never writes one and ignores one it reads.
+	Owner *string `json:"owner,omitempty"`
 }
 
 // SessionState is what a restore in a fresh owner process needs to bring
@@ -168,6 +177,8 @@ func (o *Owner) exportable(scope []gym.EpisodeID) []*session {
 // open session in scope (the calls are held by the closed admission) and
 // returns a Record per session. A session whose sandbox is gone is left
 // out with a warning and ends, as Gym drops a session its server dropped.
+// First it removes the snapshots of earlier exports that no checkpoint on
+// disk names any more (sweepSnapshots).
 func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record, error) {
 	o.ckMu.Lock()
 	defer o.ckMu.Unlock()
@@ -177,6 +188,13 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 	if checkpointID == "" {
 		checkpointID = "export-" + newSessionID()[:8]
 	}
+	o.sweepSnapshots(ctx, checkpointID)
+	ex := o.exports[checkpointID]
+	if ex == nil {
+		ex = &export{snaps: map[string]string{}}
+		o.exports[checkpointID] = ex
+	}
+	var exMu sync.Mutex // guards ex.snaps while sessions are copied at once
 	sessions := o.exportable(scope)
 	records := make([]*gym.Record, len(sessions))
 	index := make(map[*session]int, len(sessions))
@@ -203,11 +221,10 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 		if err != nil {
 			return fmt.Errorf("session %s of %s: %w", s.id, id.CaptureKey(), err)
 		}
-		if _, again := s.snapshots[checkpointID]; !again {
-			s.exported = append(s.exported, checkpointID)
-		}
 		s.snapshots[checkpointID] = snap
-		o.dropOldSnapshots(ctx, s)
+		exMu.Lock()
+		ex.snaps[s.id] = snap
+		exMu.Unlock()
 		rec, err := gym.NewRecord(Record{EpisodeID: id, SessionID: s.id, State: SessionState{
 			Provider: o.opt.Sandboxes.Name(), Snapshot: snap,
 			SandboxID: s.sandboxID, Generation: s.generation, Workdir: s.workdir,
@@ -234,26 +251,79 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 	return out, nil
 }
 
-// KeptSnapshots is how many of its latest exports' snapshots a session
-// keeps: the one being committed, and the two before it in case that commit
-// never becomes durable (a restore then reads an earlier checkpoint). Older
-// ones are removed, so a long run's checkpoints do not fill the disk.
-const KeptSnapshots = 3
+// export is the snapshots one checkpoint's Export took, and where its
+// records went.
+type export struct {
+	// dir is the participant folder the records were written to (Writing);
+	// "" while no write of them started.
+	dir   string
+	snaps map[string]string // session id -> snapshot id
+}
 
-// dropOldSnapshots removes the session's snapshots beyond KeptSnapshots,
-// oldest first (s.mu held). One that cannot be removed is kept and tried
-// again at the next export.
-func (o *Owner) dropOldSnapshots(ctx context.Context, s *session) {
-	for len(s.exported) > KeptSnapshots {
-		id := s.exported[0]
-		if snap, ok := s.snapshots[id]; ok {
-			if err := o.opt.Sandboxes.RemoveSnapshot(ctx, snap); err != nil {
-				o.log.Warn("remove an old snapshot", "session", s.id, "snapshot", snap, "err", err)
-				return
-			}
-			delete(s.snapshots, id)
+// Writing implements gym.WriteWatcher: the records of checkpointID are
+// being written to dir, whose manifest will name the checkpoint once it is
+// durable.
+func (o *Owner) Writing(checkpointID, dir string) {
+	o.ckMu.Lock()
+	defer o.ckMu.Unlock()
+	if ex := o.exports[checkpointID]; ex != nil {
+		ex.dir = dir
+	}
+}
+
+// sweepSnapshots removes the snapshots of the earlier exports (every one
+// but current's) that no checkpoint on disk names: a snapshot lives as long
+// as a checkpoint that still exists names it, and only that long. Gym never
+// says whether a checkpoint completed (another participant's commit may
+// have failed and the controller resumed without publishing it), so the
+// rule is the disk's: an export is kept while the manifest in the folder
+// its records were written to names its checkpoint; once the controller
+// has deleted that checkpoint, or when its write never published (it
+// failed, or a resume stopped it; an earlier checkpoint is over by the
+// time a later one exports), its snapshots go: no manifest there (or a
+// file where one of its folders should be) means none. A manifest that cannot be
+// read for another reason keeps them (and is tried again at the next
+// export), and so does a snapshot that cannot be removed (ckMu held).
+func (o *Owner) sweepSnapshots(ctx context.Context, current string) {
+	for id, ex := range o.exports {
+		if id == current {
+			continue
 		}
-		s.exported = s.exported[1:]
+		if len(ex.snaps) == 0 {
+			delete(o.exports, id)
+			continue
+		}
+		if ex.dir != "" {
+			named, err := gym.ManifestCheckpointID(ex.dir)
+			if err == nil && named == id {
+				continue
+			}
+			if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+				o.log.Warn("cannot tell whether a checkpoint is still on disk; its snapshots are kept", "checkpoint", id, "dir", ex.dir, "err", err)
+				continue
+			}
+		}
+		for sessionID, snap := range ex.snaps {
+			if err := o.opt.Sandboxes.RemoveSnapshot(ctx, snap); err != nil {
+				o.log.Warn("remove the snapshot of a checkpoint no folder holds", "checkpoint", id, "snapshot", snap, "err", err)
+				continue
+			}
+			delete(ex.snaps, sessionID)
+			o.mu.Lock()
+			s := o.sessions[sessionID]
+			o.mu.Unlock()
+			if s != nil {
+				s.mu.Lock()
+				if s.snapshots[id] == snap {
+					delete(s.snapshots, id)
+				}
+				s.mu.Unlock()
+			}
+			o.log.Info("snapshot removed: no checkpoint on disk names it", "checkpoint", id, "session", sessionID, "snapshot", snap, "dir", ex.dir)
+		}
+		if len(ex.snaps) == 0 {
+			delete(o.exports, id)
+		}
 	}
 }
 
@@ -266,8 +336,9 @@ type install struct {
 	gen    int
 }
 
-// decodeRecords checks every record: its shape, its provider, its run
-// body, and that no two continue the same session or attempt. An invalid
+// decodeRecords checks every record: its shape (field for field, as
+// Record says), its provider, its run body, and that no two continue the
+// same session or attempt. An invalid
 // one is gym.ErrCheckpointState naming its episode.
 func (o *Owner) decodeRecords(records []gym.Record) ([]*install, error) {
 	out := make([]*install, 0, len(records))
@@ -277,7 +348,7 @@ func (o *Owner) decodeRecords(records []gym.Record) ([]*install, error) {
 			return gym.Refuse(gym.ErrCheckpointState, "resources record of episode %q: %s", r.EpisodeID.CaptureKey(), fmt.Sprintf(format, args...))
 		}
 		var in install
-		if err := r.Decode(&in.rec); err != nil {
+		if err := r.DecodeStrict(&in.rec, "episode_id", "session_id", "state"); err != nil {
 			return nil, err
 		}
 		st := in.rec.State
@@ -396,9 +467,10 @@ func (o *Owner) installOne(ctx context.Context, in *install) {
 			continue
 		}
 		if err := o.kill(ctx, id); err != nil {
-			o.log.Warn("stop the sandbox a restore replaces", "session", s.id, "sandbox", id, "err", err)
+			o.log.Warn("stop the sandbox a restore replaces; it is kept", "session", s.id, "sandbox", id, "err", err)
+			continue
 		}
-		o.removeUnused(ctx, id)
+		o.removeUnused(ctx, s, id)
 	}
 	o.log.Info("session restored", "session", s.id, "key", next.CaptureKey(),
 		"snapshot", in.rec.State.Snapshot, "old_sandbox", in.rec.State.SandboxID, "sandbox", s.sandboxID)

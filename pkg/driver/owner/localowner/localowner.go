@@ -135,9 +135,20 @@ type Options struct {
 	// CheckTimeout bounds the check a verify runs (0: DefaultCheckTimeout).
 	CheckTimeout time.Duration
 	// RemoveUnused removes a session's sandbox once nothing uses it: when
-	// the session closes (verify or close), and the sandbox a restore
-	// replaced. By default they are kept for inspection.
+	// the session ends (its verify, or a close), and the sandbox a restore
+	// replaced. A sandbox is removed only once every process of it was
+	// ended (StopSandbox, or KillSandbox for a replaced one, succeeded): one
+	// that could not be stopped is kept, with a warning. Its snapshots are
+	// not touched (they are copies; checkpoint.go decides when they go).
+	// False keeps every sandbox for inspection (`ngdriver owner serve
+	// --keep-sandboxes`); the owner serve default is true.
 	RemoveUnused bool
+	// KeepFailed, with RemoveUnused, keeps the sandbox of a session that
+	// ends without a verdict (closed before any verify: its run failed,
+	// was cancelled or gave up), so what went wrong can be looked at; a
+	// verified session's sandbox is removed whatever its reward. `ngdriver
+	// owner serve` sets it for the local backend (--keep-failed-sandboxes).
+	KeepFailed bool
 }
 
 // Owner is the embedded local owner. Its methods are safe for concurrent
@@ -163,6 +174,7 @@ type Owner struct {
 	// guards checkpoints. Lock order: ckMu, then a session's mu, then mu.
 	ckMu        sync.Mutex
 	checkpoints map[string]map[string]string // checkpoint id -> session id -> snapshot id
+	exports     map[string]*export           // Gym checkpoint id -> what its Export took (checkpoint.go)
 }
 
 var _ owner.Owner = (*Owner)(nil)
@@ -184,7 +196,6 @@ type session struct {
 	parked     bool              // its sandbox was removed after a commit with stop
 	failed     bool              // the seed that made it failed; it is not registered
 	snapshots  map[string]string // checkpoint id -> snapshot id
-	exported   []string          // checkpoint ids of the exports, oldest first (KeptSnapshots kept)
 
 	// Guarded by Owner.mu.
 	bound    bool          // seeded under a capture key
@@ -245,7 +256,7 @@ func New(opt Options) *Owner {
 	return &Owner{opt: opt, log: log.With("owner", "local"),
 		sessions: map[string]*session{}, byKey: map[string]*session{},
 		accepting: true, opened: opened, requests: map[gym.EpisodeID]int{}, changed: make(chan struct{}),
-		checkpoints: map[string]map[string]string{}}
+		checkpoints: map[string]map[string]string{}, exports: map[string]*export{}}
 }
 
 func newSessionID() string {
@@ -647,14 +658,15 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 }
 
 // endVerified ends a verified session: its sandbox is stopped (a failure
-// is logged, the verdict stands) and it is marked closed and verified
-// (s.mu held).
+// is logged, the verdict stands, and the sandbox is kept) and it is marked
+// closed and verified, its sandbox removed (removeUnused) (s.mu held).
 func (o *Owner) endVerified(ctx context.Context, s *session) {
-	if err := o.stop(ctx, s.sandboxID); err != nil {
-		o.log.Warn("stop the sandbox of a verified session", "session", s.id, "sandbox", s.sandboxID, "err", err)
-	}
 	s.closed, s.verified = true, true
-	o.removeUnused(ctx, s.sandboxID)
+	if err := o.stop(ctx, s.sandboxID); err != nil {
+		o.log.Warn("stop the sandbox of a verified session; it is kept", "session", s.id, "sandbox", s.sandboxID, "err", err)
+		return
+	}
+	o.removeUnused(ctx, s, s.sandboxID)
 }
 
 // runCheck runs the session's check (s.mu held).
@@ -745,13 +757,20 @@ func (o *Owner) end(ctx context.Context, id string, how func(context.Context, sa
 	return how(ctx, sb)
 }
 
-func (o *Owner) removeUnused(ctx context.Context, id string) {
+// removeUnused removes the sandbox id of session s, which has ended and
+// whose processes were ended, with Options.RemoveUnused (s.mu held).
+func (o *Owner) removeUnused(ctx context.Context, s *session, id string) {
 	if id == "" || !o.opt.RemoveUnused {
 		return
 	}
 	if err := o.opt.Sandboxes.Remove(context.WithoutCancel(ctx), id); err != nil {
-		o.log.Warn("remove an unused sandbox", "sandbox", id, "err", err)
+		o.log.Warn("remove an unused sandbox", "session", s.id, "sandbox", id, "err", err)
+		return
 	}
+	if s.sandboxID == id {
+		s.sandboxID = ""
+	}
+	o.log.Info("sandbox removed", "session", s.id, "sandbox", id)
 }
 
 // CloseSession ends the session without a verdict: its sandbox is stopped
@@ -775,8 +794,12 @@ func (o *Owner) CloseSession(ctx context.Context, key string, c owner.Cookies) e
 		return fmt.Errorf("localowner: close session %s: stop sandbox %s: %w", s.id, s.sandboxID, err)
 	}
 	s.closed = true
-	o.removeUnused(ctx, s.sandboxID)
 	o.log.Info("session closed", "session", s.id)
+	if o.opt.KeepFailed && s.sandboxID != "" {
+		o.log.Info("sandbox kept: its session ended without a verdict", "session", s.id, "sandbox", s.sandboxID)
+		return nil
+	}
+	o.removeUnused(ctx, s, s.sandboxID)
 	return nil
 }
 
@@ -939,8 +962,9 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		defer s.mu.Unlock()
 		snap := taken[s.id]
 		old := s.sandboxID
-		if err := o.kill(ctx, old); err != nil {
-			o.log.Warn("stop the sandbox a restore replaces", "session", s.id, "sandbox", old, "err", err)
+		killed := o.kill(ctx, old)
+		if killed != nil {
+			o.log.Warn("stop the sandbox a restore replaces; it is kept", "session", s.id, "sandbox", old, "err", killed)
 		}
 		fork, gen, err := o.forkNext(ctx, snap, s.id, s.generation)
 		if err != nil {
@@ -950,8 +974,8 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		s.closed, s.verified = false, false
 		o.log.Info("session restored", "checkpoint", checkpointID, "session", s.id,
 			"snapshot", snap, "old_sandbox", old, "sandbox", fork.ID())
-		if old != fork.ID() {
-			o.removeUnused(ctx, old)
+		if old != fork.ID() && killed == nil {
+			o.removeUnused(ctx, s, old)
 		}
 		return nil
 	})

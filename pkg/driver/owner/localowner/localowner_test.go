@@ -383,6 +383,53 @@ func TestCloseStopsTheSandboxProcesses(t *testing.T) {
 	}
 }
 
+// TestASandboxIsRemovedOnlyOnceItsProcessesAreEnded: with RemoveUnused a
+// verified session's sandbox goes once StopSandbox ended its processes;
+// when StopSandbox fails the sandbox is kept (its process still runs in
+// it); with KeepFailed a session closed without a verdict keeps its
+// sandbox, its process ended.
+func TestASandboxIsRemovedOnlyOnceItsProcessesAreEnded(t *testing.T) {
+	f := newFixture(t, Options{RemoveUnused: true, KeepFailed: true})
+	ctx := context.Background()
+
+	r := f.seed(map[string]any{"task": "t"})
+	sb := f.connect(r.Cookies)
+	fd := f.startBackground(sb)
+	f.verify(r.Cookies, map[string]any{})
+	if !waitExit(fd, 0) {
+		t.Error("the verified sandbox's process survived")
+	}
+	if _, err := f.b.Open(sb.ID()); !errors.Is(err, sandbox.ErrGone) {
+		t.Errorf("the verified session's sandbox is still there (%v)", err)
+	}
+
+	r = f.seed(map[string]any{"task": "t"})
+	sb = f.connect(r.Cookies)
+	fd = f.startBackground(sb)
+	f.o.opt.StopSandbox = func(context.Context, sandbox.Sandbox) error { return errors.New("ngsup stop: 1 process survived") }
+	f.verify(r.Cookies, map[string]any{})
+	if _, err := f.b.Open(sb.ID()); err != nil {
+		t.Errorf("the sandbox whose processes could not be stopped was removed: %v", err)
+	}
+	if waitExit(fd, 0) {
+		t.Error("the process the failed stop left is gone; the test proves nothing")
+	}
+	f.o.opt.StopSandbox = f.stop
+
+	r = f.seed(map[string]any{"task": "t"})
+	sb = f.connect(r.Cookies)
+	fd = f.startBackground(sb)
+	if err := f.o.CloseSession(ctx, "", r.Cookies); err != nil {
+		t.Fatal(err)
+	}
+	if !waitExit(fd, 0) {
+		t.Error("the closed sandbox's process survived the close")
+	}
+	if _, err := f.b.Open(sb.ID()); err != nil {
+		t.Errorf("KeepFailed: the sandbox of a session closed without a verdict went: %v", err)
+	}
+}
+
 func TestRestartAndNoSandboxFlags(t *testing.T) {
 	f := newFixture(t, Options{})
 	ctx := context.Background()

@@ -44,14 +44,22 @@ func randomSuffix() string {
 
 // copyTree copies the folder src to dstDir/name with cp -a --reflink=auto,
 // under a temporary name first, then renamed into place (never replacing).
+// The temporary folder is locked (copyTemp) for as long as a process
+// copies into it: this one and cp, which inherits the lock, so a cp that
+// outlives a killed owner still holds it. Sweep removes only unlocked ones.
 func (b *Backend) copyTree(ctx context.Context, src, dstDir, name string) error {
 	if _, err := os.Lstat(filepath.Join(dstDir, name)); err == nil {
 		return fmt.Errorf("%w: %s", ErrExists, filepath.Join(dstDir, name))
 	}
-	tmp := filepath.Join(dstDir, ".copy-"+name+"-"+randomSuffix())
+	tmp, lock, err := copyTemp(dstDir, name)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
 	defer removeAll(tmp) // a no-op once renamed
 	cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", "-T", "--", src, tmp)
 	cmd.Env = []string{"PATH=" + b.env["PATH"], "LC_ALL=C"}
+	cmd.ExtraFiles = []*os.File{lock}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
