@@ -125,7 +125,9 @@ func (s *Server) waitingCalls() int {
 // generate posts a chat completion of key in the background.
 func generate(s *Server, key string) <-chan fetched {
 	ch := make(chan fetched, 1)
-	go func() { ch <- fetch(s.URL()+"/ng-rollout/"+key+"/v1/chat/completions", chatBody(false, false, false, user("hi"))) }()
+	go func() {
+		ch <- fetch(s.URL()+"/ng-rollout/"+key+"/v1/chat/completions", chatBody(false, false, false, user("hi")))
+	}()
 	return ch
 }
 
