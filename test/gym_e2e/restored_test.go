@@ -68,7 +68,7 @@ func TestCheckpointBeforeReplacement(t *testing.T) {
 	w.startServers()
 	rid2 := restoreID()
 	for name, rr := range w.coord.restore(rid2, ck2.dir, ck2.scope, deadlineIn(waitLimit)) {
-		if want := []string{pendingA.Next().CaptureKey()}; !slices.Equal(rr.Restored, want) {
+		if want := restoredBy(name, pendingA.Next().CaptureKey()); !slices.Equal(rr.Restored, want) {
 			t.Errorf("%s: the second restore restored %q, want %q", name, rr.Restored, want)
 		}
 	}
@@ -121,9 +121,11 @@ func restoreAllOrNothing(t *testing.T, failing string) {
 		t.Fatal(err)
 	}
 	w.startServers()
-	good := w.coord.members[0]
+	// The other participant holding the run's records (the model holds
+	// none: the fake harness calls no model).
+	good := w.coord.member(gym.KindAgent)
 	if good.Kind == failing {
-		good = w.coord.members[1]
+		good = w.coord.member(gym.KindResources)
 	}
 	rid := restoreID()
 	deadline := deadlineIn(waitLimit)
