@@ -478,6 +478,22 @@ func Build(pkg string) (Binaries, error) {
 	return b, nil
 }
 
+// BuildProgram builds one more program of the module (target, such as
+// "./test/fakemodel/cmd/fakemodel") into dir as name, as Build builds the
+// others (static, -trimpath; never with the race detector), and returns
+// its path.
+func BuildProgram(pkg, dir, name, target string) (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, name)
+	if err := build(pkg, root, out, target, false); err != nil {
+		return "", err
+	}
+	return out, nil
+}
+
 // moduleRoot is the folder of go.mod, two levels above the test package
 // (a test runs in its package's folder).
 func moduleRoot() (string, error) {

@@ -163,21 +163,51 @@ type GymShaper interface {
 }
 
 // CheckGymReply shapes the adapter's response (a's GymResult, with the
-// world's run body) and checks the NeMoGymResponse: object "response", a
-// model, the last assistant text final, the usage counted, and, when tool
-// is set, calls of tool each with its output. It returns the reply's own
-// fields, for the suite to check.
+// world's run body) and checks the NeMoGymResponse (CheckGymResponse). It
+// returns the reply's own fields, for the suite to check.
 func (w *World) CheckGymReply(a GymShaper, response json.RawMessage, tool, final string) map[string]json.RawMessage {
-	t := w.T
+	w.T.Helper()
+	return CheckGymReply(w.T, a, response, w.Body(), tool, final)
+}
+
+// CheckGymReply shapes a stored response as the adapter's /run reply
+// carries it (a's GymResult of response and the run body) and checks the
+// NeMoGymResponse (CheckGymResponse). It returns the reply's own fields.
+func CheckGymReply(t testing.TB, a GymShaper, response, body json.RawMessage, tool, final string) map[string]json.RawMessage {
 	t.Helper()
-	resp, fields, err := a.GymResult(response, w.Body())
+	resp, fields, err := a.GymResult(response, body)
 	if err != nil {
 		t.Fatalf("the Gym response of the run: %v", err)
 	}
+	CheckGymResponse(t, resp, tool, final)
+	return fields
+}
+
+// CheckGymResponse checks a NeMoGymResponse as a Gym trainer reads it: the
+// fields of Gym's model there (id, created_at, model, object "response",
+// output, tools, tool_choice, parallel_tool_calls, usage), the last
+// assistant text final, the usage counted, and, when tool is set, calls
+// of tool each with its output.
+func CheckGymResponse(t testing.TB, resp json.RawMessage, tool, final string) {
+	t.Helper()
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(resp, &fields); err != nil {
+		t.Fatalf("the Gym response is not a JSON object: %v\n%s", err, resp)
+	}
+	for _, k := range []string{"id", "created_at", "model", "object", "output", "tools", "tool_choice", "parallel_tool_calls", "usage"} {
+		if _, ok := fields[k]; !ok {
+			t.Errorf("the Gym response has no %q: %s", k, resp)
+		}
+	}
 	var gr struct {
-		Object string `json:"object"`
-		Model  string `json:"model"`
-		Output []struct {
+		ID        string          `json:"id"`
+		CreatedAt int64           `json:"created_at"`
+		Object    string          `json:"object"`
+		Model     string          `json:"model"`
+		Tools     []any           `json:"tools"`
+		Parallel  *bool           `json:"parallel_tool_calls"`
+		Choice    json.RawMessage `json:"tool_choice"`
+		Output    []struct {
 			Type    string `json:"type"`
 			Name    string `json:"name"`
 			Role    string `json:"role"`
@@ -190,7 +220,11 @@ func (w *World) CheckGymReply(a GymShaper, response json.RawMessage, tool, final
 		} `json:"usage"`
 	}
 	if err := json.Unmarshal(resp, &gr); err != nil {
-		t.Fatalf("the Gym response is not JSON: %v\n%s", err, resp)
+		t.Fatalf("the Gym response is not a NeMoGymResponse: %v\n%s", err, resp)
+	}
+	if gr.ID == "" || gr.CreatedAt <= 0 || gr.Tools == nil || gr.Parallel == nil || len(gr.Choice) == 0 || string(gr.Choice) == "null" {
+		t.Errorf("the Gym response: id %q created_at %d tools %v parallel_tool_calls %v tool_choice %s; want an id, a time, a tool list, a flag and a choice",
+			gr.ID, gr.CreatedAt, gr.Tools, gr.Parallel, gr.Choice)
 	}
 	last, calls, outputs := "", 0, 0
 	for _, it := range gr.Output {
@@ -209,7 +243,6 @@ func (w *World) CheckGymReply(a GymShaper, response json.RawMessage, tool, final
 	if gr.Object != "response" || gr.Model == "" || last != final || gr.Usage == nil || gr.Usage.TotalTokens == 0 {
 		t.Errorf("the Gym response: object %q model %q last assistant text %q usage %+v; want response, a model, %q, counted", gr.Object, gr.Model, last, gr.Usage, final)
 	}
-	return fields
 }
 
 // SessionResponse is what the tests read of the response of an adapter

@@ -191,7 +191,7 @@ func TestVerifyBookmarkGradesAgainWithoutLaunching(t *testing.T) {
 	sbID := e.Session(ro).SandboxID
 	launch := driver.LaunchRecord{ID: driver.LaunchID(ro, 1, 1, sbID), SandboxID: sbID, Reason: "first launch", Outcome: driver.OutcomeFinished, Pauses: 1, Supervised: true}
 	bm, err := driver.Bookmark{Next: driver.StageVerify, Cookies: seeded.Cookies, State: json.RawMessage(`{"session_dir":"/sandbox/.ngharness/state/fake/x"}`),
-		Response: json.RawMessage(`{"text":"done after 3 steps","steps":3,"first_step":1}`), Launches: []driver.LaunchRecord{launch}}.Marshal()
+		Response: json.RawMessage(`{"exit_code":0,"session":["step 1","step 2","step 3"],"session_path":"/sandbox/.ngharness/state/fake/x/steps","stdout_tail":"{\"text\":\"done after 3 steps\",\"steps\":3,\"first_step\":1}\n"}`), Launches: []driver.LaunchRecord{launch}}.Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestVerifyBookmarkGradesAgainWithoutLaunching(t *testing.T) {
 	}
 	r := e.Start(rn, ro, 2, body).MustSucceed(t)
 	checkVerified(t, e, ro, r)
-	if r.Response.Text != "done after 3 steps" || len(r.Launches) != 1 || r.Launches[0].ID != launch.ID || r.Launches[0].Pauses != 1 {
+	if r.Fake.Text != "done after 3 steps" || len(r.Launches) != 1 || r.Launches[0].ID != launch.ID || r.Launches[0].Pauses != 1 {
 		t.Errorf("the result does not carry the stored response and launches: %s", r.Raw)
 	}
 	for _, m := range []string{drivertest.CallSeed, drivertest.CallSandboxAccess, drivertest.CallClose} {

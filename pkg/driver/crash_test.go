@@ -88,8 +88,8 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 	if r.Launches[1].ID != driver.LaunchID(ro, 2, 2, sb1) {
 		t.Errorf("the relaunch is %s, want launch 2 of attempt 2", r.Launches[1].ID)
 	}
-	if r.Response.FirstStep != len(saved)+1 || r.Response.Steps != steps {
-		t.Errorf("response %+v: want the relaunch to go on from step %d", r.Response, len(saved)+1)
+	if r.Fake.FirstStep != len(saved)+1 || r.Fake.Steps != steps {
+		t.Errorf("harness output %+v: want the relaunch to go on from step %d", r.Fake, len(saved)+1)
 	}
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, e.SessionOf(sb1, bm.State), steps)
@@ -217,8 +217,8 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 	if r.Launches[0].Reason != "first launch" || r.Launches[0].ID != driver.LaunchID(ro, 2, 1, info.SandboxID) || r.Launches[0].SandboxID != info.SandboxID {
 		t.Errorf("attempt 2's launch %+v: want a first launch of attempt 2 in %s", r.Launches[0], info.SandboxID)
 	}
-	if r.Response.FirstStep != 1 {
-		t.Errorf("attempt 2 went on from step %d, want a start from its input", r.Response.FirstStep)
+	if r.Fake.FirstStep != 1 {
+		t.Errorf("attempt 2 went on from step %d, want a start from its input", r.Fake.FirstStep)
 	}
 	checkVerified(t, e, ro, r)
 	if n := len(e.Backend.Verbs("pause")); n != 0 {

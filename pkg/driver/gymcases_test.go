@@ -489,8 +489,8 @@ func TestGymRestoreInstallsUnderNextAttempt(t *testing.T) {
 		checkCode(t, "a /run of attempt "+itoa(attempt)+" of the restored rollout", err, gym.ErrStaleAttempt, gym.CodeStaleAttempt)
 	}
 	r := e.Start(rn2, ro, 2, body).MustSucceed(t)
-	if len(r.Launches) != 2 || !r.Launches[1].Resumed || r.Response.FirstStep <= 1 {
-		t.Errorf("attempt 2 did not continue the saved session: launches %+v, response %+v", r.Launches, r.Response)
+	if len(r.Launches) != 2 || !r.Launches[1].Resumed || r.Fake.FirstStep <= 1 {
+		t.Errorf("attempt 2 did not continue the saved session: launches %+v, harness output %+v", r.Launches, r.Fake)
 	}
 	checkVerified(t, e, ro, r)
 	if pending, _ := p2.RestoredPending(ctx); len(pending) != 0 {

@@ -126,7 +126,7 @@ func TestLeavingTheSandbox(t *testing.T) {
 				r := drivertest.ParseResult(t, raw)
 				checkVerified(t, e, ro, r)
 				if c.name == "checkpointed-harness-exit-3" {
-					if len(r.Launches) != 1 || r.Launches[0].Outcome != driver.OutcomeFailed || r.Launches[0].ExitCode != 3 || r.Response.Error == "" {
+					if len(r.Launches) != 1 || r.Launches[0].Outcome != driver.OutcomeFailed || r.Launches[0].ExitCode != 3 || r.Fake.Error == "" {
 						t.Errorf("want the launch recorded failed with exit code 3 and the response to say so: %s", r.Raw)
 					}
 				}
@@ -196,8 +196,8 @@ func TestHostileTaskText(t *testing.T) {
 	if len(want) > 200 {
 		want = want[:200]
 	}
-	if r.Response.Task != want {
-		t.Errorf("the harness got the task as %q, want it whole as one argument: %q", r.Response.Task, want)
+	if r.Fake.Task != want {
+		t.Errorf("the harness got the task as %q, want it whole as one argument: %q", r.Fake.Task, want)
 	}
 	if len(r.Launches) != 1 || strings.ContainsAny(r.Launches[0].ID, "$`'\";|() /") {
 		t.Errorf("launch ids %+v: want one, in ngsup's id alphabet", r.Launches)

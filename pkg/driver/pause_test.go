@@ -120,8 +120,8 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 	if r.Launches[0].ExitCode != 0 || !r.Launches[0].Supervised || r.Launches[0].SandboxID != sbID {
 		t.Errorf("launch record %+v: want exit 0, supervised, in %s", r.Launches[0], sbID)
 	}
-	if r.Response.Steps != pauseSteps || r.Response.FirstStep != 1 {
-		t.Errorf("response %+v: want every step in one launch", r.Response)
+	if r.Fake.Steps != pauseSteps || r.Fake.FirstStep != 1 {
+		t.Errorf("harness output %+v: want every step in one launch", r.Fake)
 	}
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, sess, pauseSteps)

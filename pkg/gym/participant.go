@@ -4,10 +4,13 @@ import "context"
 
 // The participant kinds Gym's coordinator knows (coordination.py
 // PREPARE_ORDER: environment, model, agent, resources); it prepares them in
-// that order and refuses any other kind at discovery.
+// that order and refuses any other kind at discovery, and it refuses a
+// deployment in which no participant is of kind model (the policy model).
 const (
-	KindAgent     = "agent"
-	KindResources = "resources"
+	KindEnvironment = "environment"
+	KindModel       = "model"
+	KindAgent       = "agent"
+	KindResources   = "resources"
 )
 
 // Participant is the part of one server that owns checkpointable state

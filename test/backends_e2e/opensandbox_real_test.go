@@ -143,8 +143,8 @@ func TestRealServerVerifiedRun(t *testing.T) {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
-	if r.Response.Steps != 4 {
-		t.Errorf("response %+v", r.Response)
+	if r.Fake.Steps != 4 {
+		t.Errorf("harness output %+v", r.Fake)
 	}
 	if n := w.rec.ngsupUploads(r.Launches[0].SandboxID); n != 1 {
 		t.Errorf("ngsup was uploaded %d times, want once", n)

@@ -51,8 +51,8 @@ func TestVerifiedRun(t *testing.T) {
 		if !info.Verified || !info.Closed || r.Launches[0].SandboxID != info.SandboxID {
 			t.Errorf("owner session %+v, launch in %s", info, r.Launches[0].SandboxID)
 		}
-		if r.Response.Steps != 4 || r.Response.FirstStep != 1 {
-			t.Errorf("response %+v", r.Response)
+		if r.Fake.Steps != 4 || r.Fake.FirstStep != 1 {
+			t.Errorf("harness output %+v", r.Fake)
 		}
 		checkStepsOnce(t, w.sessionDir(info.SandboxID, ro), 4)
 		if n := w.rec.ngsupUploads(info.SandboxID); n != 1 {
@@ -144,8 +144,8 @@ func TestCrashRestoresAFork(t *testing.T) {
 		if r.Launches[0].SandboxID != sb0 || r.Launches[1].SandboxID != sb1 {
 			t.Errorf("launches in %s and %s, want %s then the fork %s", r.Launches[0].SandboxID, r.Launches[1].SandboxID, sb0, sb1)
 		}
-		if r.Response.FirstStep != saved+1 || r.Response.Steps != 10 {
-			t.Errorf("response %+v: want the relaunch to go on from step %d", r.Response, saved+1)
+		if r.Fake.FirstStep != saved+1 || r.Fake.Steps != 10 {
+			t.Errorf("harness output %+v: want the relaunch to go on from step %d", r.Fake, saved+1)
 		}
 		checkStepsOnce(t, w.sessionDir(sb1, ro), 10)
 		if n := w.rec.ngsupUploads(sb1); n != 0 {
@@ -174,8 +174,8 @@ func TestHostileTaskTextNeverExecuted(t *testing.T) {
 		if len(want) > 200 {
 			want = want[:200]
 		}
-		if r.Response.Task != want {
-			t.Errorf("the harness got the task as %q, want %q", r.Response.Task, want)
+		if r.Fake.Task != want {
+			t.Errorf("the harness got the task as %q, want %q", r.Fake.Task, want)
 		}
 	})
 }

@@ -273,16 +273,19 @@ func (h *handle) wait(t testing.TB) (json.RawMessage, error) {
 
 // result is a run's result as the fake adapter and the owner make it.
 type result struct {
-	Reward   float64               `json:"reward"`
-	Response response              `json:"response"`
+	Reward float64 `json:"reward"`
+	// Fake is what the fake harness printed: the fake_* fields beside the
+	// response (a NeMoGymResponse of its session).
+	Fake     fakeFields            `json:"-"`
 	Launches []driver.LaunchRecord `json:"ng_harness_launches"`
 }
 
-type response struct {
-	Steps     int    `json:"steps"`
-	FirstStep int    `json:"first_step"`
-	Task      string `json:"task"`
-	Error     string `json:"error"`
+// fakeFields are the fake adapter's fields of a result.
+type fakeFields struct {
+	Steps     int    `json:"fake_steps"`
+	FirstStep int    `json:"fake_first_step"`
+	Task      string `json:"fake_task"`
+	Error     string `json:"fake_error"`
 }
 
 func (h *handle) mustSucceed(t testing.TB) result {
@@ -292,6 +295,7 @@ func (h *handle) mustSucceed(t testing.TB) result {
 		t.Fatalf("run %s failed: %v", h.rollout, err)
 	}
 	var r result
+	json.Unmarshal(raw, &r.Fake)
 	if err := json.Unmarshal(raw, &r); err != nil {
 		t.Fatalf("the result of %s: %v: %s", h.rollout, err, raw)
 	}

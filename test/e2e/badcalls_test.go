@@ -397,7 +397,7 @@ func folderState(t *testing.T, dir string) string {
 // checkOneLaunchFresh checks a run that started at seed as the attempt.
 func checkOneLaunchFresh(t *testing.T, id string, attempt int, res result, steps int) {
 	t.Helper()
-	if res.Reward != 1 || len(res.Launches) != 1 || res.Response.FirstStep != 1 || res.Response.Steps != steps {
+	if res.Reward != 1 || len(res.Launches) != 1 || res.Fake.FirstStep != 1 || res.Fake.Steps != steps {
 		t.Errorf("%s: %+v, want a fresh run: reward 1, one launch, steps 1..%d", id, res, steps)
 		return
 	}

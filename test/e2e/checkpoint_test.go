@@ -102,8 +102,8 @@ func checkOneLaunch(t *testing.T, e *env, id string, res result, steps, pauses i
 	if l.ID != driver.LaunchID(id, 0, 1, l.SandboxID) || l.Outcome != "finished" || l.ExitCode != 0 || l.Resumed || l.Reason != "first launch" || !l.Supervised || l.Pauses != pauses {
 		t.Errorf("%s: launch %+v, want %s finished, supervised, first launch, pauses %d", id, l, driver.LaunchID(id, 0, 1, l.SandboxID), pauses)
 	}
-	if res.Response.Steps != steps || res.Response.FirstStep != 1 {
-		t.Errorf("%s: response %+v, want %d steps from step 1", id, res.Response, steps)
+	if res.Fake.Steps != steps || res.Fake.FirstStep != 1 {
+		t.Errorf("%s: harness output %+v, want %d steps from step 1", id, res.Response, steps)
 	}
 	if got := e.sessionSteps(id); !slices.Equal(got, wantSteps(1, steps)) {
 		t.Errorf("%s: the session's steps are %q, want each of 1..%d once", id, got, steps)
@@ -243,8 +243,8 @@ func TestCommitStop(t *testing.T) {
 		if second.ID != driver.LaunchID(id, 0, 2, first.SandboxID) || !second.Resumed || second.Reason != reason || second.Outcome != "finished" || second.SandboxID != first.SandboxID {
 			t.Errorf("%s: relaunch %+v, want %s resumed (%q) in the same sandbox", id, second, driver.LaunchID(id, 0, 2, first.SandboxID), reason)
 		}
-		if res.Response.FirstStep != done[id]+1 || res.Response.Steps != steps {
-			t.Errorf("%s: response %+v, want steps %d..%d by the relaunch", id, res.Response, done[id]+1, steps)
+		if res.Fake.FirstStep != done[id]+1 || res.Fake.Steps != steps {
+			t.Errorf("%s: harness output %+v, want steps %d..%d by the relaunch", id, res.Response, done[id]+1, steps)
 		}
 		if got := e.sessionSteps(id); !slices.Equal(got, wantSteps(1, steps)) {
 			t.Errorf("%s: the session's steps are %q, want each of 1..%d once", id, got, steps)

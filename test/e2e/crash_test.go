@@ -186,7 +186,7 @@ func TestCrashRestore(t *testing.T) {
 	// The restart run starts over from its input: one launch, from step 1,
 	// in a new session.
 	res := await(t, again[restart]).result(t)
-	if res.Reward != 1 || len(res.Launches) != 1 || res.Response.FirstStep != 1 || res.Response.Steps != steps {
+	if res.Reward != 1 || len(res.Launches) != 1 || res.Fake.FirstStep != 1 || res.Fake.Steps != steps {
 		t.Errorf("restart run: %+v, want reward 1, one launch, steps 1..%d", res, steps)
 	} else if l := res.Launches[0]; l.ID != driver.LaunchID(restart, 1, 1, l.SandboxID) || l.Resumed || l.Reason != "first launch" || l.Outcome != "finished" || l.Pauses != 0 {
 		t.Errorf("restart run: launch %+v, want %s, a first launch that finished, never paused", l, driver.LaunchID(restart, 1, 1, l.SandboxID))
@@ -194,7 +194,7 @@ func TestCrashRestore(t *testing.T) {
 	// The queued run continues from its seed bookmark: a first launch, as
 	// attempt 1.
 	res = await(t, again[queued]).result(t)
-	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].ID != driver.LaunchID(queued, 1, 1, res.Launches[0].SandboxID) || res.Launches[0].Resumed || res.Response.FirstStep != 1 {
+	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].ID != driver.LaunchID(queued, 1, 1, res.Launches[0].SandboxID) || res.Launches[0].Resumed || res.Fake.FirstStep != 1 {
 		t.Errorf("queued run: %+v, want reward 1 and one first launch of %s", res, queued)
 	}
 	if h := e.health(); h.Runs != 0 {
@@ -237,8 +237,8 @@ func checkContinued(t *testing.T, e *env, id string, res result, steps, done int
 	if second.SandboxID == first.SandboxID || second.SandboxID == "" {
 		t.Errorf("%s: relaunched in sandbox %q, want a fork under a new id (was %q)", id, second.SandboxID, first.SandboxID)
 	}
-	if res.Response.FirstStep != done+1 || res.Response.Steps != steps {
-		t.Errorf("%s: response %+v, want steps %d..%d taken by the relaunch", id, res.Response, done+1, steps)
+	if res.Fake.FirstStep != done+1 || res.Fake.Steps != steps {
+		t.Errorf("%s: harness output %+v, want steps %d..%d taken by the relaunch", id, res.Response, done+1, steps)
 	}
 	// The fork's saved session: every step once, in order. The sandbox the
 	// paused launch ran in kept the snapshot's steps: that launch never went

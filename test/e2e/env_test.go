@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/harnesstest"
 	"io"
 	"net/http"
 	"os"
@@ -282,12 +283,20 @@ type result struct {
 	Reward        float64 `json:"reward"`
 	FailureKind   string  `json:"failure_kind"`
 	FailureReason string  `json:"failure_reason"`
-	Response      struct {
-		Text      string `json:"text"`
-		Steps     int    `json:"steps"`
-		FirstStep int    `json:"first_step"`
-	} `json:"response"`
-	Launches []launch `json:"ng_harness_launches"`
+	// Response is the NeMoGymResponse the fake adapter built from the
+	// harness's session (harnesstest.CheckGymResponse reads it).
+	Response json.RawMessage `json:"response"`
+	// Fake is what the harness printed, from the fake_* fields beside it.
+	Fake     fakeFields `json:"-"`
+	Launches []launch   `json:"ng_harness_launches"`
+}
+
+// fakeFields are the fake adapter's fields of a /run reply.
+type fakeFields struct {
+	Text      string `json:"fake_text"`
+	Steps     int    `json:"fake_steps"`
+	FirstStep int    `json:"fake_first_step"`
+	Finished  bool   `json:"fake_finished"`
 }
 
 // launch is one record of ng_harness_launches.
@@ -311,7 +320,10 @@ func (r runReply) String() string {
 	return fmt.Sprintf("%s: HTTP %d %s", r.rollout, r.status, e2eproc.Tail(string(r.body), 2000))
 }
 
-// result decodes a 200 reply, failing the test otherwise.
+// result decodes a 200 reply, failing the test otherwise. The response
+// of a run whose harness finished must be a NeMoGymResponse whose last
+// assistant message is the session's last step
+// (harnesstest.CheckGymResponse), as a Gym trainer reads it.
 func (r runReply) result(t *testing.T) result {
 	t.Helper()
 	var res result
@@ -320,6 +332,10 @@ func (r runReply) result(t *testing.T) result {
 	}
 	if err := json.Unmarshal(r.body, &res); err != nil {
 		t.Fatalf("run %s: the result is not JSON: %v", r, err)
+	}
+	json.Unmarshal(r.body, &res.Fake)
+	if res.Fake.Finished {
+		harnesstest.CheckGymResponse(t, res.Response, "", fmt.Sprintf("step %d", res.Fake.Steps))
 	}
 	return res
 }

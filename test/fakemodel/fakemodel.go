@@ -24,11 +24,19 @@
 //	POST /ng-rollout/{rollout}/v1/messages
 //	GET  /v1/models
 //	GET  /ng-rollout/{rollout}/v1/models
+//	GET  /ng-control/v1/checkpoint/status    (only with Options.Checkpoint:
+//	POST /ng-control/v1/checkpoint/{op}       NeMo Gym's control routes)
 //
 // The /ng-rollout/<id>[-a<attempt>] prefix is how the rollout framework tells
 // the model server which rollout a request belongs to; it is parsed into
-// [Request.Rollout] and [Request.Attempt]. No route checks a key: any
+// [Request.Rollout] and [Request.Attempt]. No model route checks a key: any
 // Authorization or x-api-key header is accepted (and recorded).
+//
+// With [Options.Checkpoint] the server is also NeMo Gym's policy model
+// participant (kind "model", participant.go): its checkpoint control
+// routes need the bearer token, and the model routes go through Gym's
+// admission gate. Without it the control routes answer 404, which Gym's
+// coordinator reads as "not a participant".
 //
 // What each wire follows (and was run against, see the tests):
 //
@@ -73,6 +81,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
 // DefaultModel is the model id GET /v1/models lists when Options.Model is
@@ -99,6 +109,11 @@ type Options struct {
 	// (default: every request is holdable). It lets a test hold OpenCode's
 	// main turn without catching the title request sent beside it.
 	Holdable func(r Request) bool
+	// Addr is the address to listen on (default 127.0.0.1:0, a free port).
+	Addr string
+	// Checkpoint, if set, makes the server NeMo Gym's policy model
+	// participant (kind "model"); nil leaves it out of checkpoints.
+	Checkpoint *Checkpoint
 }
 
 // Server is the fake model server. It is safe for concurrent use.
@@ -121,6 +136,8 @@ type Server struct {
 	ln       net.Listener
 	srv      *http.Server
 	url      string
+	policy   *policy      // the model participant, with Options.Checkpoint
+	control  http.Handler // its control routes
 
 	logMu sync.RWMutex
 	quiet bool // set once Close has waited for every handler
@@ -146,8 +163,10 @@ func New(opt Options) *Server {
 	return s
 }
 
-// Start listens on 127.0.0.1 at a free port and serves in the background.
-// It fails if the server was already started or closed.
+// Start listens on Options.Addr (default 127.0.0.1 at a free port) and
+// serves in the background; with Options.Checkpoint it first sets up the
+// model participant. It fails if the server was already started or closed,
+// or the checkpoint settings are not usable.
 func (s *Server) Start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -157,7 +176,16 @@ func (s *Server) Start() error {
 	if s.started {
 		return errors.New("fakemodel: already started")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if ck := s.opt.Checkpoint; ck != nil {
+		if err := s.takePart(*ck); err != nil {
+			return err
+		}
+	}
+	addr := s.opt.Addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("fakemodel: listen: %w", err)
 	}
@@ -257,11 +285,37 @@ func (s *Server) WaitRequests(ctx context.Context, n int) error {
 	}
 }
 
+// takePart makes the server the model participant of ck: pkg/gym's
+// control plane over the policy gate, and its routes.
+func (s *Server) takePart(ck Checkpoint) error {
+	if ck.Instance == "" {
+		ck.Instance = DefaultInstance
+	}
+	if ck.LeaseGrace == 0 {
+		ck.LeaseGrace = DefaultLeaseGrace
+	}
+	p := newPolicy()
+	ctl, err := gym.NewControl(p, gym.Config{Instance: ck.Instance, LeaseGrace: ck.LeaseGrace, Logf: s.logf})
+	if err != nil {
+		return fmt.Errorf("fakemodel: cannot take part in checkpoints: %w", err)
+	}
+	p.ctl = ctl
+	h, err := gym.NewHandler(ctl, ck.Token)
+	if err != nil {
+		return fmt.Errorf("fakemodel: cannot take part in checkpoints: %w", err)
+	}
+	s.policy, s.control = p, h
+	return nil
+}
+
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	for _, a := range []*api{chatAPI, responsesAPI, messagesAPI} {
-		mux.HandleFunc("POST "+a.path, s.handle(a))
-		mux.HandleFunc("POST /ng-rollout/{rollout}"+a.path, s.handle(a))
+		mux.HandleFunc("POST "+a.path, s.gated(s.handle(a)))
+		mux.HandleFunc("POST /ng-rollout/{rollout}"+a.path, s.gated(s.handle(a)))
+	}
+	if s.control != nil {
+		mux.Handle(gym.RoutePrefix+"/", s.control)
 	}
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("GET /ng-rollout/{rollout}/v1/models", s.handleModels)

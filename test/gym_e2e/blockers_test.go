@@ -17,9 +17,10 @@ import (
 // answers 200 with phase preparing, the run's capture key as its one
 // blocker and ready false, and leaves admission closed (accepting false, a
 // new row refused checkpoint_parked). The coordinator's prepare stops at
-// that stage: the resources server is never prepared. Gym's collection
-// then aborts with resume: the agent reopens, the owner, which never saw
-// the checkpoint, answers idempotent and fences the id. A second prepare
+// that stage: the model (the stage before) is prepared, the resources
+// server is never prepared. Gym's collection then aborts with resume: the
+// agent and the model reopen, the owner, which never saw the checkpoint,
+// answers idempotent and fences the id. A second prepare
 // waits for the verify until a resume ends its wait: it answers phase
 // idle. The run finishes with its verdict.
 func TestPrepareMissesDeadline(t *testing.T) {
@@ -40,6 +41,9 @@ func TestPrepareMissesDeadline(t *testing.T) {
 	if got.Phase != gym.PhasePreparing || got.Report.Ready || !slices.Equal(got.Report.Blockers, []string{key}) || got.Report.BlockerCount != 1 {
 		t.Errorf("the agent's prepare reply %+v, want phase preparing, not ready, blockers [%s]", got, key)
 	}
+	if got := prep.replies[modelEntry]; got.Phase != gym.PhasePrepared {
+		t.Errorf("the model's prepare reply %+v, want prepared (its stage comes before the agent's)", got)
+	}
 	if _, ok := prep.replies[ownerEntry]; ok {
 		t.Errorf("the coordinator prepared the resources stage after the agent stage missed its deadline")
 	}
@@ -49,7 +53,7 @@ func TestPrepareMissesDeadline(t *testing.T) {
 	}
 	w.coll.post(t.Context(), w.coll.row(2, 0, job{steps: 1, stepS: 0.05})).refusal(t, gym.CodeCheckpointParked)
 	for name, rr := range w.coord.resume(id, deadlineIn(waitLimit)) {
-		if want := name != agentEntry; rr.Idempotent != want {
+		if want := name == ownerEntry; rr.Idempotent != want {
 			t.Errorf("%s: the aborting resume answered idempotent %v, want %v", name, rr.Idempotent, want)
 		}
 	}

@@ -129,7 +129,7 @@ func checkOneLaunch(t *testing.T, w *world, rollout string, res rolloutReply, st
 	if got := w.sessionSteps(rollout); !slices.Equal(got, wantSteps(1, steps)) {
 		t.Errorf("%s: the session holds %q, want steps 1..%d once each", rollout, got, steps)
 	}
-	if out, ok := harnessOutput(res.Response); ok && (out.FirstStep != 1 || out.Steps != steps) {
+	if out := harnessOutput(t, res); out.FirstStep != 1 || out.Steps != steps {
 		t.Errorf("%s: the harness reported steps %d..%d, want 1..%d", rollout, out.FirstStep, out.Steps, steps)
 	}
 }

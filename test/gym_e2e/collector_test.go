@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/harnesstest"
 	"io"
 	"math"
 	"net/http"
@@ -202,6 +203,11 @@ func (r runResult) reply(t *testing.T) rolloutReply {
 			t.Errorf("%s: %s is %s: the collector would not file it as a success", r, name, v)
 		}
 	}
+	// The response is what a trainer reads: a NeMoGymResponse of the
+	// harness's session, its last assistant message the last step.
+	if h := harnessOutput(t, out); h.Finished {
+		harnesstest.CheckGymResponse(t, f["response"], "", fmt.Sprintf("step %d", h.Steps))
+	}
 	return out
 }
 
@@ -214,32 +220,24 @@ func (r runResult) refusal(t *testing.T, code string) {
 	checkRefusal(t, reply{who: "/run " + r.key, status: r.status, body: r.body}, code)
 }
 
-// fakeOutput is the fake harness's last line, wherever the response keeps
-// it: at its top level, or as the text of an output item.
+// fakeOutput is what the fake harness printed, from the fake_* fields
+// beside the response.
 type fakeOutput struct {
-	Steps     int `json:"steps"`
-	FirstStep int `json:"first_step"`
+	Steps     int  `json:"fake_steps"`
+	FirstStep int  `json:"fake_first_step"`
+	Finished  bool `json:"fake_finished"`
 }
 
-// harnessOutput finds the fake harness's output in a response.
-func harnessOutput(resp map[string]json.RawMessage) (fakeOutput, bool) {
+// harnessOutput reads the fake harness's output from a reply's fields; a
+// reply without them fails the test.
+func harnessOutput(t *testing.T, rep rolloutReply) fakeOutput {
+	t.Helper()
 	var out fakeOutput
-	if raw, ok := resp["first_step"]; ok {
-		json.Unmarshal(raw, &out.FirstStep)
-		json.Unmarshal(resp["steps"], &out.Steps)
-		return out, true
+	data, _ := json.Marshal(rep.Fields)
+	if _, ok := rep.Fields["fake_steps"]; !ok || json.Unmarshal(data, &out) != nil {
+		t.Fatalf("the reply has no fake_* fields: %s", e2eproc.Tail(string(data), 2000))
 	}
-	data, _ := json.Marshal(resp)
-	// An output item's text: the harness's JSON line, escaped once.
-	if i := bytes.Index(data, []byte(`{\"text\":\"done after`)); i >= 0 {
-		var s string
-		if end := bytes.Index(data[i:], []byte(`}`)); end > 0 {
-			if json.Unmarshal([]byte(`"`+string(data[i:i+end+1])+`"`), &s) == nil && json.Unmarshal([]byte(s), &out) == nil {
-				return out, true
-			}
-		}
-	}
-	return out, false
+	return out
 }
 
 // aggregate posts /aggregate_metrics as the collector does at the end: every

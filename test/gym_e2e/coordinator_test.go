@@ -1,9 +1,12 @@
 package gyme2e
 
 // The coordinator: Gym's checkpoint coordination (nemo_gym/_checkpoint/
-// coordination.py at 011c338) played step by step. discover probes every
-// server of the deployment with GET status (404: not a participant) and
-// orders the participants by PREPARE_ORDER; prepare runs stage by stage and
+// coordination.py at 011c3386d691fd51a0ee388026c59660fcbffdac) played step
+// by step. discover applies Gym's discover rules (gymDiscover): it probes
+// every server entry of the deployment's config with GET status (404: not
+// a participant; a server down, silent, failing or of an unknown kind
+// fails the discovery), refuses a deployment with no policy model taking
+// part, and orders the participants by PREPARE_ORDER; prepare runs stage by stage and
 // stops at the first stage not prepared; commit and restore fan out to every
 // participant at once; resume runs the stages in reverse; retire and forget
 // run in RETIRE_ORDER. Every reply is checked as Gym reads it before it is
@@ -11,20 +14,26 @@ package gyme2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"github.com/ngharness/ngharness/internal/e2eproc"
 	"io"
+	"maps"
+	"net"
 	"net/http"
 	"reflect"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/pkg/driver/config/gymconfig"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -49,6 +58,9 @@ type coordinator struct {
 	token   string
 	members []member
 	client  *http.Client
+	// discoverTimeout is how long discover waits for a status reply
+	// (0: discoverTimeout).
+	discoverTimeout time.Duration
 }
 
 func newCoordinator(t *testing.T, token string) *coordinator {
@@ -127,31 +139,174 @@ func (c *coordinator) member(kind string) member {
 	return member{}
 }
 
-// discover probes every server (entry name -> URL) as Gym's discover does:
-// 404 means not a participant, anything but 200 fails discovery, a kind
-// outside PREPARE_ORDER fails it. The members are sorted by (kind's place
-// in PREPARE_ORDER, name). Unlike Gym's, it does not insist on a policy
-// model: the fake harness calls none, and no model server runs here.
-func (c *coordinator) discover(servers map[string]string) []member {
+// discoverTries and discoverTimeout are coordination.py's _DISCOVER_TRIES
+// and _DISCOVER_TIMEOUT_SECONDS: a connection error is tried this many
+// times in all, and a server that never replies fails discovery after this
+// long.
+const (
+	discoverTries   = 3
+	discoverTimeout = 60 * time.Second
+)
+
+// coordinationError is coordination.py's CoordinationError: the operation
+// and, by server, what failed.
+type coordinationError struct {
+	op       string
+	failures map[string]string
+}
+
+func (e *coordinationError) Error() string {
+	names := slices.Sorted(maps.Keys(e.failures))
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = n + ": " + e.failures[n]
+	}
+	return fmt.Sprintf("checkpoint %s failed on %d participant(s): %s", e.op, len(e.failures), strings.Join(parts, "; "))
+}
+
+// discover finds the deployment's participants with gymDiscover (Gym's
+// rules; any error fails the test) and checks each one's status reply
+// field by field; they become the coordinator's members.
+func (c *coordinator) discover(servers []gymconfig.Server) []member {
 	c.t.Helper()
+	members, replies, err := c.gymDiscover(servers)
+	if err != nil {
+		c.t.Fatalf("discover: %v", err)
+	}
+	for _, m := range members {
+		c.checkStatus(replies[m.Name], m.Kind)
+	}
+	c.members = members
+	return members
+}
+
+// gymDiscover is coordination.discover of NVIDIA-NeMo/Gym at
+// 011c3386d691fd51a0ee388026c59660fcbffdac (nemo_gym/_checkpoint/
+// coordination.py), rule for rule. servers are the config's entries that
+// hold a server type (gymconfig.Servers). Each is probed at once with GET
+// status and the bearer token: 404 means not a participant; a connection
+// error is tried discoverTries times in all; no reply within
+// c.discoverTimeout, a reply other than 200, one without a kind, or a kind
+// outside PREPARE_ORDER is that server's failure. Any failure fails the
+// discovery, naming every failed server; so does a deployment in which no
+// participant is of kind model ("deployment: no policy model takes part in
+// checkpoints"). The members are sorted by (kind's place in PREPARE_ORDER,
+// name). It returns each member's status reply beside them.
+func (c *coordinator) gymDiscover(servers []gymconfig.Server) ([]member, map[string]reply, error) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	var members []member
-	for name, url := range servers {
-		r := c.call(name, url, gym.OpStatus, nil, c.bearer())
-		if r.status == http.StatusNotFound {
-			continue
-		}
-		st := c.checkStatus(r, "")
-		if !slices.Contains(prepareOrder, st.Kind) {
-			c.t.Fatalf("discover: %s: unknown participant kind %q", name, st.Kind)
-		}
-		members = append(members, member{Name: name, Kind: st.Kind, Instance: st.Instance, URL: url})
+	replies := map[string]reply{}
+	failures := map[string]string{}
+	for _, s := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, kind, instance, err := c.probe(s)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				failures[s.Name] = err.Error()
+			case r.status != http.StatusNotFound:
+				members = append(members, member{Name: s.Name, Kind: kind, Instance: instance, URL: s.URL})
+				replies[s.Name] = r
+			}
+		}()
+	}
+	wg.Wait()
+	if len(failures) > 0 {
+		return nil, nil, &coordinationError{op: "discover", failures: failures}
+	}
+	if !slices.ContainsFunc(members, func(m member) bool { return m.Kind == gym.KindModel }) {
+		return nil, nil, &coordinationError{op: "discover", failures: map[string]string{"deployment": "no policy model takes part in checkpoints"}}
 	}
 	sort.Slice(members, func(i, j int) bool {
 		a, b := slices.Index(prepareOrder, members[i].Kind), slices.Index(prepareOrder, members[j].Kind)
 		return a < b || a == b && members[i].Name < members[j].Name
 	})
-	c.members = members
-	return members
+	return members, replies, nil
+}
+
+// probe is discover's probe of one server: its status reply (404 is no
+// error: not a participant) and, for a participant, its kind and instance.
+func (c *coordinator) probe(s gymconfig.Server) (reply, string, string, error) {
+	if s.Err != nil {
+		return reply{}, "", "", s.Err
+	}
+	timeout := c.discoverTimeout
+	if timeout == 0 {
+		timeout = discoverTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	noReply := fmt.Errorf("no status reply within %s seconds", strconv.FormatFloat(timeout.Seconds(), 'g', -1, 64))
+	var r reply
+	for try := 1; ; try++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+gym.RoutePrefix+"/"+gym.OpStatus, nil)
+		if err != nil {
+			return r, "", "", err
+		}
+		req.Header.Set("Authorization", c.bearer())
+		resp, err := c.client.Do(req)
+		var op *net.OpError
+		switch {
+		case ctx.Err() != nil:
+			return r, "", "", noReply
+		case err != nil && errors.As(err, &op) && op.Op == "dial" && try < discoverTries:
+			continue
+		case err != nil:
+			return r, "", "", err
+		}
+		data, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if ctx.Err() != nil {
+			return r, "", "", noReply
+		}
+		if err != nil {
+			return r, "", "", err
+		}
+		r = reply{who: s.Name + " " + gym.OpStatus, status: resp.StatusCode, body: data}
+		break
+	}
+	if r.status == http.StatusNotFound {
+		return r, "", "", nil
+	}
+	if r.status != http.StatusOK {
+		return r, "", "", participantError(r)
+	}
+	var st struct {
+		Kind     *string `json:"kind"`
+		Instance string  `json:"instance"`
+	}
+	if err := json.Unmarshal(r.body, &st); err != nil {
+		return r, "", "", fmt.Errorf("the status reply is not JSON: %v", err)
+	}
+	if st.Kind == nil {
+		return r, "", "", errors.New("the status reply has no kind")
+	}
+	if !slices.Contains(prepareOrder, *st.Kind) {
+		return r, "", "", fmt.Errorf("unknown participant kind '%s'", *st.Kind)
+	}
+	return r, *st.Kind, st.Instance, nil
+}
+
+// participantError is coordination.py's _ParticipantError of a reply
+// other than 200: "HTTP <status> <code> <detail>", or the first 200 bytes
+// of the body when it is not the envelope.
+func participantError(r reply) error {
+	var env struct {
+		Error struct {
+			Code   string `json:"code"`
+			Detail string `json:"detail"`
+		} `json:"error"`
+	}
+	json.Unmarshal(r.body, &env)
+	detail := env.Error.Detail
+	if detail == "" {
+		detail = string(r.body[:min(len(r.body), 200)])
+	}
+	return fmt.Errorf("%s", strings.TrimSpace(fmt.Sprintf("HTTP %d %s %q", r.status, env.Error.Code, detail)))
 }
 
 // statusReply is GET status as the tests read it.
@@ -207,6 +362,7 @@ func (c *coordinator) checkStatus(r reply, kind string) statusReply {
 	extras := map[string]shape{
 		gym.KindAgent:     {"accepting": wBool},
 		gym.KindResources: {"mode": wString, "verify": wString, "retired_sessions": wInt},
+		gym.KindModel:     {"restored_generation_cuts": wStrings}, // model.py b58bb4f status_extra
 	}[st.Kind]
 	if _, err := checkShape(r.who+" ("+st.Kind+" extras)", r.body, extras, anyExtra); err != nil {
 		c.t.Error(err)
@@ -240,6 +396,18 @@ func (c *coordinator) checkReport(what string, raw json.RawMessage, kind string)
 	for _, key := range append(slices.Clone(rep.Blockers), rep.Restarts...) {
 		if _, err := gym.ParseCaptureKey(key); err != nil {
 			c.t.Errorf("%s: %q is not a capture key: %v", what, key, err)
+		}
+	}
+	if kind == gym.KindModel {
+		// model.py b58bb4f merge_reports: ready exactly when no response
+		// is streaming, which are the blockers.
+		for _, k := range []string{"inflight", "held", "cut", "cut_failed", "cut_skipped"} {
+			if _, ok := rep.Counts[k]; !ok {
+				c.t.Errorf("%s: model counts %v have no %s", what, rep.Counts, k)
+			}
+		}
+		if rep.Counts["held"] > rep.Counts["inflight"] {
+			c.t.Errorf("%s: model counts %v: more held than in flight", what, rep.Counts)
 		}
 	}
 	if kind == gym.KindAgent {

@@ -145,7 +145,7 @@ func TestCrashRestore(t *testing.T) {
 	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].Resumed {
 		t.Errorf("the restart row: reward %v launches %+v, want 1 and one first launch", res.Reward, res.Launches)
 	}
-	if out, ok := harnessOutput(res.Response); ok && out.FirstStep != 1 {
+	if out := harnessOutput(t, res); out.FirstStep != 1 {
 		t.Errorf("the restart row started at step %d, want 1 (from its input)", out.FirstStep)
 	}
 	// The later attempt of the retired rollout finished: forget it.
@@ -184,7 +184,7 @@ func checkContinued(t *testing.T, w *world, rollout string, res rolloutReply, st
 	if second.SandboxID == first.SandboxID || second.SandboxID == "" {
 		t.Errorf("%s: relaunched in sandbox %q, want a fork under a new id (was %q)", rollout, second.SandboxID, first.SandboxID)
 	}
-	if out, ok := harnessOutput(res.Response); ok && (out.FirstStep != done+1 || out.Steps != steps) {
+	if out := harnessOutput(t, res); out.FirstStep != done+1 || out.Steps != steps {
 		t.Errorf("%s: the relaunch took steps %d..%d, want %d..%d", rollout, out.FirstStep, out.Steps, done+1, steps)
 	}
 	for _, c := range []struct {

@@ -1,13 +1,19 @@
 // Package gyme2e plays NeMo Gym against real ngharness servers: a Go client
 // in the role of Gym's checkpoint coordinator and of its rollout collector
 // drives real `ngdriver serve` (the agent participant, kind "agent",
-// configured from a Gym config file with --gym-config/--gym-instance) and
-// `ngdriver owner serve` (the resources participant, kind "resources")
-// processes built from this repository, over HTTP on loopback.
+// configured from a Gym config file with --gym-config/--gym-instance),
+// `ngdriver owner serve` (the resources participant, kind "resources") and
+// the fake model (test/fakemodel/cmd/fakemodel with -checkpoint-token-env,
+// the policy model participant, kind "model", which Gym's coordinator
+// requires) processes built from this repository, over HTTP on loopback.
 //
 // The client follows Gym's code as stored for NVIDIA-NeMo/Gym:
-// nemo_gym/_checkpoint/coordination.py at 011c338 (discover by GET status,
-// 404 meaning "not a participant"; prepare stage by stage in PREPARE_ORDER,
+// nemo_gym/_checkpoint/coordination.py at 011c338 (discover with Gym's
+// rules: the config's server entries probed with GET status, 404 meaning
+// "not a participant", a server down, silent, failing or of an unknown
+// kind failing the discovery, a deployment with no policy model refused;
+// ported with the discover cases of tests/unit_tests/
+// test_checkpoint_coordination.py at 9288a79; prepare stage by stage in PREPARE_ORDER,
 // stopping at the first stage not prepared; commit and restore fanned out;
 // resume in reverse; retire and forget in RETIRE_ORDER; a failed restore
 // retires the replacement attempts and resumes), collection.py at 011c338

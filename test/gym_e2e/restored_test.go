@@ -60,7 +60,7 @@ func TestCheckpointBeforeReplacement(t *testing.T) {
 	if resB.Reward != 1 || len(resB.Launches) != 1 || resB.Launches[0].Resumed {
 		t.Errorf("the row left out of the scope, posted as attempt 1: reward %v launches %+v, want a fresh start", resB.Reward, resB.Launches)
 	}
-	if out, ok := harnessOutput(resB.Response); ok && out.FirstStep != 1 {
+	if out := harnessOutput(t, resB); out.FirstStep != 1 {
 		t.Errorf("the row left out of the scope started at step %d, want 1", out.FirstStep)
 	}
 
@@ -68,7 +68,7 @@ func TestCheckpointBeforeReplacement(t *testing.T) {
 	w.startServers()
 	rid2 := restoreID()
 	for name, rr := range w.coord.restore(rid2, ck2.dir, ck2.scope, deadlineIn(waitLimit)) {
-		if want := []string{pendingA.Next().CaptureKey()}; !slices.Equal(rr.Restored, want) {
+		if want := restoredBy(name, pendingA.Next().CaptureKey()); !slices.Equal(rr.Restored, want) {
 			t.Errorf("%s: the second restore restored %q, want %q", name, rr.Restored, want)
 		}
 	}
@@ -121,9 +121,11 @@ func restoreAllOrNothing(t *testing.T, failing string) {
 		t.Fatal(err)
 	}
 	w.startServers()
-	good := w.coord.members[0]
+	// The other participant holding the run's records (the model holds
+	// none: the fake harness calls no model).
+	good := w.coord.member(gym.KindAgent)
 	if good.Kind == failing {
-		good = w.coord.members[1]
+		good = w.coord.member(gym.KindResources)
 	}
 	rid := restoreID()
 	deadline := deadlineIn(waitLimit)
@@ -254,7 +256,7 @@ func TestRestorePreviousCheckpoint(t *testing.T) {
 	if res.Reward != 1 || len(res.Launches) != 2 || !res.Launches[1].Resumed {
 		t.Errorf("after the restore: reward %v launches %+v, want 1 and a resumed second launch", res.Reward, res.Launches)
 	}
-	if out, ok := harnessOutput(res.Response); ok && out.FirstStep != done+1 {
+	if out := harnessOutput(t, res); out.FirstStep != done+1 {
 		t.Errorf("the relaunch started at step %d, want %d (after the fourth checkpoint's %d)", out.FirstStep, done+1, done)
 	}
 	files, _ := filepath.Glob(filepath.Join(w.base, "sandboxes", res.Launches[len(res.Launches)-1].SandboxID, ".ngharness", "state", "fake", rolloutID(r)+"-a*", "steps"))

@@ -11,8 +11,9 @@ import (
 
 // TestSeedHeldDuringCheckpoint: a run whose seed the owner holds (it
 // arrived once the owner's admission had closed; to get there the owner is
-// prepared before the agent, the one step here out of Gym's order, which
-// each participant's wire allows) is in a replay step: it
+// prepared before the agent, after the model as in Gym's order, the one
+// step here out of Gym's order, which each participant's wire allows) is
+// in a replay step: it
 // does not block the agent's prepare and is exported at its seed
 // bookmark. Gym resumes in reverse order, the resources server first: the
 // held seed then completes while the agent's checkpoint is still open, and
@@ -21,9 +22,12 @@ import (
 // harness step is taken until the agent resumes; then it runs to the end.
 func TestSeedHeldDuringCheckpoint(t *testing.T) {
 	w := newWorld(t, options{})
-	agent, owner := w.coord.member(gym.KindAgent), w.coord.member(gym.KindResources)
+	model, agent, owner := w.coord.member(gym.KindModel), w.coord.member(gym.KindAgent), w.coord.member(gym.KindResources)
 	id := ckID("seed")
 	deadline := deadlineIn(waitLimit)
+	if p := w.coord.checkPrepare(model, w.coord.to(model, gym.OpPrepare, plainBody(id, deadline))); p.Phase != gym.PhasePrepared {
+		t.Fatalf("the model's prepare: %+v", p)
+	}
 	p := w.coord.checkPrepare(owner, w.coord.to(owner, gym.OpPrepare, plainBody(id, deadline)))
 	if p.Phase != gym.PhasePrepared {
 		t.Fatalf("the owner's prepare: %+v", p)
@@ -55,5 +59,6 @@ func TestSeedHeldDuringCheckpoint(t *testing.T) {
 		t.Errorf("the run took steps %q while the agent's checkpoint was open", got)
 	}
 	w.coord.checkResume(w.coord.to(agent, gym.OpResume, plainBody(id, deadline)))
+	w.coord.checkResume(w.coord.to(model, gym.OpResume, plainBody(id, deadline)))
 	checkOneLaunch(t, w, rolloutID(r), await(t, ch).reply(t), 3, 0)
 }

@@ -1,11 +1,12 @@
 package gyme2e
 
 // One test's Gym deployment: a Gym config file naming an agent entry
-// (`ngdriver serve --gym-config FILE --gym-instance NAME`) and a resources
-// entry (`ngdriver owner serve`) on fixed loopback ports, so fresh
-// processes after a crash come back at the addresses the config names; the
-// coordinator and the collector; and the cleanup that leaves nothing
-// running.
+// (`ngdriver serve --gym-config FILE --gym-instance NAME`), a resources
+// entry (`ngdriver owner serve`) and the policy model entry (the fake
+// model, taking part in checkpoints as Gym's coordinator requires) on
+// fixed loopback ports, so fresh processes after a crash come back at the
+// addresses the config names; the coordinator and the collector; and the
+// cleanup that leaves nothing running.
 
 import (
 	"crypto/rand"
@@ -21,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/pkg/driver/config/gymconfig"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -28,11 +30,12 @@ import (
 // about speed.
 const waitLimit = 2 * time.Minute
 
-// The entry names of the deployment's servers in the Gym config: the
-// agent's is its participant instance.
+// The entry names of the deployment's servers in the Gym config: each is
+// its participant instance.
 const (
 	agentEntry = "ngdriver_agent"
 	ownerEntry = "ngdriver_resources"
+	modelEntry = "policy_model"
 )
 
 // options shape a deployment.
@@ -52,13 +55,14 @@ type world struct {
 	token string
 	opts  options
 
-	agentPort, ownerPort int
-	cfgPath              string
+	agentPort, ownerPort, modelPort int
+	cfgPath                         string
 
 	mu      sync.Mutex
 	procs   []*e2eproc.Proc
 	agent   *e2eproc.Proc
 	owner   *e2eproc.Proc
+	model   *e2eproc.Proc
 	orphans e2eproc.Orphans
 	since   uint64 // start time of the test's first process
 
@@ -66,7 +70,7 @@ type world struct {
 	coll  *collector
 }
 
-// newWorld starts the owner and the agent, and discovers them.
+// newWorld starts the model, the owner and the agent, and discovers them.
 func newWorld(t *testing.T, o options) *world {
 	t.Helper()
 	if o.maxRuns == 0 {
@@ -87,7 +91,7 @@ func newWorld(t *testing.T, o options) *world {
 	w := &world{
 		t: t, dir: dir, base: filepath.Join(dir, "base"), logs: filepath.Join(dir, "logs"),
 		token: hex.EncodeToString(tok[:]), opts: o,
-		agentPort: freePort(t), ownerPort: freePort(t),
+		agentPort: freePort(t), ownerPort: freePort(t), modelPort: freePort(t),
 	}
 	for _, d := range []string{w.base, w.logs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -116,17 +120,27 @@ func freePort(t *testing.T) int {
 
 func (w *world) agentURL() string { return fmt.Sprintf("http://127.0.0.1:%d", w.agentPort) }
 func (w *world) ownerURL() string { return fmt.Sprintf("http://127.0.0.1:%d", w.ownerPort) }
+func (w *world) modelURL() string { return fmt.Sprintf("http://127.0.0.1:%d", w.modelPort) }
 
-// servers is every server entry of the deployment with its URL, as Gym's
-// discover walks the global config.
-func (w *world) servers() map[string]string {
-	return map[string]string{agentEntry: w.agentURL(), ownerEntry: w.ownerURL()}
+// servers is every server entry of the deployment's config with its URL,
+// as Gym's discover walks the global config (gymconfig.Servers).
+func (w *world) servers() []gymconfig.Server {
+	w.t.Helper()
+	data, err := os.ReadFile(w.cfgPath)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	servers, err := gymconfig.Servers(data)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return servers
 }
 
 // writeConfig writes a Gym config as Gym's launcher resolves it: the
-// resources entry, an agent entry named agent on port (its ngdriver block
-// runs the fake harness on the local backend), and the global checkpoint
-// block (enabled or not).
+// resources entry, the policy model entry, an agent entry named agent on
+// port (its ngdriver block runs the fake harness on the local backend,
+// which calls no model), and the global checkpoint block (enabled or not).
 func (w *world) writeConfig(path, agent string, port int, enabled bool) {
 	w.t.Helper()
 	cfg := fmt.Sprintf(`# written by the gym_e2e test %s
@@ -138,6 +152,12 @@ func (w *world) writeConfig(path, agent string, port int, enabled bool) {
       host: 127.0.0.1
       port: %d
 %s:
+  responses_api_models:
+    fakemodel:
+      entrypoint: app.py
+      host: 127.0.0.1
+      port: %d
+%s:
   responses_api_agents:
     ngdriver_agent:
       entrypoint: app.py
@@ -145,6 +165,7 @@ func (w *world) writeConfig(path, agent string, port int, enabled bool) {
       host: 127.0.0.1
       port: %d
       resources_server: {type: resources_servers, name: %s}
+      model_server: {type: responses_api_models, name: %s}
       datasets: []
       ngdriver:
         adapter: fake
@@ -168,24 +189,27 @@ checkpoint:
   enabled: %v
   control_auth_token: %s
   lease_grace_seconds: %d
-`, w.t.Name(), ownerEntry, w.ownerPort, agent, port, ownerEntry, w.opts.maxRuns, binDir, w.base,
+`, w.t.Name(), ownerEntry, w.ownerPort, modelEntry, w.modelPort, agent, port, ownerEntry, modelEntry, w.opts.maxRuns, binDir, w.base,
 		w.opts.steps, w.opts.stepS, enabled, w.token, w.opts.leaseGrace)
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		w.t.Fatal(err)
 	}
 }
 
-// startServers starts a fresh owner and agent and discovers them: exactly
-// one agent participant (this agent entry) and one resources participant
-// (the owner entry), in that order.
+// startServers starts a fresh model, owner and agent and discovers them
+// as Gym's coordinator does: exactly one model participant (the model
+// entry), one agent participant (this agent entry) and one resources
+// participant (the owner entry), in that order.
 func (w *world) startServers() {
 	w.t.Helper()
+	w.model = w.startProgram(fakemodelBin, "model", w.modelURL(), w.modelArgs()...)
 	w.owner = w.start("owner", w.ownerURL(), w.ownerArgs()...)
 	w.agent = w.start("agent", w.agentURL(), "serve", "--gym-config", w.cfgPath, "--gym-instance", agentEntry)
 	members := w.coord.discover(w.servers())
-	if len(members) != 2 || members[0].Kind != gym.KindAgent || members[0].Name != agentEntry ||
-		members[1].Kind != gym.KindResources || members[1].Name != ownerEntry {
-		w.t.Fatalf("discovered %+v, want the agent %s then the resources server %s", members, agentEntry, ownerEntry)
+	if len(members) != 3 || members[0].Kind != gym.KindModel || members[0].Name != modelEntry ||
+		members[1].Kind != gym.KindAgent || members[1].Name != agentEntry ||
+		members[2].Kind != gym.KindResources || members[2].Name != ownerEntry {
+		w.t.Fatalf("discovered %+v, want the model %s, the agent %s, then the resources server %s", members, modelEntry, agentEntry, ownerEntry)
 	}
 	for _, m := range members {
 		if m.Instance != m.Name {
@@ -207,13 +231,27 @@ func (w *world) ownerArgs() []string {
 		"--keep-sandboxes"}
 }
 
-// start starts one server and waits until it listens at url.
+// modelArgs starts the fake model as the deployment's policy model: on
+// its entry's port, a participant of kind model named after its entry with
+// the deployment's token and lease grace (flags, as the owner takes them).
+func (w *world) modelArgs() []string {
+	return []string{"-listen", fmt.Sprintf("127.0.0.1:%d", w.modelPort), "-checkpoint-token-env", "NG_CONTROL_TOKEN",
+		"-instance", modelEntry, "-lease-grace", fmt.Sprintf("%ds", w.opts.leaseGrace)}
+}
+
+// start starts one ngdriver server and waits until it listens at url.
 func (w *world) start(role, url string, args ...string) *e2eproc.Proc {
+	w.t.Helper()
+	return w.startProgram(ngdriverBin, role, url, args...)
+}
+
+// startProgram starts one server of bin and waits until it listens at url.
+func (w *world) startProgram(bin, role, url string, args ...string) *e2eproc.Proc {
 	w.t.Helper()
 	w.mu.Lock()
 	name := fmt.Sprintf("%s%d", role, len(w.procs))
 	w.mu.Unlock()
-	p := e2eproc.StartProc(w.t, ngdriverBin, name, w.logs, []string{"NG_CONTROL_TOKEN=" + w.token}, args...)
+	p := e2eproc.StartProc(w.t, bin, name, w.logs, []string{"NG_CONTROL_TOKEN=" + w.token}, args...)
 	w.mu.Lock()
 	w.procs = append(w.procs, p)
 	if w.since == 0 {
@@ -226,12 +264,12 @@ func (w *world) start(role, url string, args ...string) *e2eproc.Proc {
 	return p
 }
 
-// crash kills both servers with SIGKILL, each alone, as a host losing the
-// processes would; what they had started is remembered and ended at
-// cleanup.
+// crash kills every server (agent, owner, model) with SIGKILL, each alone,
+// as a host losing the processes would; what they had started is
+// remembered and ended at cleanup.
 func (w *world) crash() {
 	w.t.Helper()
-	for _, p := range []*e2eproc.Proc{w.agent, w.owner} {
+	for _, p := range []*e2eproc.Proc{w.agent, w.owner, w.model} {
 		w.orphans.Add(p.PID())
 		if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil {
 			w.t.Fatalf("kill %s: %v", p.Name, err)
@@ -348,4 +386,14 @@ func (w *world) waitSteps(n int, rollouts ...string) {
 		}
 		return len(missing) == 0, fmt.Sprintf("fewer steps: %v", missing)
 	})
+}
+
+// restoredBy is what participant name restores of the next attempts keys:
+// all of them, but the model none, since the fake harness calls no model
+// and the model's ledger holds no row of any rollout.
+func restoredBy(name string, keys ...string) []string {
+	if name == modelEntry {
+		return nil
+	}
+	return keys
 }

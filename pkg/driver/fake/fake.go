@@ -2,7 +2,9 @@
 // forks, detaches a daemon, writes files, and can be told to ignore SIGINT.
 // It is the second user of the driver, and drives most of its tests and the
 // demo. Each step of the script stands for a model turn and is recorded in
-// the saved session, so a relaunch continues after the last one.
+// the saved session, so a relaunch continues after the last one. Its /run
+// reply carries a NeMoGymResponse built from that session, one assistant
+// message a step, as every adapter's does (gymresponse.go).
 package fake
 
 import (
@@ -156,22 +158,36 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 	return driver.LaunchSpec{Argv: argv, Env: env}, nil
 }
 
-// Response implements driver.Adapter: the last JSON line the harness printed.
+// Response implements driver.Adapter: what GymResult builds the run's
+// NeMoGymResponse from, as a driver.StoredRun: the harness's exit code, its
+// saved session (the steps file, each step a JSON string; null when it
+// could not be read), and the tails of its stdout (its last line is the
+// harness's summary, Output) and stderr.
 func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
-	lines := strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
-	last := strings.TrimSpace(lines[len(lines)-1])
-	if res.ExitCode != 0 || !json.Valid([]byte(last)) || last == "" {
-		out, _ := json.Marshal(map[string]any{"error": fmt.Sprintf("the fake harness exited %d", res.ExitCode), "stderr": tail(string(res.Stderr), 2000)})
-		return out, nil
+	st, err := parseState(raw)
+	if err != nil {
+		return nil, err
 	}
-	return json.RawMessage(last), nil
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
+	out := driver.StoredRun{ExitCode: res.ExitCode, Session: json.RawMessage("null"),
+		Stdout: driver.Tail(string(res.Stdout), 4000), Stderr: driver.Tail(string(res.Stderr), 4000)}
+	file := path.Join(st.SessionDir, "steps")
+	data, ok, err := driver.ReadSandboxFile(ctx, sb, file)
+	if err != nil && ctx.Err() != nil {
+		return nil, err
 	}
-	return s
+	if ok {
+		steps := []string{}
+		for _, l := range strings.Split(string(data), "\n") {
+			if l != "" {
+				steps = append(steps, l)
+			}
+		}
+		if out.Session, err = json.Marshal(steps); err != nil {
+			return nil, err
+		}
+		out.SessionPath = file
+	}
+	return json.Marshal(out)
 }
 
 var _ driver.Adapter = (*Adapter)(nil)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
@@ -77,11 +78,6 @@ func TestHarnessStepsOnceAndContinuesASavedSession(t *testing.T) {
 			t.Errorf("%s holds %q, want each step once", f, data)
 		}
 	}
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1]
 }
 
 // newSandbox makes a local sandbox without namespaces (paths are host
@@ -172,25 +168,92 @@ func TestLaunchPassesTaskAsOneArgument(t *testing.T) {
 	}
 }
 
-// TestResponse proves that the response is the harness's last JSON line,
-// and an error object (with the tail of stderr) when the harness failed or
-// printed no JSON.
-func TestResponse(t *testing.T) {
+// TestGymResponseFromTheSession proves that the response a fake run's /run
+// reply and its verify carry is a NeMoGymResponse built from the harness's
+// saved session (harnesstest.CheckGymResponse: every field of Gym's model,
+// one assistant message a step, the last one the final answer, the usage
+// counted), with what the harness printed in the fake_* fields beside it;
+// and that a harness that failed or printed no JSON still gives a
+// NeMoGymResponse of the steps it took, with fake_finished false and
+// fake_error saying why, while one with no session gives no output and a
+// null usage.
+func TestGymResponseFromTheSession(t *testing.T) {
 	t.Parallel()
 	a := &Adapter{}
-	ok, err := a.Response(context.Background(), driver.LentSandbox{}, nil, driver.HarnessResult{Stdout: []byte("noise\n{\"steps\":2}\n")})
-	if err != nil || string(ok) != `{"steps":2}` {
-		t.Errorf("got %s, %v", ok, err)
+	sb := newSandbox(t)
+	ctx := context.Background()
+	state, _ := a.NewState("r", 0, sb)
+	var st State
+	json.Unmarshal(state, &st)
+	out, code := runScript(t, st.SessionDir, sb.Workdir(), map[string]string{"FAKE_STEPS": "3"}, "count to three")
+	body := json.RawMessage(`{"task":"count to three","_ng_rollout_id":"r"}`)
+	stored, err := a.Response(ctx, sb, state, driver.HarnessResult{ExitCode: code, Stdout: []byte(out)})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, res := range []driver.HarnessResult{
-		{ExitCode: 3, Stdout: []byte(`{"steps":2}`), Stderr: []byte("boom")},
-		{Stdout: []byte("not json")},
-		{},
-	} {
-		out, err := a.Response(context.Background(), driver.LentSandbox{}, nil, res)
-		var m map[string]string
-		if err != nil || json.Unmarshal(out, &m) != nil || m["error"] == "" {
-			t.Errorf("%+v: got %s, %v; want an error object", res, out, err)
+	fields := harnesstest.CheckGymReply(t, a, stored, body, "", "step 3")
+	want := map[string]string{"fake_text": `"done after 3 steps"`, "fake_steps": "3", "fake_first_step": "1",
+		"fake_task": `"count to three"`, "fake_finished": "true", "fake_session_found": "true"}
+	for k, v := range want {
+		if string(fields[k]) != v {
+			t.Errorf("%s = %s, want %s (fields %v)", k, fields[k], v, fields)
 		}
+	}
+	resp, _, err := a.GymResult(stored, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gr struct {
+		Model  string `json:"model"`
+		Output []struct {
+			Content []struct {
+				Text string `json:"text"`
+			} `json:"content"`
+		} `json:"output"`
+		Usage struct {
+			InputTokens, OutputTokens, TotalTokens int
+		} `json:"usage"`
+	}
+	json.Unmarshal(resp, &gr)
+	var texts []string
+	for _, it := range gr.Output {
+		texts = append(texts, it.Content[0].Text)
+	}
+	if gr.Model != Model || strings.Join(texts, "|") != "step 1|step 2|step 3" {
+		t.Errorf("model %q, output %q; want %s and the three steps", gr.Model, texts, Model)
+	}
+	var u map[string]json.RawMessage
+	json.Unmarshal(resp, &u)
+	if string(u["usage"]) != `{"input_tokens":9,"input_tokens_details":{"cached_tokens":0},"output_tokens":6,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":15}` {
+		t.Errorf("usage %s, want 3 turns of 3 words in and 2 out", u["usage"])
+	}
+	// The model the run body asks for is the response's.
+	named, _, _ := a.GymResult(stored, json.RawMessage(`{"responses_create_params":{"model":"policy"}}`))
+	if !strings.Contains(string(named), `"model":"policy"`) {
+		t.Errorf("the body's model was not used: %s", named)
+	}
+
+	for name, res := range map[string]driver.HarnessResult{
+		"exit 3":  {ExitCode: 3, Stdout: []byte(`{"steps":3}`), Stderr: []byte("boom")},
+		"no JSON": {Stdout: []byte("not json")},
+	} {
+		stored, err := a.Response(ctx, sb, state, res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fields := harnesstest.CheckGymReply(t, a, stored, body, "", "step 3")
+		if string(fields["fake_finished"]) != "false" || len(fields["fake_error"]) < 3 {
+			t.Errorf("%s: fields %v, want fake_finished false and fake_error", name, fields)
+		}
+	}
+	missing, _ := a.NewState("r", 1, sb)
+	stored, err = a.Response(ctx, sb, missing, driver.HarnessResult{ExitCode: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, fields, err = a.GymResult(stored, body)
+	json.Unmarshal(resp, &u)
+	if err != nil || string(u["output"]) != "[]" || string(u["usage"]) != "null" || string(fields["fake_session_found"]) != "false" {
+		t.Errorf("no session: %s %v %v; want no output, a null usage, fake_session_found false", resp, fields, err)
 	}
 }

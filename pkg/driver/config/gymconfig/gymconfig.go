@@ -55,10 +55,16 @@ const (
 // Gym's server types, as the keys under an instance and the type of a
 // server reference.
 const (
-	AgentType     = "responses_api_agents"
-	ResourcesType = "resources_servers"
-	ModelType     = "responses_api_models"
+	EnvironmentType = "environment_servers"
+	AgentType       = "responses_api_agents"
+	ResourcesType   = "resources_servers"
+	ModelType       = "responses_api_models"
 )
+
+// ServerTypes are the server types Gym's checkpoint coordinator walks a
+// config for (nemo_gym/_checkpoint/coordination.py _SERVER_TYPES at
+// 011c3386d691).
+var ServerTypes = []string{EnvironmentType, ModelType, AgentType, ResourcesType}
 
 // OurKey is the key of ngdriver's own block in the agent's stanza.
 const OurKey = "ngdriver"
@@ -362,26 +368,79 @@ func (g *gym) ref(server *yaml.Node, key, want, at string) (*Ref, error) {
 	case name == "" || name == "???":
 		return nil, fmt.Errorf("line %d: %s.name is not set", n.Line, at)
 	}
-	gotType, target, err := g.server(name, lookup(g.root, name))
-	if err != nil {
+	gotType, url, err := g.url(name)
+	switch {
+	case errors.Is(err, errNoAddress):
+		return nil, fmt.Errorf("%s names %s %q, which has no host and port in the config", at, typ, name)
+	case err != nil:
 		return nil, fmt.Errorf("%s names %s %q: %w", at, typ, name, err)
-	}
-	if gotType != typ {
+	case gotType != typ:
 		return nil, fmt.Errorf("%s names %s %q, but that entry is a %s entry", at, typ, name, gotType)
 	}
-	tat := name + "." + gotType + "." + target.Content[0].Value
-	host, err := g.scalar(target.Content[1], "host", tat)
+	return &Ref{Type: typ, Name: name, URL: url}, nil
+}
+
+// errNoAddress: a server entry without host and port.
+var errNoAddress = errors.New("no host and port in the config")
+
+// url resolves entry name as Gym's ServerClient does: its single server
+// type and server, and http://<host>:<port> of that server.
+func (g *gym) url(name string) (typ, url string, err error) {
+	typ, target, err := g.server(name, lookup(g.root, name))
 	if err != nil {
-		return nil, err
+		return "", "", err
 	}
-	port, err := g.scalar(target.Content[1], "port", tat)
+	at := name + "." + typ + "." + target.Content[0].Value
+	host, err := g.scalar(target.Content[1], "host", at)
 	if err != nil {
-		return nil, err
+		return typ, "", err
+	}
+	port, err := g.scalar(target.Content[1], "port", at)
+	if err != nil {
+		return typ, "", err
 	}
 	if host == "" || port == "" || port == "-1" {
-		return nil, fmt.Errorf("%s names %s %q, which has no host and port in the config", at, typ, name)
+		return typ, "", fmt.Errorf("%s: %w", at, errNoAddress)
 	}
-	return &Ref{Type: typ, Name: name, URL: "http://" + net.JoinHostPort(host, port)}, nil
+	return typ, "http://" + net.JoinHostPort(host, port), nil
+}
+
+// Server is one server entry of a Gym config, as Gym's checkpoint
+// coordinator finds it.
+type Server struct {
+	// Name is the top-level entry's name (the coordinator's server name).
+	Name string
+	// URL is http://<host>:<port> of its server; "" when Err is set.
+	URL string
+	// Err says why the entry names no server Gym could reach (no host
+	// and port, not one server under one type): the coordinator's
+	// request to it would fail, so discovery fails for it.
+	Err error
+}
+
+// Servers lists, in document order, the entries Gym's coordinator probes
+// at discovery (coordination.py discover at 011c3386d691): every
+// top-level entry that is a mapping holding one of ServerTypes, each with
+// the URL Gym's ServerClient would reach it at. An error is a document
+// that is not a mapping of entries.
+func Servers(data []byte) ([]Server, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, errors.New(oneLine(strings.TrimPrefix(err.Error(), "yaml: ")))
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return nil, errors.New("the config is not a mapping of server instances")
+	}
+	g := &gym{root: doc.Content[0]}
+	var out []Server
+	for name, entry := range pairs(g.root) {
+		if !slices.ContainsFunc(ServerTypes, func(t string) bool { return lookup(entry, t) != nil }) {
+			continue
+		}
+		_, url, err := g.url(name)
+		out = append(out, Server{Name: name, URL: url, Err: err})
+	}
+	return out, nil
 }
 
 // adapterSection fills the section of the adapter the config selects:

@@ -356,3 +356,40 @@ func TestUnknownAdapterOrSection(t *testing.T) {
 		}
 	}
 }
+
+// TestServers: the entries Gym's coordinator probes are the top-level
+// mappings holding one of its four server types, in document order, each
+// with its server's URL; the checkpoint block and other keys are not
+// servers, and an entry Gym could not reach (no port, two servers) is
+// listed with the reason.
+func TestServers(t *testing.T) {
+	doc := `
+env: {environment_servers: {legacy_agent: {host: 127.0.0.1, port: 9001}}}
+checkpoint: {enabled: true, control_auth_token: t}
+policy_model: {responses_api_models: {vllm: {host: 10.0.0.2, port: 8000}}}
+judge: {responses_api_models: {vllm: {host: 10.0.0.3}}}
+agent: {responses_api_agents: {ngdriver_agent: {host: 127.0.0.1, port: 9002}}}
+res: {resources_servers: {a: {host: h, port: 1}, b: {host: h, port: 2}}}
+other: {some_key: 1}
+default_host: 0.0.0.0
+`
+	got, err := Servers([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, s := range got {
+		line := s.Name + " " + s.URL
+		if s.Err != nil {
+			line += " error"
+		}
+		lines = append(lines, line)
+	}
+	want := []string{"env http://127.0.0.1:9001", "policy_model http://10.0.0.2:8000", "judge  error", "agent http://127.0.0.1:9002", "res  error"}
+	if !slices.Equal(lines, want) {
+		t.Errorf("servers %q, want %q", lines, want)
+	}
+	if _, err := Servers([]byte("- a list")); err == nil {
+		t.Errorf("a list was taken for a config")
+	}
+}

@@ -291,21 +291,27 @@ func (h *Handle) MustSucceed(t testing.TB) Result {
 // Result is a run's result JSON, as the fake adapter and the local owner
 // make it.
 type Result struct {
-	Reward      float64               `json:"reward"`
-	FailureKind string                `json:"failure_kind"`
-	Response    Response              `json:"response"`
-	Launches    []driver.LaunchRecord `json:"ng_harness_launches"`
-	RolloutID   string                `json:"rollout_id"`
-	Raw         json.RawMessage       `json:"-"`
+	Reward      float64 `json:"reward"`
+	FailureKind string  `json:"failure_kind"`
+	// Response is the NeMoGymResponse the fake adapter built from the
+	// harness's session.
+	Response json.RawMessage `json:"response"`
+	// Fake is what the fake harness printed: the fake_* fields beside
+	// the response.
+	Fake      FakeFields            `json:"-"`
+	Launches  []driver.LaunchRecord `json:"ng_harness_launches"`
+	RolloutID string                `json:"rollout_id"`
+	Raw       json.RawMessage       `json:"-"`
 }
 
-// Response is what the fake harness prints.
-type Response struct {
-	Text      string `json:"text"`
-	Steps     int    `json:"steps"`
-	FirstStep int    `json:"first_step"`
-	Task      string `json:"task"`
-	Error     string `json:"error"`
+// FakeFields are the fake adapter's fields of a result (fake.GymRunFields).
+type FakeFields struct {
+	Text      string `json:"fake_text"`
+	Steps     int    `json:"fake_steps"`
+	FirstStep int    `json:"fake_first_step"`
+	Task      string `json:"fake_task"`
+	Finished  bool   `json:"fake_finished"`
+	Error     string `json:"fake_error"`
 }
 
 // ParseResult decodes a result; ng_harness_launches must be there.
@@ -315,6 +321,7 @@ func ParseResult(t testing.TB, raw json.RawMessage) Result {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		t.Fatalf("the result is not what the driver returns: %v\n%s", err, raw)
 	}
+	_ = json.Unmarshal(raw, &r.Fake)
 	var m map[string]json.RawMessage
 	_ = json.Unmarshal(raw, &m)
 	if _, ok := m["ng_harness_launches"]; !ok {
