@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -308,4 +309,60 @@ func wantNothingLeft(t *testing.T, l *launch, r outcome, procs map[string]proc) 
 	if len(left) > 0 || r.code != 0 {
 		t.Errorf("after the stop, alive: %v\n%v\nknown set:\n%s", left, r, readFile(filepath.Join(l.Dir, proto.KnownFile)))
 	}
+}
+
+// TestStopOfACopiedFolderTouchesNothing proves that a stop of a launch
+// folder copied by a snapshot or fork of the sandbox (cp -a, as the local
+// backend copies) touches nothing: while the launch is paused in its own
+// folder, and again once its supervisor is gone (when a stop of the copy
+// used to fall back to every process on the host, by the launch's tag),
+// `ngsup stop` of the copy exits 0 with copied and stopped, searches and
+// signals nothing, and every process of the launch stays held. The stop of
+// the launch's own folder then ends them all. Before origin files, the
+// first stop of the copy stopped the launch through the supervisor its
+// copied receipt names.
+func TestStopOfACopiedFolderTouchesNothing(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg", "-setsid", "-daemon"))
+	procs := map[string]proc{}
+	for _, role := range []string{"harness", "bg", "setsid", "daemon"} {
+		procs[role] = l.role(role)
+	}
+	l.pause()
+	if !exists(filepath.Join(l.Dir, proto.OriginFile)) {
+		t.Fatalf("the launch folder holds no %s file", proto.OriginFile)
+	}
+	fork := filepath.Join(t.TempDir(), "fork", "launch")
+	if err := os.MkdirAll(filepath.Dir(fork), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", "--reflink=auto", "-T", l.Dir, fork).CombinedOutput(); err != nil {
+		t.Fatalf("copy the launch folder: %v: %s", err, out)
+	}
+	stopCopy := func(when string) {
+		t.Helper()
+		r := ngsup(t, "stop", "--dir", fork, "--grace", "0s")
+		wantCode(t, r, 0)
+		var res proto.StopResult
+		r.json(t, &res)
+		if !res.Copied || !res.Stopped || res.Interrupted != 0 || res.Killed != 0 || len(res.Searched) != 0 || res.Partial {
+			t.Errorf("%s: stop of the copy answered %+v, want copied and stopped, nothing searched or signalled", when, res)
+		}
+		wantHeld(t, procs)
+	}
+	stopCopy("supervisor alive")
+	if !alive(proc{l.Sup.PID, l.Sup.StartTicks}) {
+		t.Fatalf("the stop of the copy ended the launch's supervisor")
+	}
+	if err := unix.Kill(l.Sup.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wantGone(t, map[string]proc{"supervisor": {l.Sup.PID, l.Sup.StartTicks}})
+	stopCopy("supervisor gone")
+	res := l.stop("0s")
+	if res.Copied {
+		t.Errorf("the stop of the launch's own folder says copied: %+v", res)
+	}
+	wantGone(t, procs)
 }

@@ -134,6 +134,12 @@ type StopResult struct {
 	// tag and the known set (so Partial is true), and the receipt was left
 	// as it was.
 	ReceiptError string `json:"receipt_error,omitempty"`
+	// Copied is true when the launch folder is a copy of the one the launch
+	// ran in (its origin file names another folder: a snapshot or fork of
+	// the sandbox carried it here): nothing of the launch runs from it, so
+	// the stop searched nothing and signalled nothing, and Stopped is true.
+	// The launch's own folder, where it ran, is the one to stop it by.
+	Copied bool `json:"copied,omitempty"`
 }
 
 // Sources a stop (or pause) searches for a launch's processes.
