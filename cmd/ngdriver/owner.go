@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -89,6 +90,11 @@ Sandboxes no session uses any more are then removed unless
 				if err != nil {
 					return err
 				}
+				release, err := backend.Claim()
+				if err != nil {
+					return err
+				}
+				defer release()
 				lender = localowner.Local(backend)
 			} else {
 				cfg, err := config.Load(cfgPath, builtIn())
@@ -114,6 +120,7 @@ Sandboxes no session uses any more are then removed unless
 				KillSandbox:  func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandboxGrace(ctx, sb, 0) },
 				Logger:       log,
 			})
+			endUnowned(c.Context(), own, log)
 			token := os.Getenv(tokenEnv)
 			control, err := owner.NewControl(own, gym.Config{Instance: instance, LeaseGrace: leaseGrace,
 				Logf: func(format string, args ...any) { log.Warn(fmt.Sprintf(format, args...)) }})
@@ -173,6 +180,25 @@ Sandboxes no session uses any more are then removed unless
 	fl.StringVar(&logFormat, "log-format", "auto", "json, text or auto")
 	c.AddCommand(serveCmd)
 	return c
+}
+
+// endUnowned ends, before an owner serves, what its base's sandboxes still
+// run (localowner.Owner.EndUnowned): a deployment on this base died and
+// left it. It is bounded; what it could not end is a warning naming it
+// (the owner serves all the same: a process stuck in the kernel must not
+// keep a deployment from coming back).
+func endUnowned(ctx context.Context, own *localowner.Owner, log *slog.Logger) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	n, err := own.EndUnowned(ctx)
+	if err != nil {
+		log.Warn("could not end everything a deployment that died left in the sandboxes of this base", "ended", n, "err", err)
+	} else if n > 0 {
+		log.Warn("ended what a deployment that died left running in the sandboxes of this base", "ended", n)
+	}
 }
 
 // remarshal copies a decoded YAML map into a typed struct, rejecting

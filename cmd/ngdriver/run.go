@@ -287,6 +287,11 @@ func runRollout(ctx context.Context, f runFlags) error {
 	if err != nil {
 		return err
 	}
+	release, err := backend.Claim()
+	if err != nil {
+		return err
+	}
+	defer release()
 	binaries := launch.DefaultBinaries(f.ngsupDir)
 	if len(binaries) == 0 {
 		return fmt.Errorf("no ngsup binary found (looked for ngsup-linux-amd64/arm64 beside ngdriver; build with `make build` or pass --ngsup-dir)")
@@ -298,6 +303,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 		KillSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandboxGrace(ctx, sb, 0) },
 		Logger:      log,
 	})
+	endUnowned(ctx, own, log)
 	pause := f.pause
 	checkpointDir := filepath.Join(stateDir, "checkpoints")
 	newOwnerControl := func() (*gym.Control, error) {

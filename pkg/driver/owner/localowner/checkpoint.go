@@ -378,6 +378,7 @@ func (o *Owner) installOne(ctx context.Context, in *install) {
 		}
 		if err := o.kill(ctx, id); err != nil {
 			o.log.Warn("stop the sandbox a restore replaces", "session", s.id, "sandbox", id, "err", err)
+			continue // kept: its launch folders still name what runs
 		}
 		o.removeUnused(ctx, id)
 	}

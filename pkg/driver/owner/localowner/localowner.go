@@ -534,11 +534,14 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 // is logged, the verdict stands) and it is marked closed and verified
 // (s.mu held).
 func (o *Owner) endVerified(ctx context.Context, s *session) {
-	if err := o.stop(ctx, s.sandboxID); err != nil {
+	err := o.stop(ctx, s.sandboxID)
+	if err != nil {
 		o.log.Warn("stop the sandbox of a verified session", "session", s.id, "sandbox", s.sandboxID, "err", err)
 	}
 	s.closed, s.verified = true, true
-	o.removeUnused(ctx, s.sandboxID)
+	if err == nil {
+		o.removeUnused(ctx, s.sandboxID)
+	}
 }
 
 // runCheck runs the session's check (s.mu held).
@@ -629,6 +632,10 @@ func (o *Owner) end(ctx context.Context, id string, how func(context.Context, sa
 	return how(ctx, sb)
 }
 
+// removeUnused removes the sandbox id when Options.RemoveUnused asks for
+// it. Call it only once the sandbox's processes were stopped: a sandbox
+// whose stop failed is kept, so that its launch folders still name what
+// runs (a restarted owner ends it, EndUnowned).
 func (o *Owner) removeUnused(ctx context.Context, id string) {
 	if id == "" || !o.opt.RemoveUnused {
 		return
@@ -823,8 +830,9 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		defer s.mu.Unlock()
 		snap := taken[s.id]
 		old := s.sandboxID
-		if err := o.kill(ctx, old); err != nil {
-			o.log.Warn("stop the sandbox a restore replaces", "session", s.id, "sandbox", old, "err", err)
+		killErr := o.kill(ctx, old)
+		if killErr != nil {
+			o.log.Warn("stop the sandbox a restore replaces", "session", s.id, "sandbox", old, "err", killErr)
 		}
 		fork, gen, err := o.forkNext(ctx, snap, s.id, s.generation)
 		if err != nil {
@@ -834,7 +842,7 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		s.closed, s.verified = false, false
 		o.log.Info("session restored", "checkpoint", checkpointID, "session", s.id,
 			"snapshot", snap, "old_sandbox", old, "sandbox", fork.ID())
-		if old != fork.ID() {
+		if old != fork.ID() && killErr == nil {
 			o.removeUnused(ctx, old)
 		}
 		return nil
