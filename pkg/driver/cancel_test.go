@@ -152,6 +152,8 @@ func TestRealPartialStopStillWarns(t *testing.T) {
 	if err := syscall.Kill(rec.SupervisorPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	// Gone before the stop begins, or the stop still finds it alive.
+	drivertest.CheckGone(t, "the killed supervisor", []drivertest.Proc{{Kind: "supervisor", PID: rec.SupervisorPID, StartTicks: rec.SupervisorStartTicks}})
 	h.Cancel(nil)
 	if _, err := h.Wait(t); !errors.Is(err, context.Canceled) {
 		t.Errorf("the cancelled run returned %v", err)

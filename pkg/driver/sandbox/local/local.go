@@ -412,9 +412,9 @@ func (b *Backend) Fork(ctx context.Context, snapshotID, newID string) (*Sandbox,
 // Remove deletes a sandbox's folder, ending every process still running in
 // it first. The folder is renamed away at once (no command can start in
 // the sandbox from then on); then, with namespace isolation, every process
-// of the sandbox gets SIGKILL (EndProcesses: the owner's StopSandbox is the
-// graceful stop, this ends whatever it left or could not reach); then the
-// folder is deleted. When processes outlive that, the error wraps
+// whose mount namespace shows that folder at the mount point gets SIGKILL
+// (the owner's StopSandbox is the graceful stop; this ends whatever it left
+// or could not reach, launch or not); then the folder is deleted. When processes outlive that, the error wraps
 // ErrProcessesLeft and the renamed folder is kept, so that nothing of a
 // sandbox ever runs on with its folder gone. Removing a sandbox that does
 // not exist is not an error.
@@ -432,7 +432,11 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	if b.mountPoint == "" {
 		return removeAll(gone)
 	}
-	if _, err := b.endProcs(ctx, func(p hostProc) bool { return p.folder == filepath.Base(gone) }); err != nil {
+	bound, err := b.byFolder(gone)
+	if err == nil {
+		_, err = b.endProcs(ctx, bound, func(hostProc) bool { return true })
+	}
+	if err != nil {
 		return fmt.Errorf("local: remove sandbox %s: end its processes (its folder stays at %s): %w", id, gone, err)
 	}
 	if err := removeAll(gone); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -146,16 +147,55 @@ func sandboxFolder(data []byte, sandboxes fsPath) (name string, deleted, ok bool
 	return name, deleted, ok
 }
 
-// hostProcs lists the live processes on this host that run in a mount
-// namespace binding a folder of the backend's sandboxes (see above). It
-// reads each process's namespace link, and the mounts of each namespace
-// once; processes of this process's own namespace (the host's) are none of
-// a sandbox's.
-func (b *Backend) hostProcs() ([]hostProc, error) {
+// binding says which folder of the backend's sandboxes the mount
+// namespace of a process binds: its name, whether it is deleted, and ok
+// false when it binds none (or the process went away). It is asked once
+// per namespace, of one of its processes.
+type binding func(pid int) (folder string, deleted, ok bool)
+
+// byMounts is the binding read from the namespace's mounts (mountinfo):
+// any folder of this base's sandboxes, at any mount point, deleted or not.
+// It reads the namespace's whole mount table.
+func (b *Backend) byMounts() (binding, error) {
 	sandboxes, err := b.sandboxesPath()
 	if err != nil {
 		return nil, err
 	}
+	return func(pid int) (string, bool, bool) {
+		data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/mountinfo")
+		if err != nil {
+			return "", false, false
+		}
+		return sandboxFolder(data, sandboxes)
+	}, nil
+}
+
+// byFolder is the binding of one folder, held at the backend's mount
+// point: the namespace binds it when what it shows at the mount point is
+// that folder (the same device and inode), which costs one stat a
+// namespace instead of reading its mount table. A command run with another
+// mount point (a driver configured with another) is not found by it.
+func (b *Backend) byFolder(folder string) (binding, error) {
+	var want unix.Stat_t
+	if err := unix.Stat(folder, &want); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: folder, Err: err}
+	}
+	name := filepath.Base(folder)
+	return func(pid int) (string, bool, bool) {
+		var st unix.Stat_t
+		if unix.Stat("/proc/"+strconv.Itoa(pid)+"/root"+b.mountPoint, &st) != nil || st.Dev != want.Dev || st.Ino != want.Ino {
+			return "", false, false
+		}
+		return name, false, true
+	}, nil
+}
+
+// hostProcs lists the live processes on this host that run in a mount
+// namespace bound (see binding) to a folder of the backend's sandboxes. It
+// reads each process's namespace link, and asks bound once a namespace;
+// processes of this process's own namespace (the host's) are none of a
+// sandbox's.
+func (b *Backend) hostProcs(bound binding) ([]hostProc, error) {
 	self, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {
 		return nil, fmt.Errorf("read this process's mount namespace: %w", err)
@@ -164,48 +204,51 @@ func (b *Backend) hostProcs() ([]hostProc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list the processes: %w", err)
 	}
-	type bound struct {
-		name    string
+	type found struct {
+		folder  string
 		deleted bool
-		ok      bool
 	}
-	namespaces := map[string]bound{}
+	namespaces := map[string]*found{}
 	var out []hostProc
 	for _, pid := range pids {
 		ns, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
 		if err != nil || ns == self {
 			continue // gone, a zombie, or the host's namespace
 		}
-		bd, seen := namespaces[ns]
+		f, seen := namespaces[ns]
 		if !seen {
-			data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/mountinfo")
-			if err != nil {
-				continue // gone meanwhile: ask the next process of the namespace
+			folder, deleted, ok := bound(pid)
+			if !ok {
+				if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+					continue // gone meanwhile: ask the next process of the namespace
+				}
+			} else {
+				f = &found{folder, deleted}
 			}
-			bd.name, bd.deleted, bd.ok = sandboxFolder(data, sandboxes)
-			namespaces[ns] = bd
+			namespaces[ns] = f
 		}
-		if !bd.ok {
+		if f == nil {
 			continue
 		}
 		st, err := reaper.ProcFS.ReadStat(pid)
 		if err != nil || st.State == 'Z' || st.State == 'X' {
 			continue
 		}
-		out = append(out, hostProc{Proc: proto.Proc{PID: pid, StartTicks: st.StartTicks}, folder: bd.name, deleted: bd.deleted})
+		out = append(out, hostProc{Proc: proto.Proc{PID: pid, StartTicks: st.StartTicks}, folder: f.folder, deleted: f.deleted})
 	}
 	return out, nil
 }
 
-// endProcs SIGKILLs every live process of the backend's sandboxes that
-// match accepts (by pid and start time, through a pidfd), and scans again
-// until none is left or endBudget (or ctx) runs out. It returns how many
-// it killed; ErrProcessesLeft names those still alive at the end.
-func (b *Backend) endProcs(ctx context.Context, match func(hostProc) bool) (int, error) {
+// endProcs SIGKILLs every live process bound to a folder of the backend's
+// sandboxes that match accepts (by pid and start time, through a pidfd),
+// and scans again until none is left or endBudget (or ctx) runs out. It
+// returns how many it killed; ErrProcessesLeft names those still alive at
+// the end.
+func (b *Backend) endProcs(ctx context.Context, bound binding, match func(hostProc) bool) (int, error) {
 	deadline := time.Now().Add(endBudget)
 	killed := map[proto.Proc]bool{}
 	for {
-		procs, err := b.hostProcs()
+		procs, err := b.hostProcs(bound)
 		if err != nil {
 			return len(killed), err
 		}
@@ -239,23 +282,6 @@ func (b *Backend) endProcs(ctx context.Context, match func(hostProc) bool) (int,
 	}
 }
 
-// EndProcesses ends (SIGKILL) every process running in the sandbox id, found
-// by the mount namespace it runs in, also while its folder is being
-// removed. Without namespace isolation a sandbox's commands run in no
-// namespace of their own: it finds none of them (they are known only by
-// the sandbox's launch folders). It returns how many it
-// killed; an error wrapping ErrProcessesLeft when some outlived endBudget.
-func (b *Backend) EndProcesses(ctx context.Context, id string) (int, error) {
-	if err := CheckID("sandbox", id); err != nil {
-		return 0, err
-	}
-	n, err := b.endProcs(ctx, func(p hostProc) bool { return p.sandboxID() == id })
-	if err != nil {
-		return n, fmt.Errorf("local: end the processes of sandbox %s: %w", id, err)
-	}
-	return n, nil
-}
-
 // EndStrays ends (SIGKILL) every process running in one of the backend's
 // sandboxes that keep does not accept (keep nil: every sandbox), found by
 // the mount namespace it runs in: those of a sandbox whose folder is still
@@ -265,7 +291,11 @@ func (b *Backend) EndProcesses(ctx context.Context, id string) (int, error) {
 // its launches running, paused, or with their folders deleted. Without
 // namespace isolation it finds none. It returns how many it killed.
 func (b *Backend) EndStrays(ctx context.Context, keep func(id string) bool) (int, error) {
-	n, err := b.endProcs(ctx, func(p hostProc) bool {
+	bound, err := b.byMounts()
+	if err != nil {
+		return 0, fmt.Errorf("local: end the processes of sandboxes no session uses: %w", err)
+	}
+	n, err := b.endProcs(ctx, bound, func(p hostProc) bool {
 		return p.deleted || strings.HasPrefix(p.folder, ".") || keep == nil || !keep(p.sandboxID())
 	})
 	if err != nil {
