@@ -43,7 +43,10 @@ POST /seed_session, /sandbox_access, /verify and /close_session, also under
 /ng-rollout/<capture key>/ (the prefix that binds a session to its attempt: a
 seed for a key whose session exists answers that session again), lending local
 sandboxes kept under --base. Point ngdriver serve's backends.local.base at the
-same --base.
+same --base. One owner holds a --base at a time (<base>/owner.lock); before it
+listens it ends every process still running in a sandbox of that base, which
+a deployment that died left there (found by the mount namespace each runs
+in, so never another base's).
 
 It is also a checkpoint participant of kind "resources", instance --instance:
 Gym's control routes under /ng-control/v1/checkpoint (status, prepare, renew,
