@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,5 +119,37 @@ func TestEndStraysEndsWhatNoSessionOwns(t *testing.T) {
 		if !p.alive() {
 			t.Errorf("the %s sandbox's process (pid %d) was ended", name, p.pid)
 		}
+	}
+}
+
+// TestClaimHoldsTheBaseForOneOwner proves that a base is held by one owner
+// at a time (a starting owner ends what its base's sandboxes run, which
+// must never hit a live owner's): a second claim of a held base fails with
+// ErrBaseInUse naming the holder's pid, another base is free, and once the
+// holder lets go the base can be claimed again.
+func TestClaimHoldsTheBaseForOneOwner(t *testing.T) {
+	b, other := newBackend(t, Options{Isolation: IsolationNone}), newBackend(t, Options{Isolation: IsolationNone})
+	release, err := b.Claim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := New(b.Base(), Options{Isolation: IsolationNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.Claim(); !errors.Is(err, ErrBaseInUse) || !strings.Contains(err.Error(), fmt.Sprint(os.Getpid())) {
+		t.Errorf("a second claim of a held base: %v, want ErrBaseInUse naming pid %d", err, os.Getpid())
+	}
+	releaseOther, err := other.Claim()
+	if err != nil {
+		t.Errorf("another base: %v", err)
+	} else {
+		releaseOther()
+	}
+	release()
+	if release2, err := again.Claim(); err != nil {
+		t.Errorf("a claim after the holder let go: %v", err)
+	} else {
+		release2()
 	}
 }
