@@ -200,7 +200,7 @@ func endUnowned(ctx context.Context, own *localowner.Owner, log *slog.Logger) {
 	if err != nil {
 		log.Warn("could not end everything a deployment that died left in the sandboxes of this base", "ended", n, "err", err)
 	} else if n > 0 {
-		log.Warn("ended what a deployment that died left running in the sandboxes of this base", "ended", n)
+		log.Info("ended what a deployment that died left running in the sandboxes of this base", "ended", n)
 	}
 }
 

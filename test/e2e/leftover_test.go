@@ -119,3 +119,65 @@ func tear(t *testing.T, dir string) {
 		}
 	}
 }
+
+// TestCrashBothRestoredLeavesNothingOfTheOldAttempt: two runs paused at a
+// committed checkpoint, both servers killed with SIGKILL, fresh servers on
+// the same config restored from it, and the runs continued as attempt 1 in
+// forks of their snapshots, each to reward 1 with no step repeated. Then
+// nothing of attempt 0 runs any more (every process its harnesses recorded,
+// and its supervisors), and no server warned: the forks carry attempt 0's
+// launch folders, whose stop at the end of each session once warned
+// "the stop could not make sure the launch is gone ... partial=true" after
+// scanning every process on the host for their tags.
+func TestCrashBothRestoredLeavesNothingOfTheOldAttempt(t *testing.T) {
+	const steps = 12
+	e := newEnv(t, options{steps: steps})
+	var ids []string
+	chans := map[string]<-chan runReply{}
+	bodies := map[string]map[string]any{}
+	for i := range 2 {
+		id := e.rollout(fmt.Sprintf("p%d", i))
+		ids = append(ids, id)
+		bodies[id] = e.body(id, steps, e.opts.stepS)
+		chans[id] = e.startRun("/run", id, bodies[id])
+	}
+	e.waitStepped(ids...)
+	ck := e.prepareCommit(e.prefix + "-ck1")
+	at := map[string]int{}
+	for _, id := range ids {
+		at[id] = len(e.sessionSteps(id))
+	}
+	old := append(e2eproc.RecordedLeftovers(e.base, e.since), supervisors(t, e.base)...)
+	e.crashAll()
+	for _, id := range ids {
+		await(t, chans[id])
+	}
+	e.restartOwner()
+	e.startDriver()
+	restoreID := e.prefix + "-restore1"
+	e.ctl.must(t, "restore", restoreBody(restoreID, ck.dir, episodes(ids...)), nil)
+	e.restoreOwner(restoreID, ck.dir, episodes(ids...), ck.id, ck.owned)
+	e.resumeAll(restoreID)
+	again := map[string]<-chan runReply{}
+	for _, id := range ids {
+		again[id] = e.startRun("/run", id, withAttempt(bodies[id], 1))
+	}
+	for _, id := range ids {
+		checkContinued(t, e, id, await(t, again[id]).result(t), steps, at[id], ck.records[id].bookmark(t))
+	}
+	for _, p := range old {
+		if p.Alive() {
+			t.Errorf("a process of attempt 0 still runs: %s", p)
+		}
+	}
+	e.mu.Lock()
+	servers := append(append([]*e2eproc.Proc{}, e.drivers...), e.owners...)
+	e.mu.Unlock()
+	for _, p := range servers {
+		for _, line := range strings.Split(p.Errs.String(), "\n") {
+			if strings.Contains(line, `"level":"WARN"`) {
+				t.Errorf("%s warned: %s", p.Name, line)
+			}
+		}
+	}
+}

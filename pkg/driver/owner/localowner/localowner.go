@@ -94,6 +94,8 @@ type Options struct {
 	StopSandbox func(ctx context.Context, sb sandbox.Sandbox) error
 	// KillSandbox ends every process of a sandbox a restore replaces, at
 	// once: its processes belong to a run that crashed. Nil: StopSandbox.
+	// Local sandboxes with namespace isolation are ended by the backend
+	// instead, by the mount namespace their processes run in (see kill).
 	KillSandbox func(ctx context.Context, sb sandbox.Sandbox) error
 	// Logger receives what the owner did and what went wrong (nil:
 	// slog.Default()).
@@ -610,12 +612,43 @@ func (o *Owner) stop(ctx context.Context, id string) error {
 	return o.end(ctx, id, o.opt.StopSandbox)
 }
 
-// kill ends every process of the sandbox id through Options.KillSandbox.
-func (o *Owner) kill(ctx context.Context, id string) error {
-	if o.opt.KillSandbox == nil {
-		return o.stop(ctx, id)
+// kill ends every process of the sandboxes ids at once: their processes
+// belong to a run that crashed. Local sandboxes with namespace isolation
+// are ended by the mount namespace their processes run in, all of them in
+// one scan of the host (local.Backend.EndSandboxes: no launch folder is
+// read, so a launch a restarted owner already ended, whose receipt still
+// says it runs, is no search and no warning); other sandboxes through
+// Options.KillSandbox (StopSandbox when nil), one by one. It returns the
+// error of each sandbox whose processes it could not confirm ended.
+func (o *Owner) kill(ctx context.Context, ids ...string) map[string]error {
+	failed := map[string]error{}
+	var todo []string
+	for _, id := range ids {
+		if id != "" {
+			todo = append(todo, id)
+		}
 	}
-	return o.end(ctx, id, o.opt.KillSandbox)
+	if l, ok := o.opt.Sandboxes.(localSandboxes); ok && l.b.Isolation() == local.IsolationNamespace {
+		if len(todo) == 0 {
+			return failed
+		}
+		if _, err := l.b.EndSandboxes(ctx, todo); err != nil {
+			for _, id := range todo {
+				failed[id] = err
+			}
+		}
+		return failed
+	}
+	how := o.opt.KillSandbox
+	if how == nil {
+		how = o.opt.StopSandbox
+	}
+	for _, id := range todo {
+		if err := o.end(ctx, id, how); err != nil {
+			failed[id] = err
+		}
+	}
+	return failed
 }
 
 func (o *Owner) end(ctx context.Context, id string, how func(context.Context, sandbox.Sandbox) error) error {
@@ -830,7 +863,7 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		defer s.mu.Unlock()
 		snap := taken[s.id]
 		old := s.sandboxID
-		killErr := o.kill(ctx, old)
+		killErr := o.kill(ctx, old)[old]
 		if killErr != nil {
 			o.log.Warn("stop the sandbox a restore replaces", "session", s.id, "sandbox", old, "err", killErr)
 		}

@@ -183,7 +183,7 @@ func (o *Owner) EndUnowned(ctx context.Context) (int, error) {
 		if used[id] {
 			continue
 		}
-		if err := o.kill(ctx, id); err != nil {
+		if err := o.kill(ctx, id)[id]; err != nil {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", id, err))
 			continue
 		}

@@ -432,11 +432,7 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 	if b.mountPoint == "" {
 		return removeAll(gone)
 	}
-	bound, err := b.byFolder(gone)
-	if err == nil {
-		_, err = b.endProcs(ctx, bound, func(hostProc) bool { return true })
-	}
-	if err != nil {
+	if _, err := b.endProcs(ctx, b.byFolders([]string{gone}), func(hostProc) bool { return true }); err != nil {
 		return fmt.Errorf("local: remove sandbox %s: end its processes (its folder stays at %s): %w", id, gone, err)
 	}
 	if err := removeAll(gone); err != nil {

@@ -170,24 +170,29 @@ func (b *Backend) byMounts() (binding, error) {
 	}, nil
 }
 
-// byFolder is the binding of one folder, held at the backend's mount
-// point: the namespace binds it when what it shows at the mount point is
-// that folder (the same device and inode), which costs one stat a
-// namespace instead of reading its mount table. A command run with another
-// mount point (a driver configured with another) is not found by it.
-func (b *Backend) byFolder(folder string) (binding, error) {
-	var want unix.Stat_t
-	if err := unix.Stat(folder, &want); err != nil {
-		return nil, &os.PathError{Op: "stat", Path: folder, Err: err}
+// byFolders is the binding of a set of folders, each held at the
+// backend's mount point: a namespace binds one when what it shows at the
+// mount point is that folder (the same device and inode), which costs one
+// stat a namespace instead of reading its mount table. A folder that does
+// not exist is left out. A command run with another mount point (a driver
+// configured with another) is not found by it.
+func (b *Backend) byFolders(folders []string) binding {
+	type key struct{ dev, ino uint64 }
+	want := map[key]string{}
+	for _, f := range folders {
+		var st unix.Stat_t
+		if unix.Stat(f, &st) == nil {
+			want[key{st.Dev, st.Ino}] = filepath.Base(f)
+		}
 	}
-	name := filepath.Base(folder)
 	return func(pid int) (string, bool, bool) {
 		var st unix.Stat_t
-		if unix.Stat("/proc/"+strconv.Itoa(pid)+"/root"+b.mountPoint, &st) != nil || st.Dev != want.Dev || st.Ino != want.Ino {
+		if len(want) == 0 || unix.Stat("/proc/"+strconv.Itoa(pid)+"/root"+b.mountPoint, &st) != nil {
 			return "", false, false
 		}
-		return name, false, true
-	}, nil
+		name, ok := want[key{st.Dev, st.Ino}]
+		return name, false, ok
+	}
 }
 
 // hostProcs lists the live processes on this host that run in a mount
@@ -280,6 +285,34 @@ func (b *Backend) endProcs(ctx context.Context, bound binding, match func(hostPr
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// EndSandboxes ends (SIGKILL) every process running in the sandboxes ids,
+// found by the mount namespace it runs in (the sandbox's folder at the
+// mount point), in one scan of the host's processes for all of them. It is
+// how an owner ends the sandboxes a restore replaces: what runs there
+// belongs to a run that crashed, launch or not, and no launch folder has to
+// be read (a launch that is ended this way keeps a receipt that says it
+// runs; its sandbox is abandoned). A sandbox that does not exist has no
+// process left. Without namespace isolation it finds none (see EndStrays).
+// It returns how many it killed; an error wrapping ErrProcessesLeft when
+// some outlived endBudget.
+func (b *Backend) EndSandboxes(ctx context.Context, ids []string) (int, error) {
+	folders := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if err := CheckID("sandbox", id); err != nil {
+			return 0, err
+		}
+		folders = append(folders, b.HostPath(id))
+	}
+	if b.mountPoint == "" || len(folders) == 0 {
+		return 0, nil
+	}
+	n, err := b.endProcs(ctx, b.byFolders(folders), func(hostProc) bool { return true })
+	if err != nil {
+		return n, fmt.Errorf("local: end the processes of sandboxes %s: %w", strings.Join(ids, ", "), err)
+	}
+	return n, nil
 }
 
 // EndStrays ends (SIGKILL) every process running in one of the backend's
