@@ -43,9 +43,11 @@ sweep begins by killing the whole cgroup.
 
 A folder that is a copy of the one the launch ran in (a snapshot or fork of
 the sandbox brought it: its "origin" file, written when the launch was set up,
-names another folder) holds nothing to stop: nothing is searched or signalled,
-and the reply says "copied":true with "stopped":true (exit 0). The launch is
-stopped by its own folder, where it ran.
+names another folder), once nothing its records name runs (the supervisor,
+the harness, the known set, the cgroup), holds nothing to stop: nothing is
+searched or signalled (no tag scan), and the reply says "copied":true with
+"stopped":true (exit 0). While something they name runs, the stop goes on as
+for any folder: the origin file is no way out of a stop.
 
 With --id, a receipt that cannot be read (corrupt, or of an unknown version)
 does not stop the stop: the launch is found by its tag, the receipt is left as

@@ -311,17 +311,16 @@ func wantNothingLeft(t *testing.T, l *launch, r outcome, procs map[string]proc) 
 	}
 }
 
-// TestStopOfACopiedFolderTouchesNothing proves that a stop of a launch
+// TestStopOfACopiedFolderSearchesNothing proves that a stop of a launch
 // folder copied by a snapshot or fork of the sandbox (cp -a, as the local
-// backend copies) touches nothing: while the launch is paused in its own
-// folder, and again once its supervisor is gone (when a stop of the copy
-// used to fall back to every process on the host, by the launch's tag),
-// `ngsup stop` of the copy exits 0 with copied and stopped, searches and
-// signals nothing, and every process of the launch stays held. The stop of
-// the launch's own folder then ends them all. Before origin files, the
-// first stop of the copy stopped the launch through the supervisor its
-// copied receipt names.
-func TestStopOfACopiedFolderTouchesNothing(t *testing.T) {
+// backend copies, taken while the launch was paused) searches nothing once
+// nothing its records name runs: the launch's own folder is stopped (every
+// process gone, and that stop is no copy), then `ngsup stop` of the copy
+// exits 0 with copied and stopped, no source searched, nothing signalled,
+// and no partial. Before origin files it took the copy for the launch's own
+// folder with its supervisor gone: it scanned every process on the host for
+// the tag and said partial, which the driver warned of after every restore.
+func TestStopOfACopiedFolderSearchesNothing(t *testing.T) {
 	t.Parallel()
 	l := newLaunch(t)
 	l.detach(nil, helper("harness", "-bg", "-setsid", "-daemon"))
@@ -340,29 +339,37 @@ func TestStopOfACopiedFolderTouchesNothing(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", "--reflink=auto", "-T", l.Dir, fork).CombinedOutput(); err != nil {
 		t.Fatalf("copy the launch folder: %v: %s", err, out)
 	}
-	stopCopy := func(when string) {
-		t.Helper()
-		r := ngsup(t, "stop", "--dir", fork, "--grace", "0s")
-		wantCode(t, r, 0)
-		var res proto.StopResult
-		r.json(t, &res)
-		if !res.Copied || !res.Stopped || res.Interrupted != 0 || res.Killed != 0 || len(res.Searched) != 0 || res.Partial {
-			t.Errorf("%s: stop of the copy answered %+v, want copied and stopped, nothing searched or signalled", when, res)
-		}
-		wantHeld(t, procs)
+	if res := l.stop("0s"); res.Copied {
+		t.Errorf("the stop of the launch's own folder says copied: %+v", res)
 	}
-	stopCopy("supervisor alive")
-	if !alive(proc{l.Sup.PID, l.Sup.StartTicks}) {
-		t.Fatalf("the stop of the copy ended the launch's supervisor")
+	wantGone(t, procs)
+	r := ngsup(t, "stop", "--dir", fork, "--grace", "0s")
+	wantCode(t, r, 0)
+	var res proto.StopResult
+	r.json(t, &res)
+	if !res.Copied || !res.Stopped || res.Interrupted != 0 || res.Killed != 0 || len(res.Searched) != 0 || res.Partial {
+		t.Errorf("stop of the copy answered %+v, want copied and stopped, nothing searched or signalled, not partial", res)
 	}
-	if err := unix.Kill(l.Sup.PID, unix.SIGKILL); err != nil {
+}
+
+// TestStopOfAFolderMadeToLookCopiedStillStops proves that an origin file
+// is no way out of a stop (the launch folder is the sandbox's to write): a
+// launch whose own folder's origin is overwritten to name another folder,
+// while its processes run, is stopped as any other: not copied, every
+// process gone.
+func TestStopOfAFolderMadeToLookCopiedStillStops(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg", "-setsid", "-daemon"))
+	procs := map[string]proc{}
+	for _, role := range []string{"harness", "bg", "setsid", "daemon"} {
+		procs[role] = l.role(role)
+	}
+	if err := os.WriteFile(filepath.Join(l.Dir, proto.OriginFile), []byte("1 2 3\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	wantGone(t, map[string]proc{"supervisor": {l.Sup.PID, l.Sup.StartTicks}})
-	stopCopy("supervisor gone")
-	res := l.stop("0s")
-	if res.Copied {
-		t.Errorf("the stop of the launch's own folder says copied: %+v", res)
+	if res := l.stop("0s"); res.Copied {
+		t.Errorf("a live launch whose origin names another folder was taken for a copy: %+v", res)
 	}
 	wantGone(t, procs)
 }

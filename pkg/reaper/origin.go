@@ -162,3 +162,27 @@ func readSmallFile(path string, limit int) ([]byte, bool) {
 	}
 	return buf[:n], true
 }
+
+// showsLife reports whether anything the launch's records name still runs:
+// the supervisor or the harness the receipt names, a process of the known
+// set (each by pid and start time), or a member of its cgroup. A copy of a
+// folder whose launch runs on (on a local backend, in the sandbox it was
+// copied from) shows life; so does a launch whose own folder a process of
+// it made look like a copy.
+func (l *Launch) showsLife() bool {
+	if l.FS.Live(l.supervisor()) || l.FS.Live(l.harness()) {
+		return true
+	}
+	known, _, _ := readProcSet(l.path(proto.KnownFile))
+	for _, p := range known {
+		if l.FS.Live(p) {
+			return true
+		}
+	}
+	if l.Cgroup != nil {
+		if pids, err := l.Cgroup.Procs(); err == nil && len(pids) > 0 {
+			return true
+		}
+	}
+	return false
+}
