@@ -52,7 +52,10 @@ session_id cookie its seed set (401 unauthorized otherwise, and nothing
 changes); a seed for a key whose session exists needs it too, except for a
 restored session no call has claimed yet, which a seed without it replaces
 with a fresh one. GET /metrics (Prometheus) and GET /healthz need nothing.
---listen defaults to loopback.
+--listen defaults to loopback. One owner holds a --base at a time
+(<base>/owner.lock); before it listens it ends every process still running
+in a sandbox of that base, which a deployment that died left there (found by
+the mount namespace each runs in, so never another base's).
 
 It is also a checkpoint participant of kind "resources", instance --instance:
 Gym's control routes under /ng-control/v1/checkpoint (status, prepare, renew,
@@ -109,6 +112,11 @@ commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).`,
 				if err != nil {
 					return err
 				}
+				release, err := backend.Claim()
+				if err != nil {
+					return err
+				}
+				defer release()
 				sweep(log, backend)
 				lender = localowner.Local(backend)
 			} else {
@@ -139,6 +147,7 @@ commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).`,
 				KillSandbox:  func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandboxGrace(ctx, sb, 0) },
 				Logger:       log,
 			})
+			endUnowned(c.Context(), own, log)
 			token := os.Getenv(tokenEnv)
 			control, err := owner.NewControl(own, gym.Config{Instance: instance, LeaseGrace: leaseGrace,
 				Logf: func(format string, args ...any) { log.Warn(fmt.Sprintf(format, args...)) }})
@@ -215,6 +224,25 @@ func sweep(log *slog.Logger, b *local.Backend) {
 	}
 	if err != nil {
 		log.Warn("could not remove all a killed process left half done", "base", b.Base(), "err", err)
+	}
+}
+
+// endUnowned ends, before an owner serves, what its base's sandboxes still
+// run (localowner.Owner.EndUnowned): a deployment on this base died and
+// left it. It is bounded; what it could not end is a warning naming it
+// (the owner serves all the same: a process stuck in the kernel must not
+// keep a deployment from coming back).
+func endUnowned(ctx context.Context, own *localowner.Owner, log *slog.Logger) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	n, err := own.EndUnowned(ctx)
+	if err != nil {
+		log.Warn("could not end everything a deployment that died left in the sandboxes of this base", "ended", n, "err", err)
+	} else if n > 0 {
+		log.Info("ended what a deployment that died left running in the sandboxes of this base", "ended", n)
 	}
 }
 

@@ -287,6 +287,11 @@ func runRollout(ctx context.Context, f runFlags) error {
 	if err != nil {
 		return err
 	}
+	release, err := backend.Claim()
+	if err != nil {
+		return err
+	}
+	defer release()
 	sweep(log, backend)
 	binaries := launch.DefaultBinaries(f.ngsupDir)
 	if len(binaries) == 0 {
@@ -299,6 +304,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 		KillSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandboxGrace(ctx, sb, 0) },
 		Logger:      log,
 	})
+	endUnowned(ctx, own, log)
 	pause := f.pause
 	checkpointDir := filepath.Join(stateDir, "checkpoints")
 	newOwnerControl := func() (*gym.Control, error) {

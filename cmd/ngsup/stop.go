@@ -41,6 +41,14 @@ bound cut it short (then "stopped" is false and the exit code 4). Where the
 launch has a cgroup, the first sweep runs with it frozen, and each SIGKILL
 sweep begins by killing the whole cgroup.
 
+A folder that is a copy of the one the launch ran in (a snapshot or fork of
+the sandbox brought it: its "origin" file, written when the launch was set up,
+names another folder), once nothing its records name runs (the supervisor,
+the harness, the known set, the cgroup), holds nothing to stop: nothing is
+searched or signalled (no tag scan), and the reply says "copied":true with
+"stopped":true (exit 0). While something they name runs, the stop goes on as
+for any folder: the origin file is no way out of a stop.
+
 With --id, a receipt that cannot be read (corrupt, or of an unknown version)
 does not stop the stop: the launch is found by its tag, the receipt is left as
 it is, and "receipt_error" says why it was not used.
@@ -54,6 +62,9 @@ Exit 0 none left, 4 survivors listed; 2 for a bad or unwritable launch folder
 			res, code, err := reaper.StopLaunch(dir, id, grace)
 			if err == nil && res.ReceiptError != "" {
 				fmt.Fprintf(os.Stderr, "ngsup: stop --dir %s: the receipt is unreadable, stopped by the launch's tag instead: %s\n", dir, res.ReceiptError)
+			}
+			if err == nil && res.Copied {
+				fmt.Fprintf(os.Stderr, "ngsup: stop --dir %s: the folder is a copy of the one the launch ran in (a snapshot or fork brought it): nothing of the launch runs from here\n", dir)
 			}
 			if err == nil && res.Partial {
 				fmt.Fprintf(os.Stderr, "ngsup: stop --dir %s: no supervisor lives (it is gone, or never ran), so its tree could not be searched (searched: %s)\n",

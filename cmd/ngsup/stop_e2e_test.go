@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -308,4 +309,67 @@ func wantNothingLeft(t *testing.T, l *launch, r outcome, procs map[string]proc) 
 	if len(left) > 0 || r.code != 0 {
 		t.Errorf("after the stop, alive: %v\n%v\nknown set:\n%s", left, r, readFile(filepath.Join(l.Dir, proto.KnownFile)))
 	}
+}
+
+// TestStopOfACopiedFolderSearchesNothing proves that a stop of a launch
+// folder copied by a snapshot or fork of the sandbox (cp -a, as the local
+// backend copies, taken while the launch was paused) searches nothing once
+// nothing its records name runs: the launch's own folder is stopped (every
+// process gone, and that stop is no copy), then `ngsup stop` of the copy
+// exits 0 with copied and stopped, no source searched, nothing signalled,
+// and no partial. Before origin files it took the copy for the launch's own
+// folder with its supervisor gone: it scanned every process on the host for
+// the tag and said partial, which the driver warned of after every restore.
+func TestStopOfACopiedFolderSearchesNothing(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg", "-setsid", "-daemon"))
+	procs := map[string]proc{}
+	for _, role := range []string{"harness", "bg", "setsid", "daemon"} {
+		procs[role] = l.role(role)
+	}
+	l.pause()
+	if !exists(filepath.Join(l.Dir, proto.OriginFile)) {
+		t.Fatalf("the launch folder holds no %s file", proto.OriginFile)
+	}
+	fork := filepath.Join(t.TempDir(), "fork", "launch")
+	if err := os.MkdirAll(filepath.Dir(fork), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", "--reflink=auto", "-T", l.Dir, fork).CombinedOutput(); err != nil {
+		t.Fatalf("copy the launch folder: %v: %s", err, out)
+	}
+	if res := l.stop("0s"); res.Copied {
+		t.Errorf("the stop of the launch's own folder says copied: %+v", res)
+	}
+	wantGone(t, procs)
+	r := ngsup(t, "stop", "--dir", fork, "--grace", "0s")
+	wantCode(t, r, 0)
+	var res proto.StopResult
+	r.json(t, &res)
+	if !res.Copied || !res.Stopped || res.Interrupted != 0 || res.Killed != 0 || len(res.Searched) != 0 || res.Partial {
+		t.Errorf("stop of the copy answered %+v, want copied and stopped, nothing searched or signalled, not partial", res)
+	}
+}
+
+// TestStopOfAFolderMadeToLookCopiedStillStops proves that an origin file
+// is no way out of a stop (the launch folder is the sandbox's to write): a
+// launch whose own folder's origin is overwritten to name another folder,
+// while its processes run, is stopped as any other: not copied, every
+// process gone.
+func TestStopOfAFolderMadeToLookCopiedStillStops(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	l.detach(nil, helper("harness", "-bg", "-setsid", "-daemon"))
+	procs := map[string]proc{}
+	for _, role := range []string{"harness", "bg", "setsid", "daemon"} {
+		procs[role] = l.role(role)
+	}
+	if err := os.WriteFile(filepath.Join(l.Dir, proto.OriginFile), []byte("1 2 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res := l.stop("0s"); res.Copied {
+		t.Errorf("a live launch whose origin names another folder was taken for a copy: %+v", res)
+	}
+	wantGone(t, procs)
 }

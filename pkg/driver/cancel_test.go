@@ -130,6 +130,44 @@ func TestIncompleteStopIsWarned(t *testing.T) {
 	t.Errorf("no warning names launch %s and says its stop was partial and out of time", launch)
 }
 
+// TestRealPartialStopStillWarns proves that a stop that really could not
+// search the launch's tree is still a warning: the supervisor of a running
+// launch is SIGKILLed and the run cancelled, so its stop falls back to the
+// tag and the known set (partial, the launch not ended); the driver warns
+// naming the launch and partial=true, and every process of the launch is
+// gone. Only a folder a fork carried in (copied) is stopped without one.
+func TestRealPartialStopStillWarns(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	ro := e.Rollout("real-partial")
+	h := e.Start(e.Runner(drivertest.Fake(pauseSteps, stepS), newParticipant()), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
+	sbID := e.WaitSeeded(ro, 1).SandboxID
+	sess := e.WaitSession(sbID, ro)
+	procs := e.WaitPids(sess, allKinds...)
+	launch := driver.LaunchID(ro, 1, 1, sbID)
+	rec := e.Receipt(sbID, launch)
+	if rec == nil || !drivertest.IsSupervisor(rec.SupervisorPID) {
+		t.Fatalf("no live supervisor in the receipt: %+v", rec)
+	}
+	if err := syscall.Kill(rec.SupervisorPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Gone before the stop begins, or the stop still finds it alive.
+	drivertest.CheckGone(t, "the killed supervisor", []drivertest.Proc{{Kind: "supervisor", PID: rec.SupervisorPID, StartTicks: rec.SupervisorStartTicks}})
+	h.Cancel(nil)
+	if _, err := h.Wait(t); !errors.Is(err, context.Canceled) {
+		t.Errorf("the cancelled run returned %v", err)
+	}
+	drivertest.CheckGone(t, "the cancelled run", procs)
+	for _, line := range strings.Split(e.Logs(), "\n") {
+		if contains(line, "level=WARN") && contains(line, "the stop could not make sure the launch is gone") &&
+			contains(line, launch) && contains(line, "partial=true") {
+			return
+		}
+	}
+	t.Errorf("no warning names launch %s and says its stop was partial:\n%s", launch, e.Logs())
+}
+
 // TestSameRolloutOnOneHostNeverSharesALaunch proves that two deployments on
 // one host (two owners and drivers, as two Gym jobs reusing the rollout id
 // "<task>-<rollout>" would be) never reach each other's processes: the same

@@ -30,6 +30,13 @@ const (
 	// PausedTimeFile holds the total nanoseconds the launch spent paused, so a
 	// run's --timeout does not count time held at a checkpoint.
 	PausedTimeFile = "paused-ns"
+	// OriginFile names the folder the launch was set up in: its device,
+	// inode and birth time ("dev ino btime_ns"), written once by the first
+	// verb that sets the folder up (run, or a control verb of a launch that
+	// keeps no receipt). A snapshot or fork of the sandbox copies the file
+	// but not the folder's identity, so a folder whose origin names another
+	// folder is a copy: nothing of the launch ever ran from it.
+	OriginFile = "origin"
 )
 
 // TagEnv is the environment variable every process of a launch inherits; its

@@ -134,6 +134,14 @@ type StopResult struct {
 	// tag and the known set (so Partial is true), and the receipt was left
 	// as it was.
 	ReceiptError string `json:"receipt_error,omitempty"`
+	// Copied is true when the launch folder is a copy of the one the launch
+	// ran in (its origin file names another folder: a snapshot or fork of
+	// the sandbox carried it here) and nothing its records name runs (the
+	// supervisor, the harness, the known set, the cgroup): nothing of the
+	// launch runs from it, so the stop searched nothing and signalled
+	// nothing, and Stopped is true. While something they name runs, the
+	// stop goes on as for any folder.
+	Copied bool `json:"copied,omitempty"`
 }
 
 // Sources a stop (or pause) searches for a launch's processes.

@@ -138,6 +138,11 @@ func openLocked(dir string, opt lockOptions) (*Launch, func(), int, error) {
 	if err != nil {
 		return nil, nil, proto.ExitUsage, unwritable(err, opt.undone)
 	}
+	// A launch that keeps no receipt (it runs tagged only, or has not
+	// started) is set up by its first control verb: the folder's origin is
+	// recorded then, before any snapshot can copy it. Best effort: without
+	// it a copy is taken for the launch's own folder, as before.
+	recordOrigin(l.Dir)
 	if l.ReceiptErr == nil {
 		if err := l.Reload(); err != nil && l.Receipt != nil {
 			unlock()

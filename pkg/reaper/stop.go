@@ -50,7 +50,11 @@ const (
 // descendants. The reply names the sources searched, and says Partial when
 // the tree could not be: then an empty Survivors means none of the other
 // sources names a live process, not that none is left. Exit 0 none left
-// (as far as the sources searched tell), 4 survivors listed.
+// (as far as the sources searched tell), 4 survivors listed. A folder that
+// is a copy of the one the launch ran in (its origin file names another
+// folder: a snapshot or fork of the sandbox brought it) and whose records
+// name nothing alive holds nothing to stop: the reply says Copied, and
+// nothing is searched or signalled.
 func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 	return StopLaunch(dir, "", grace)
 }
@@ -71,8 +75,19 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 	if l.ReceiptErr != nil {
 		res.ReceiptError = l.ReceiptErr.Error()
 	}
-	res.Supervised = l.Supervised
 	res.Ended = l.Receipt != nil && l.Receipt.Ended
+	if copied, _ := copiedFrom(l.Dir); copied && !l.showsLife() {
+		// A copy carried here by a snapshot or fork of the sandbox: the
+		// launch never ran from this folder and nothing its records name
+		// runs, so there is nothing here to search for (and no host to
+		// scan for its tag). While something they name lives, the stop
+		// goes on as for any folder: an origin file is the sandbox's to
+		// write, and must not be a way out of a stop.
+		res.Copied, res.Stopped = true, true
+		res.ElapsedMS = ms(time.Since(begin))
+		return res, proto.ExitOK, nil
+	}
+	res.Supervised = l.Supervised
 	if l.Receipt == nil && l.ID == "" {
 		res.Stopped = true
 		res.ElapsedMS = ms(time.Since(begin))

@@ -126,6 +126,12 @@ func newSupervisor(opt RunOptions) (*supervisor, error) {
 	if exists(filepath.Join(dir, proto.ReceiptFile)) {
 		return nil, fmt.Errorf("%w: %s (use a new folder for each launch)", proto.ErrLaunchExists, dir)
 	}
+	// The folder the launch runs from, so that a copy of it (a snapshot or
+	// fork of the sandbox) is known for one. A folder that cannot take it
+	// cannot take the receipt either, which fails just below.
+	if err := recordOrigin(dir); err != nil {
+		opt.Log("ngsup: launch %s: %v", opt.ID, err)
+	}
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return nil, fmt.Errorf("become child subreaper: %w", err)
 	}

@@ -52,7 +52,8 @@ type env struct {
 	prefix string // every rollout id of the test starts with it
 	opts   options
 
-	owner    *e2eproc.Proc
+	owner    *e2eproc.Proc   // the current owner
+	owners   []*e2eproc.Proc // every owner started, the current one last
 	ownerURL string
 	cfgPath  string
 
@@ -87,7 +88,7 @@ func newEnv(t *testing.T, o options) *env {
 	e := &env{
 		t: t, dir: dir, base: filepath.Join(dir, "base"), logs: filepath.Join(dir, "logs"),
 		token:  hex.EncodeToString(tok[:]),
-		prefix: fmt.Sprintf("%s-%s", runTag, shortName(t.Name())),
+		prefix: fmt.Sprintf("%s-%s", runTag, shortName(t.Name())+envSuffix(t)),
 		opts:   o,
 	}
 	for _, d := range []string{e.base, e.logs} {
@@ -96,22 +97,80 @@ func newEnv(t *testing.T, o options) *env {
 		}
 	}
 	t.Cleanup(e.cleanup)
-	// The tests read the sandboxes after their runs (the sessions' steps,
-	// the pids the fake harness recorded): keep them, unless asked not to.
-	ownerArgs := []string{"owner", "serve", "--listen", "127.0.0.1:0", "--base", e.base, "--ngsup-dir", binDir, "--log-format", "json"}
-	if !o.removeSandboxes {
-		ownerArgs = append(ownerArgs, "--keep-sandboxes")
-	}
-	e.owner = e2eproc.StartProc(t, ngdriverBin, "owner", e.logs, e.tokenEnv(), ownerArgs...)
+	e.startOwner("127.0.0.1:0")
 	e.since = e.owner.Start
-	e.ownerURL = e.owner.URL(t)
-	e.own = &controller{name: "owner", url: e.ownerURL, token: e.token}
 	e.cfgPath = filepath.Join(dir, "ngdriver.yaml")
 	if err := os.WriteFile(e.cfgPath, []byte(e.config()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	e.startDriver()
 	return e
+}
+
+// startOwner starts `ngdriver owner serve` on the test's base, listening
+// on listen, and points the owner's controller at it.
+func (e *env) startOwner(listen string) *e2eproc.Proc {
+	e.t.Helper()
+	e.mu.Lock()
+	name := fmt.Sprintf("owner%d", len(e.owners))
+	if len(e.owners) == 0 {
+		name = "owner"
+	}
+	e.mu.Unlock()
+	args := []string{"owner", "serve", "--listen", listen, "--base", e.base, "--ngsup-dir", binDir, "--log-format", "json"}
+	// The tests read the sandboxes after their runs (the sessions' steps,
+	// the pids the fake harness recorded): keep them, unless asked not to.
+	if !e.opts.removeSandboxes {
+		args = append(args, "--keep-sandboxes")
+	}
+	p := e2eproc.StartProc(e.t, ngdriverBin, name, e.logs, e.tokenEnv(), args...)
+	e.mu.Lock()
+	e.owners = append(e.owners, p)
+	e.owner = p
+	e.mu.Unlock()
+	e.ownerURL = p.URL(e.t)
+	e.own = &controller{name: "owner", url: e.ownerURL, token: e.token}
+	return p
+}
+
+// crashAll kills the driver and the owner with SIGKILL, each alone, as a
+// host losing both processes would; what they had started is remembered
+// and ended at cleanup. Neither is started again.
+func (e *env) crashAll() {
+	e.t.Helper()
+	e.crashDriver()
+	e.orphans.Add(e.owner.PID())
+	if err := syscall.Kill(e.owner.PID(), syscall.SIGKILL); err != nil {
+		e.t.Fatalf("kill the owner: %v", err)
+	}
+	if _, ok := e.owner.WaitExit(30 * time.Second); !ok {
+		e.t.Fatal("the owner did not die from SIGKILL")
+	}
+}
+
+// restartOwner starts a fresh owner on the same base at the same address
+// (the driver's config names it) after crashAll.
+func (e *env) restartOwner() *e2eproc.Proc {
+	e.t.Helper()
+	return e.startOwner(strings.TrimPrefix(e.ownerURL, "http://"))
+}
+
+// envsOf counts the envs each test made, so that a second env of one test
+// (another deployment on the same host) gets rollout ids of its own.
+var envsOf = struct {
+	sync.Mutex
+	n map[string]int
+}{n: map[string]int{}}
+
+// envSuffix is "" for a test's first env, "2", "3"... for the next ones.
+func envSuffix(t *testing.T) string {
+	envsOf.Lock()
+	defer envsOf.Unlock()
+	envsOf.n[t.Name()]++
+	if n := envsOf.n[t.Name()]; n > 1 {
+		return fmt.Sprint(n)
+	}
+	return ""
 }
 
 // shortName makes a test name a short plain word for ids.
@@ -202,11 +261,8 @@ func (e *env) crashDriver() {
 func (e *env) cleanup() {
 	t := e.t
 	e.mu.Lock()
-	procs := append([]*e2eproc.Proc{}, e.drivers...)
+	procs := append(append([]*e2eproc.Proc{}, e.drivers...), e.owners...)
 	e.mu.Unlock()
-	if e.owner != nil {
-		procs = append(procs, e.owner)
-	}
 	for _, p := range procs {
 		p.KillTree()
 	}

@@ -83,8 +83,8 @@ func TestThreeFailedCheckpointsKeepTheLastGoodOne(t *testing.T) {
 	if reason := fmt.Sprintf("the saved session holds %d completed steps", done); !second.Resumed || second.Reason != reason || second.SandboxID == res.Launches[0].SandboxID {
 		t.Errorf("the relaunch %+v, want one resumed in a fork (%q)", second, reason)
 	}
-	if res.Response.FirstStep != done+1 || res.Response.Steps != steps {
-		t.Errorf("the restored run's response %+v, want steps %d..%d", res.Response, done+1, steps)
+	if res.Fake.FirstStep != done+1 || res.Fake.Steps != steps {
+		t.Errorf("the restored run's fake_* fields %+v, want steps %d..%d", res.Fake, done+1, steps)
 	}
 	bm := good.records[id].bookmark(t)
 	path := filepath.Join(e.base, "sandboxes", second.SandboxID, hostRel(bm.State.SessionDir, e.base, res.Launches[0].SandboxID), "steps")

@@ -427,7 +427,7 @@ backends:
 	ckptDir := filepath.Join(c.work, "checkpoints")
 	var driverCPU, driverPeak float64
 	lastCommitted := ""
-	var kept []string // the checkpoints kept on disk, oldest first
+	var kept []string      // the checkpoints kept on disk, oldest first
 	ownerRecords := 0      // the owner's records over every commit
 	var lastScope []string // the capture keys the last commit wrote
 	for n := 1; time.Since(begin) < c.duration; n++ {

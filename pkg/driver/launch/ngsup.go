@@ -217,6 +217,10 @@ func (c control) Stop(ctx context.Context, sb sandbox.Sandbox, ref Ref, grace ti
 		return r, err
 	}
 	switch {
+	case r.Copied:
+		// A fork's copy of an earlier launch's folder: that launch never
+		// ran in this sandbox, so nothing was searched here, by design.
+		n.log().Debug("a launch folder that came with a fork: nothing of it runs here", "launch", ref.ID, "sandbox", sb.ID())
 	case r.OutOfTime || r.Partial && !r.Ended:
 		// No survivor listed is then no proof that nothing is left.
 		n.log().Warn("the stop could not make sure the launch is gone", "launch", ref.ID, "sandbox", sb.ID(),
@@ -266,7 +270,9 @@ func (c control) Output(ctx context.Context, sb sandbox.Sandbox, ref Ref) (stdou
 }
 
 // StopSandbox ends every launch in the sandbox (each launch folder under its
-// root), then stops the sandbox itself where its backend can.
+// root), then stops the sandbox itself where its backend can. A launch
+// folder a fork carried in from the sandbox it was taken from is a copy:
+// ngsup answers it at once (copied), searching nothing.
 func (n *Ngsup) StopSandbox(ctx context.Context, sb sandbox.Sandbox) error {
 	return n.StopSandboxGrace(ctx, sb, 2*time.Second)
 }

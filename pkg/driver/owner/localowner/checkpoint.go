@@ -433,14 +433,34 @@ func (o *Owner) Install(ctx context.Context, records []gym.Record, scope []gym.E
 		}
 		return fmt.Errorf("localowner: restore: %w", err)
 	}
+	var replaced []string
+	by := map[string]string{} // replaced sandbox -> its session
 	for _, in := range ins {
-		o.installOne(ctx, in)
+		for _, id := range o.installOne(in) {
+			if _, dup := by[id]; !dup {
+				replaced = append(replaced, id)
+				by[id] = in.rec.SessionID
+			}
+		}
+	}
+	// The sandboxes the forks replace still run what the crashed process
+	// left (and, with the local backend, what a restarted owner ended
+	// already): ended all at once.
+	failed := o.kill(ctx, replaced...)
+	for _, id := range replaced {
+		if err := failed[id]; err != nil {
+			o.log.Warn("stop the sandbox a restore replaces; it is kept", "session", by[id], "sandbox", id, "err", err)
+			continue // kept: its launch folders still name what runs
+		}
+		o.removeUnused(ctx, nil, id)
 	}
 	return nil
 }
 
-// installOne makes the session of a forked record current.
-func (o *Owner) installOne(ctx context.Context, in *install) {
+// installOne makes the session of a forked record current and returns the
+// sandboxes it replaces: the one the record was exported from, and the
+// sandbox of a session of this process with the same id.
+func (o *Owner) installOne(in *install) []string {
 	next := in.rec.EpisodeID.Next()
 	s := &session{
 		id: in.rec.SessionID, secret: in.secret, body: in.body, raw: in.rec.State.RunBody,
@@ -453,27 +473,22 @@ func (o *Owner) installOne(ctx context.Context, in *install) {
 	o.sessions[s.id] = s
 	o.byKey[next.CaptureKey()] = s
 	o.mu.Unlock()
-	replaced := []string{in.rec.State.SandboxID}
+	candidates := []string{in.rec.State.SandboxID}
 	if old != nil {
 		old.mu.Lock()
-		if old.sandboxID != in.rec.State.SandboxID {
-			replaced = append(replaced, old.sandboxID)
-		}
+		candidates = append(candidates, old.sandboxID)
 		old.closed = true
 		old.mu.Unlock()
 	}
-	for _, id := range replaced {
-		if id == "" || id == s.sandboxID {
-			continue
+	var replaced []string
+	for _, id := range candidates {
+		if id != "" && id != s.sandboxID && !slices.Contains(replaced, id) {
+			replaced = append(replaced, id)
 		}
-		if err := o.kill(ctx, id); err != nil {
-			o.log.Warn("stop the sandbox a restore replaces; it is kept", "session", s.id, "sandbox", id, "err", err)
-			continue
-		}
-		o.removeUnused(ctx, s, id)
 	}
 	o.log.Info("session restored", "session", s.id, "key", next.CaptureKey(),
 		"snapshot", in.rec.State.Snapshot, "old_sandbox", in.rec.State.SandboxID, "sandbox", s.sandboxID)
+	return replaced
 }
 
 // RestoredPending implements gym.RestoredKeeper: the attempts whose

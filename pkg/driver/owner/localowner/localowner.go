@@ -128,6 +128,8 @@ type Options struct {
 	StopSandbox func(ctx context.Context, sb sandbox.Sandbox) error
 	// KillSandbox ends every process of a sandbox a restore replaces, at
 	// once: its processes belong to a run that crashed. Nil: StopSandbox.
+	// Local sandboxes with namespace isolation are ended by the backend
+	// instead, by the mount namespace their processes run in (see kill).
 	KillSandbox func(ctx context.Context, sb sandbox.Sandbox) error
 	// Logger receives what the owner did and what went wrong (nil:
 	// slog.Default()).
@@ -735,12 +737,43 @@ func (o *Owner) stop(ctx context.Context, id string) error {
 	return o.end(ctx, id, o.opt.StopSandbox)
 }
 
-// kill ends every process of the sandbox id through Options.KillSandbox.
-func (o *Owner) kill(ctx context.Context, id string) error {
-	if o.opt.KillSandbox == nil {
-		return o.stop(ctx, id)
+// kill ends every process of the sandboxes ids at once: their processes
+// belong to a run that crashed. Local sandboxes with namespace isolation
+// are ended by the mount namespace their processes run in, all of them in
+// one scan of the host (local.Backend.EndSandboxes: no launch folder is
+// read, so a launch a restarted owner already ended, whose receipt still
+// says it runs, is no search and no warning); other sandboxes through
+// Options.KillSandbox (StopSandbox when nil), one by one. It returns the
+// error of each sandbox whose processes it could not confirm ended.
+func (o *Owner) kill(ctx context.Context, ids ...string) map[string]error {
+	failed := map[string]error{}
+	var todo []string
+	for _, id := range ids {
+		if id != "" {
+			todo = append(todo, id)
+		}
 	}
-	return o.end(ctx, id, o.opt.KillSandbox)
+	if l, ok := o.opt.Sandboxes.(localSandboxes); ok && l.b.Isolation() == local.IsolationNamespace {
+		if len(todo) == 0 {
+			return failed
+		}
+		if _, err := l.b.EndSandboxes(ctx, todo); err != nil {
+			for _, id := range todo {
+				failed[id] = err
+			}
+		}
+		return failed
+	}
+	how := o.opt.KillSandbox
+	if how == nil {
+		how = o.opt.StopSandbox
+	}
+	for _, id := range todo {
+		if err := o.end(ctx, id, how); err != nil {
+			failed[id] = err
+		}
+	}
+	return failed
 }
 
 func (o *Owner) end(ctx context.Context, id string, how func(context.Context, sandbox.Sandbox) error) error {
@@ -757,20 +790,28 @@ func (o *Owner) end(ctx context.Context, id string, how func(context.Context, sa
 	return how(ctx, sb)
 }
 
-// removeUnused removes the sandbox id of session s, which has ended and
-// whose processes were ended, with Options.RemoveUnused (s.mu held).
+// removeUnused removes the sandbox id with Options.RemoveUnused: a sandbox
+// of session s, which has ended (s.mu held), or, with s nil, one no session
+// holds any more (the sandbox a restore replaced). Call it only once the
+// sandbox's processes were ended: a sandbox whose stop failed is kept, so
+// that its launch folders still name what runs (a restarted owner ends it,
+// EndUnowned).
 func (o *Owner) removeUnused(ctx context.Context, s *session, id string) {
 	if id == "" || !o.opt.RemoveUnused {
 		return
 	}
+	sid := ""
+	if s != nil {
+		sid = s.id
+	}
 	if err := o.opt.Sandboxes.Remove(context.WithoutCancel(ctx), id); err != nil {
-		o.log.Warn("remove an unused sandbox", "session", s.id, "sandbox", id, "err", err)
+		o.log.Warn("remove an unused sandbox", "session", sid, "sandbox", id, "err", err)
 		return
 	}
-	if s.sandboxID == id {
+	if s != nil && s.sandboxID == id {
 		s.sandboxID = ""
 	}
-	o.log.Info("sandbox removed", "session", s.id, "sandbox", id)
+	o.log.Info("sandbox removed", "session", sid, "sandbox", id)
 }
 
 // CloseSession ends the session without a verdict: its sandbox is stopped
@@ -962,9 +1003,9 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		defer s.mu.Unlock()
 		snap := taken[s.id]
 		old := s.sandboxID
-		killed := o.kill(ctx, old)
-		if killed != nil {
-			o.log.Warn("stop the sandbox a restore replaces; it is kept", "session", s.id, "sandbox", old, "err", killed)
+		killErr := o.kill(ctx, old)[old]
+		if killErr != nil {
+			o.log.Warn("stop the sandbox a restore replaces; it is kept", "session", s.id, "sandbox", old, "err", killErr)
 		}
 		fork, gen, err := o.forkNext(ctx, snap, s.id, s.generation)
 		if err != nil {
@@ -974,7 +1015,7 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		s.closed, s.verified = false, false
 		o.log.Info("session restored", "checkpoint", checkpointID, "session", s.id,
 			"snapshot", snap, "old_sandbox", old, "sandbox", fork.ID())
-		if old != fork.ID() && killed == nil {
+		if old != fork.ID() && killErr == nil {
 			o.removeUnused(ctx, s, old)
 		}
 		return nil

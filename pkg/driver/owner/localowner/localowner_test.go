@@ -593,8 +593,11 @@ func TestSnapshotRestoreRetire(t *testing.T) {
 	if !waitExit(fd, 0) {
 		t.Error("the restore did not stop the old sandbox's process")
 	}
-	stopped := strings.Join(f.stoppedIDs(), " ")
-	if !strings.Contains(stopped, old1) || !strings.Contains(stopped, sb2.ID()) {
+	// Without namespaces the replaced sandboxes are ended through
+	// StopSandbox (their launch folders); with them, by the backend, by the
+	// mount namespace their processes run in (the process above is gone).
+	if stopped := strings.Join(f.stoppedIDs(), " "); f.b.Isolation() == local.IsolationNone &&
+		(!strings.Contains(stopped, old1) || !strings.Contains(stopped, sb2.ID())) {
 		t.Errorf("StopSandbox calls %s", stopped)
 	}
 	fork1 := f.connect(r1.Cookies)

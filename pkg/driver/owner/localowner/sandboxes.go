@@ -132,3 +132,65 @@ func (o *Owner) KeepAlive(ctx context.Context, every, ttl time.Duration) {
 		}
 	}
 }
+
+// EndUnowned ends what still runs in the local backend's sandboxes that no
+// open session of this owner uses, and returns how many processes (with
+// namespace isolation) or sandboxes (without) it ended. A deployment whose
+// servers died leaves its launches running or paused, each holding its
+// mount namespace, some with their sandbox's folder already deleted;
+// nothing else ever stops them. An owner runs it once before it serves, on
+// a base it holds alone (local.Backend.Claim): then no session uses any
+// sandbox yet.
+//
+// Identity is exact. With namespace isolation every process is found by
+// the mount namespace it runs in, which binds one folder of this base's
+// sandboxes (local.Backend.EndStrays): also when that folder is deleted,
+// never another base's. Without it, each sandbox folder's launches are
+// killed through their launch folders (Options.KillSandbox: the receipt's
+// supervisor by pid and start time, the known set, the tag); a copy a fork
+// carried in is left alone by ngsup. Other backends' sandboxes are not
+// this host's processes: nothing is done.
+func (o *Owner) EndUnowned(ctx context.Context) (int, error) {
+	l, ok := o.opt.Sandboxes.(localSandboxes)
+	if !ok {
+		return 0, nil
+	}
+	used := map[string]bool{}
+	for _, s := range o.allSessions() {
+		s.mu.Lock()
+		if !s.closed && s.sandboxID != "" {
+			used[s.sandboxID] = true
+		}
+		s.mu.Unlock()
+	}
+	if l.b.Isolation() == local.IsolationNamespace {
+		n, err := l.b.EndStrays(ctx, func(id string) bool { return used[id] })
+		if err != nil {
+			return n, fmt.Errorf("localowner: %w", err)
+		}
+		return n, nil
+	}
+	if o.opt.KillSandbox == nil && o.opt.StopSandbox == nil {
+		return 0, nil
+	}
+	ids, err := l.b.List()
+	if err != nil {
+		return 0, fmt.Errorf("localowner: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, id := range ids {
+		if used[id] {
+			continue
+		}
+		if err := o.kill(ctx, id)[id]; err != nil {
+			errs = append(errs, fmt.Errorf("sandbox %s: %w", id, err))
+			continue
+		}
+		n++
+	}
+	if err := errors.Join(errs...); err != nil {
+		return n, fmt.Errorf("localowner: end what runs in sandboxes no session uses: %w", err)
+	}
+	return n, nil
+}

@@ -105,15 +105,24 @@ func cpFailed(err error, stderr []byte) error {
 
 // removeTree renames dir/name away and deletes it.
 func removeTree(dir, name string) error {
-	p := filepath.Join(dir, name)
-	gone := filepath.Join(dir, ".remove-"+name+"-"+randomSuffix())
-	if err := os.Rename(p, gone); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
+	gone, err := renameAway(dir, name)
+	if err != nil || gone == "" {
 		return err
 	}
 	return removeAll(gone)
+}
+
+// renameAway renames dir/name to dir/.remove-<name>-<random> and returns
+// the new path ("" when dir/name does not exist).
+func renameAway(dir, name string) (string, error) {
+	gone := filepath.Join(dir, ".remove-"+name+"-"+randomSuffix())
+	if err := os.Rename(filepath.Join(dir, name), gone); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", nil
+		}
+		return "", err
+	}
+	return gone, nil
 }
 
 // removeAll is os.RemoveAll that also deletes folders a command made

@@ -25,7 +25,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
@@ -63,6 +66,13 @@ var ErrBadID = errors.New("bad id")
 
 // ErrExists means a sandbox or snapshot with that id exists already.
 var ErrExists = errors.New("already exists")
+
+// ErrProcessesLeft means processes of a sandbox were still alive when
+// ending them ran out of time; the sandbox is not removed.
+var ErrProcessesLeft = errors.New("processes of the sandbox are still alive")
+
+// ErrBaseInUse means another owner holds the base folder (Claim).
+var ErrBaseInUse = errors.New("the base folder is in use by another owner")
 
 // maxIDLen bounds ids so that the temporary names built from them stay
 // under the file name limit.
@@ -399,15 +409,33 @@ func (b *Backend) Fork(ctx context.Context, snapshotID, newID string) (*Sandbox,
 	return b.open(newID, ""), nil
 }
 
-// Remove deletes a sandbox's folder. The folder is first renamed away, so
-// the sandbox is gone at once even if deleting takes a while. Removing a
-// sandbox that does not exist is not an error. Processes still running in
-// it are not stopped (that is the owner's StopSandbox).
+// Remove deletes a sandbox's folder, ending every process still running in
+// it first. The folder is renamed away at once (no command can start in
+// the sandbox from then on); then, with namespace isolation, every process
+// whose mount namespace shows that folder at the mount point gets SIGKILL
+// (the owner's StopSandbox is the graceful stop; this ends whatever it left
+// or could not reach, launch or not); then the folder is deleted. When processes outlive that, the error wraps
+// ErrProcessesLeft and the renamed folder is kept, so that nothing of a
+// sandbox ever runs on with its folder gone. Removing a sandbox that does
+// not exist is not an error.
 func (b *Backend) Remove(ctx context.Context, id string) error {
 	if err := CheckID("sandbox", id); err != nil {
 		return err
 	}
-	if err := removeTree(b.sandboxesDir(), id); err != nil {
+	gone, err := renameAway(b.sandboxesDir(), id)
+	if err != nil {
+		return fmt.Errorf("local: remove sandbox %s: %w", id, err)
+	}
+	if gone == "" {
+		return nil
+	}
+	if b.mountPoint == "" {
+		return removeAll(gone)
+	}
+	if _, err := b.endProcs(ctx, b.byFolders([]string{gone}), func(hostProc) bool { return true }); err != nil {
+		return fmt.Errorf("local: remove sandbox %s: end its processes (its folder stays at %s): %w", id, gone, err)
+	}
+	if err := removeAll(gone); err != nil {
 		return fmt.Errorf("local: remove sandbox %s: %w", id, err)
 	}
 	return nil
@@ -432,4 +460,61 @@ func (b *Backend) HasSnapshot(id string) bool {
 	}
 	fi, err := os.Stat(b.SnapshotPath(id))
 	return err == nil && fi.IsDir()
+}
+
+// List returns the ids of the sandboxes whose folders are under the base
+// folder, sorted (not the temporary folders of a create, copy or removal in
+// progress).
+func (b *Backend) List() ([]string, error) {
+	ents, err := os.ReadDir(b.sandboxesDir())
+	if err != nil {
+		return nil, fmt.Errorf("local: list the sandboxes: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() && CheckID("sandbox", e.Name()) == nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// ownerLockFile is the file under the base folder whose lock Claim takes.
+const ownerLockFile = "owner.lock"
+
+// Claim takes the base folder for one owner: an exclusive lock on
+// base/owner.lock, held until release is called or the process ends (a
+// killed owner leaves no lock behind). An owner that starts ends what the
+// sandboxes of its base still run (EndStrays), which must never happen
+// under a live owner of the same base: a second Claim of a held base fails
+// with ErrBaseInUse, naming the pid the holder wrote.
+func (b *Backend) Claim() (release func(), err error) {
+	p := filepath.Join(b.base, ownerLockFile)
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("local: claim the base folder %s: %w", b.base, &os.PathError{Op: "open", Path: p, Err: err})
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		buf := make([]byte, 32)
+		n, _ := unix.Pread(fd, buf, 0)
+		unix.Close(fd)
+		holder := strings.TrimSpace(string(buf[:max(n, 0)]))
+		if _, perr := strconv.Atoi(holder); perr != nil {
+			holder = "unknown"
+		}
+		if err == unix.EWOULDBLOCK {
+			return nil, fmt.Errorf("local: claim the base folder %s: %w (pid %s holds %s)", b.base, ErrBaseInUse, holder, p)
+		}
+		return nil, fmt.Errorf("local: claim the base folder %s: lock %s: %w", b.base, p, err)
+	}
+	if err := unix.Ftruncate(fd, 0); err == nil {
+		unix.Pwrite(fd, []byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return func() { unix.Close(fd) }, nil
 }
