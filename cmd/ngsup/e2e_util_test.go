@@ -78,6 +78,14 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// The fixtures are this binary run again. Built with -race, each one
+	// that exits would sleep a second first (the race runtime's
+	// atexit_sleep_ms, 1000 by default), which a fixture's waiters pay for:
+	// the harness waits on its short-lived middle process, the test on the
+	// harness. They inherit this.
+	if os.Getenv("GORACE") == "" {
+		os.Setenv("GORACE", "atexit_sleep_ms=0")
+	}
 	return m.Run()
 }
 
@@ -371,10 +379,17 @@ func (l *launch) role(role string) proc {
 	waitFor(l.t, "fixture "+role+" to record its pid", func() (bool, string) {
 		var err error
 		p, err = readRecord(filepath.Join(l.Rec, role))
-		if err != nil {
-			return false, err.Error() + "; " + l.diagnose()
+		if err == nil {
+			return true, ""
 		}
-		return true, ""
+		// A harness that failed (a fixture that could not start a child
+		// exits 98) starts nothing more: say why at once rather than wait
+		// out the limit. One that exited 0 may have left a daemon that
+		// records itself later.
+		if rc, rerr := proto.ReadReceipt(l.Dir); rerr == nil && rc.Ended && rc.ExitCode != 0 {
+			l.t.Fatalf("fixture %s never recorded its pid: the launch ended (exit %d, signal %d, %q); %s", role, rc.ExitCode, rc.Signal, rc.Error, l.diagnose())
+		}
+		return false, err.Error() + "; " + l.diagnose()
 	})
 	return p
 }
