@@ -28,9 +28,6 @@ type Cgroup struct {
 	parent string
 }
 
-// ErrNoCgroup means no writable cgroup hierarchy with a freezer was found.
-var ErrNoCgroup = errors.New("no writable cgroup freezer")
-
 type mount struct {
 	root, point, fstype, super string
 }

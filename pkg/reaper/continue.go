@@ -21,25 +21,32 @@ func Continue(dir string) (proto.ContinueResult, int, error) {
 }
 
 // ContinueLaunch is Continue for a launch named by id when it has no receipt
-// (it runs without a supervisor).
+// (it runs without a supervisor). What it does in each state is the
+// transition table's (transitions.go).
 func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 	begin := time.Now()
 	res := proto.ContinueResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
-	l, unlock, code, err := openLocked(dir, lockOptions{id: id, create: id != "", undone: "continued"})
+	l, st, unlock, code, err := openFor(VerbContinue, dir, id, true)
 	if err != nil {
 		return res, code, err
 	}
 	defer unlock()
-	finish := func(code int) (proto.ContinueResult, int, error) {
-		if err := l.endPause(); err != nil {
-			return res, proto.ExitInternal, err
-		}
-		res.ElapsedMS = ms(time.Since(begin))
-		return res, code, nil
+	code = proto.ExitOK
+	if Transition(VerbContinue, st).Do == Act {
+		code = l.resume(&res)
 	}
-	if l.unstarted() {
-		return finish(proto.ExitOK)
+	if err := l.endPause(); err != nil {
+		return res, proto.ExitInternal, err
 	}
+	res.ElapsedMS = ms(time.Since(begin))
+	return res, code, nil
+}
+
+// resume is continue's work on a launch whose processes may be stopped: it
+// continues exactly what the last pause held and anything of the launch
+// still stopped, counts them into res, and returns the exit code: 0, or 4
+// when something stays stopped.
+func (l *Launch) resume(res *proto.ContinueResult) int {
 	paused, inodes, skipped := readProcSet(l.path(proto.PausedFile)) // inodes: none written today, read where present
 	f := newFinder(l)
 	res.SkippedLines = skipped + f.skipped
@@ -100,9 +107,9 @@ func ContinueLaunch(dir, id string) (proto.ContinueResult, int, error) {
 	if len(pending) > 0 {
 		slices.SortFunc(pending, func(a, b proto.Pending) int { return a.PID - b.PID })
 		res.Pending = pending
-		return finish(proto.ExitNotConfirmed)
+		return proto.ExitNotConfirmed
 	}
-	return finish(proto.ExitOK)
+	return proto.ExitOK
 }
 
 // endPause removes the pause file and the paused set, and adds the time the

@@ -38,46 +38,105 @@ type Launch struct {
 	ReceiptErr error
 }
 
-// OpenLaunch reads dir's receipt. A folder with no receipt is a launch that
-// has not started: Receipt is nil and no error is returned. A folder that does
-// not exist is ErrNoLaunch only when create is false; with create it is made,
-// so that pause or stop can leave their file for a run that starts later.
-func OpenLaunch(dir string, create bool) (*Launch, error) {
-	l, err := openFolder(dir, create)
+// openFor opens the launch in dir for verb v and derives its state: the one
+// entry of every verb but run. id names a launch that keeps no receipt (--id;
+// "" for none). With lock (the control verbs: pause, continue, stop) it takes
+// the folder's lock, records the folder's origin if none is recorded, and
+// derives the state under the lock, after reading the receipt again (the run
+// may have started meanwhile); the returned release is then non-nil.
+//
+// The states that forbid writing in the folder are decided before anything
+// is written there, by the verb's cell: Missing (the verb makes the folder,
+// or refuses) and Unreadable (the verb refuses, unless its cell lets --id
+// name the launch instead, when ReceiptErr says why the receipt was not
+// used). A folder the verb cannot write is a bad launch folder: nothing is
+// done to any process, and the error says so. It returns the exit code of a
+// failure.
+func openFor(v Verb, dir, id string, lock bool) (*Launch, State, func(), int, error) {
+	fail := func(err error) (*Launch, State, func(), int, error) {
+		return nil, Missing, nil, proto.ExitUsage, err
+	}
+	l, found, err := openFolder(dir)
 	if err != nil {
-		return nil, err
+		return fail(err)
+	}
+	if !found {
+		c := Transition(v, Missing)
+		if c.Do != Create && (c.Do != CreateWithID || id == "") {
+			return fail(refuse(v, Missing, fmt.Errorf("%w: %s does not exist", proto.ErrNoLaunch, l.Dir)))
+		}
+		if err := l.create(); err != nil {
+			return fail(err)
+		}
 	}
 	if err := l.readReceipt(); err != nil {
-		return nil, err
+		if !errors.Is(err, proto.ErrCorruptReceipt) && !errors.Is(err, proto.ErrUnknownVersion) {
+			return fail(err)
+		}
+		if Transition(v, Unreadable).Do != ByTagWithID || id == "" {
+			return fail(refuse(v, Unreadable, err))
+		}
+		l.ReceiptErr = err
 	}
-	return l, nil
+	if err := l.Adopt(id); err != nil {
+		return fail(err)
+	}
+	if !lock {
+		return l, l.state(looksForCopies(v)), nil, proto.ExitOK, nil
+	}
+	unlock, err := l.Lock()
+	if err != nil {
+		return fail(unwritable(err, v.undone()))
+	}
+	// A launch that keeps no receipt (it runs tagged only, or has not
+	// started) is set up by its first control verb: the folder's origin is
+	// recorded then, before any snapshot can copy it. Best effort: without
+	// it a copy is taken for the launch's own folder, as before.
+	recordOrigin(l.Dir)
+	if l.ReceiptErr == nil {
+		if err := l.Reload(); err != nil && l.Receipt != nil {
+			unlock()
+			return fail(err)
+		}
+	}
+	return l, l.state(looksForCopies(v)), unlock, proto.ExitOK, nil
 }
 
-// openFolder checks dir (and makes it with create) without reading the
-// receipt.
-func openFolder(dir string, create bool) (*Launch, error) {
+// openFolder checks dir without reading the receipt; found says the folder
+// exists.
+func openFolder(dir string) (*Launch, bool, error) {
 	dir, err := proto.ValidateDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	l := &Launch{Dir: dir, FS: ProcFS}
 	fi, err := os.Stat(dir)
-	if create && errors.Is(err, fs.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("%w: create %s: %v", proto.ErrBadDir, dir, err)
-		}
-		fi, err = os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return l, false, nil
 	}
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("%w: %s does not exist", proto.ErrNoLaunch, dir)
-		}
-		return nil, fmt.Errorf("%w: %v", proto.ErrBadDir, err)
+		return nil, false, fmt.Errorf("%w: %v", proto.ErrBadDir, err)
 	}
 	if !fi.IsDir() {
-		return nil, fmt.Errorf("%w: %s is not a folder", proto.ErrBadDir, dir)
+		return nil, false, fmt.Errorf("%w: %s is not a folder", proto.ErrBadDir, dir)
 	}
-	return l, nil
+	return l, true, nil
+}
+
+// create makes the launch folder, so that pause or stop can leave their
+// file for a run that starts later.
+func (l *Launch) create() error {
+	if err := os.MkdirAll(l.Dir, 0o755); err != nil {
+		return fmt.Errorf("%w: create %s: %v", proto.ErrBadDir, l.Dir, err)
+	}
+	fi, err := os.Stat(l.Dir)
+	if err != nil {
+		return fmt.Errorf("%w: %v", proto.ErrBadDir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%w: %s is not a folder", proto.ErrBadDir, l.Dir)
+	}
+	return nil
 }
 
 // readReceipt reads the receipt into l; a folder without one leaves
@@ -97,59 +156,10 @@ func (l *Launch) readReceipt() error {
 	return nil
 }
 
-// lockOptions says how a control verb opens its launch.
-type lockOptions struct {
-	// id names the launch when it has no receipt (--id).
-	id string
-	// create makes the folder when it does not exist.
-	create bool
-	// undone is what the verb would have done, for the message of a
-	// folder it cannot write ("paused", "continued", "stopped").
-	undone string
-	// byTag goes on with id when the receipt cannot be read (corrupt, or
-	// of an unknown version): the launch is then found by its tag, and
-	// ReceiptErr says why the receipt was not used. Only stop does this:
-	// ending a launch must not depend on its record being whole.
-	byTag bool
-}
-
-// openLocked opens the launch for a control verb (pause, continue, stop):
-// it names it by id when it has no receipt, takes the folder's lock, and
-// re-reads the receipt under it (the run may have started meanwhile). It
-// returns the release of the lock, or the exit code of the failure. A
-// folder it cannot write is a bad launch folder (exit 2): nothing is done
-// to any process, and the error says so.
-func openLocked(dir string, opt lockOptions) (*Launch, func(), int, error) {
-	l, err := openFolder(dir, opt.create)
-	if err == nil {
-		err = l.readReceipt()
-		if err != nil && opt.byTag && opt.id != "" &&
-			(errors.Is(err, proto.ErrCorruptReceipt) || errors.Is(err, proto.ErrUnknownVersion)) {
-			l.ReceiptErr, err = err, nil
-		}
-	}
-	if err == nil {
-		err = l.Adopt(opt.id)
-	}
-	if err != nil {
-		return nil, nil, proto.ExitUsage, err
-	}
-	unlock, err := l.Lock()
-	if err != nil {
-		return nil, nil, proto.ExitUsage, unwritable(err, opt.undone)
-	}
-	// A launch that keeps no receipt (it runs tagged only, or has not
-	// started) is set up by its first control verb: the folder's origin is
-	// recorded then, before any snapshot can copy it. Best effort: without
-	// it a copy is taken for the launch's own folder, as before.
-	recordOrigin(l.Dir)
-	if l.ReceiptErr == nil {
-		if err := l.Reload(); err != nil && l.Receipt != nil {
-			unlock()
-			return nil, nil, proto.ExitUsage, err
-		}
-	}
-	return l, unlock, proto.ExitOK, nil
+// noReceipt is why a verb that needs a receipt cannot act on a folder that
+// holds none.
+func (l *Launch) noReceipt() error {
+	return fmt.Errorf("%w in %s: it holds no receipt", proto.ErrNoLaunch, l.Dir)
 }
 
 // unwritable is the error of a launch folder in which the verb could not
@@ -172,15 +182,6 @@ func (l *Launch) Adopt(id string) error {
 	}
 	l.ID = id
 	return nil
-}
-
-// unstarted reports a launch with nothing to act on yet: no receipt and no
-// id to search by, or a receipt whose harness has not started.
-func (l *Launch) unstarted() bool {
-	if l.Receipt == nil {
-		return l.ID == ""
-	}
-	return !l.Receipt.Started
 }
 
 // Reload re-reads the receipt (the supervisor may have written the end).

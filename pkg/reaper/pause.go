@@ -50,10 +50,11 @@ type PauseOptions struct {
 // started waits. The exit code is the contract's: 0 paused, 3 the launch had
 // already ended (nothing paused, its result kept), 4 not confirmed (what was
 // stopped is continued again, so a failed pause leaves the launch running).
+// What it does in each state is the transition table's (transitions.go).
 func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	begin := time.Now()
 	res := proto.PauseResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
-	l, unlock, code, err := openLocked(dir, lockOptions{id: opt.ID, create: true, undone: "paused"})
+	l, st, unlock, code, err := openFor(VerbPause, dir, opt.ID, true)
 	if err != nil {
 		return res, code, err
 	}
@@ -62,26 +63,23 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	if err != nil {
 		return res, proto.ExitUsage, unwritable(err, "paused")
 	}
-	done := func() (proto.PauseResult, int, error) {
+	switch Transition(VerbPause, st).Do {
+	case Refuse:
+		return l.pauseEnded(res, created, begin)
+	case File:
+		// The pause file holds the run until continue.
+		res.Paused = true
+		res.Supervised = l.Supervised
 		res.ElapsedMS = ms(time.Since(begin))
 		return res, proto.ExitOK, nil
 	}
-	if l.unstarted() {
-		if l.Receipt != nil && l.Receipt.Ended {
-			return l.pauseEnded(res, created, begin)
-		}
-		// Not started: the pause file holds the run until continue.
-		res.Paused = true
-		res.Supervised = l.Supervised
-		return done()
-	}
-	if l.Receipt != nil && l.Receipt.Ended {
-		return l.pauseEnded(res, created, begin)
-	}
-	p, err := newPauser(l, opt)
-	if err != nil {
-		return res, proto.ExitInternal, err
-	}
+	return l.pause(res, opt, created, begin)
+}
+
+// pause is Pause's work on a launch whose processes may run: stop them all,
+// confirm, and record what it holds.
+func (l *Launch) pause(res proto.PauseResult, opt PauseOptions, created bool, begin time.Time) (proto.PauseResult, int, error) {
+	p := newPauser(l, opt)
 	res.Supervised = l.Supervised
 	res.SkippedLines = p.f.skipped
 	res.RecoveredFreeze = p.recoverFreeze()
@@ -123,9 +121,12 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	}
 	res.Paused = true
 	res.Processes = len(held)
-	return done()
+	res.ElapsedMS = ms(time.Since(begin))
+	return res, proto.ExitOK, nil
 }
 
+// pauseEnded is pause's answer for a launch that had already ended: exit 3,
+// nothing paused, its result kept, and no pause file left by this pause.
 func (l *Launch) pauseEnded(res proto.PauseResult, created bool, begin time.Time) (proto.PauseResult, int, error) {
 	if created {
 		os.Remove(l.path(proto.PauseFile))
@@ -153,7 +154,7 @@ type pauser struct {
 	failure  string
 }
 
-func newPauser(l *Launch, opt PauseOptions) (*pauser, error) {
+func newPauser(l *Launch, opt PauseOptions) *pauser {
 	f := newFinder(l)
 	if opt.StopBudget == 0 {
 		opt.StopBudget = StopBudget
@@ -161,7 +162,7 @@ func newPauser(l *Launch, opt PauseOptions) (*pauser, error) {
 	if opt.UninterruptibleBudget == 0 {
 		opt.UninterruptibleBudget = UninterruptibleBudget
 	}
-	return &pauser{l: l, f: f, opt: opt, stopped: map[int]Stat{}}, nil
+	return &pauser{l: l, f: f, opt: opt, stopped: map[int]Stat{}}
 }
 
 // stormPasses is the pass from which a walk that still finds new processes

@@ -19,9 +19,6 @@ type FS struct {
 // ProcFS is the real /proc.
 var ProcFS = FS{Root: "/proc"}
 
-// ErrNoProcess means the process (or thread) does not exist any more.
-var ErrNoProcess = errors.New("no such process")
-
 // Stat is what ngsup needs from /proc/PID/stat (or a thread's stat).
 type Stat struct {
 	PID        int

@@ -1,7 +1,6 @@
 package reaper
 
 import (
-	"errors"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -10,10 +9,6 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/proto"
 )
-
-// ErrNotSameProcess means the pid now belongs to a process with another start
-// time: the one we knew is gone and its pid was reused.
-var ErrNotSameProcess = errors.New("pid belongs to another process now")
 
 // noPidfd is set once pidfd_open is found missing (kernels before 5.3).
 var noPidfd atomic.Bool

@@ -60,11 +60,12 @@ func Stop(dir string, grace time.Duration) (proto.StopResult, int, error) {
 }
 
 // StopLaunch is Stop for a launch named by id when it has no receipt (it
-// runs without a supervisor): its processes are found by their tag.
+// runs without a supervisor): its processes are found by their tag. What it
+// does in each state is the transition table's (transitions.go).
 func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, error) {
 	begin := time.Now()
 	res := proto.StopResult{Method: proto.MethodNone, Survivors: []proto.Pending{}, Searched: []string{}}
-	l, unlock, code, err := openLocked(dir, lockOptions{id: id, create: true, undone: "stopped", byTag: true})
+	l, st, unlock, code, err := openFor(VerbStop, dir, id, true)
 	if err != nil {
 		return res, code, err
 	}
@@ -76,27 +77,68 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		res.ReceiptError = l.ReceiptErr.Error()
 	}
 	res.Ended = l.Receipt != nil && l.Receipt.Ended
-	if copied, _ := copiedFrom(l.Dir); copied && !l.showsLife() {
+	switch Transition(VerbStop, st).Do {
+	case Nothing:
 		// A copy carried here by a snapshot or fork of the sandbox: the
 		// launch never ran from this folder and nothing its records name
 		// runs, so there is nothing here to search for (and no host to
-		// scan for its tag). While something they name lives, the stop
-		// goes on as for any folder: an origin file is the sandbox's to
-		// write, and must not be a way out of a stop.
+		// scan for its tag). While something they name lives, the state
+		// is not Copied and the stop goes on as for any folder: an origin
+		// file is the sandbox's to write, and must not be a way out of a
+		// stop.
 		res.Copied, res.Stopped = true, true
-		res.ElapsedMS = ms(time.Since(begin))
-		return res, proto.ExitOK, nil
-	}
-	res.Supervised = l.Supervised
-	if l.Receipt == nil && l.ID == "" {
+	case File:
+		// Nothing launched yet: the stop file keeps a run from starting.
+		res.Supervised = l.Supervised
 		res.Stopped = true
-		res.ElapsedMS = ms(time.Since(begin))
-		return res, proto.ExitOK, nil
+	default:
+		res.Supervised = l.Supervised
+		l.stop(&res, begin.Add(grace))
 	}
+	res.ElapsedMS = ms(time.Since(begin))
+	if !res.Stopped {
+		return res, proto.ExitNotConfirmed, nil
+	}
+	return res, proto.ExitOK, nil
+}
+
+// stop is Stop's work on a launch whose processes may run: SIGINT until the
+// grace (ending at deadline), then SIGKILL sweeps, then the supervisor's
+// end, then a sweep that confirms. It fills in res.
+func (l *Launch) stop(res *proto.StopResult, deadline time.Time) {
 	f := newFinder(l)
 	res.SkippedLines = f.skipped
-	// Everything found is recorded, so that once the supervisor exits its
-	// orphans are still found by pid and start time.
+	res.Method, res.Interrupted = l.interruptAll(f, deadline)
+	var killDeadline time.Time
+	res.Killed, killDeadline = l.killAll(f)
+	// The supervisor records the harness's end and exits by itself once
+	// its tree is empty; give it a moment, then end it too.
+	l.settleSupervisor(settleBudget)
+	// Confirm: one more sweep, this time touching nothing.
+	l.Supervised = l.FS.Live(l.supervisor())
+	f.deadline = time.Now().Add(confirmBudget + passOverrun)
+	found := f.pass(nil)
+	for _, st := range live(found) {
+		res.Survivors = append(res.Survivors, proto.Pending{PID: st.PID, State: string(st.State), Comm: st.Comm, Wchan: l.FS.Wchan(st.PID)})
+	}
+	slices.SortFunc(res.Survivors, func(a, b proto.Pending) int { return a.PID - b.PID })
+	// Out of time: the kill sweeps ran out with processes left, or the
+	// confirming sweep could not finish (so it cannot vouch for none left).
+	res.OutOfTime = f.cut || len(res.Survivors) > 0 && time.Now().After(killDeadline)
+	if l.Cgroup != nil && len(res.Survivors) == 0 && !f.cut {
+		l.Cgroup.Release(time.Second, true)
+	}
+	res.Stopped = len(res.Survivors) == 0 && !f.cut
+	res.Searched = f.searched()
+	res.Partial = f.fallback
+}
+
+// interruptAll sends SIGINT (and SIGCONT, so it lands on stopped ones) to
+// every process of the launch, walking again until none is found alive or
+// the grace ends at deadline. Everything found is recorded, so that once the
+// supervisor exits its orphans are still found by pid and start time. It
+// returns the method and how many processes were interrupted.
+func (l *Launch) interruptAll(f *finder, deadline time.Time) (string, int) {
 	interrupted := map[proto.Proc]bool{}
 	interrupt := func() map[int]Stat {
 		found := f.pass(func(t *target) {
@@ -119,12 +161,11 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 	if l.Cgroup != nil {
 		frozen = l.Cgroup.Freeze(time.Now().Add(freezeBudget)) == nil
 	}
-	res.Method = f.method(frozen)
+	method := f.method(frozen)
 	if l.signalGroup(unix.SIGINT) {
 		f.used[proto.SourceGroup] = true
 	}
 	l.signalGroup(unix.SIGCONT)
-	deadline := begin.Add(grace)
 	// The SIGINT walks end at the grace: one cut short costs nothing, the
 	// kill sweeps that follow reach what it did not.
 	f.deadline = later(deadline, time.Now().Add(minPassBudget))
@@ -139,7 +180,13 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		f.deadline = deadline
 		found = interrupt()
 	}
-	res.Interrupted = len(interrupted)
+	return method, len(interrupted)
+}
+
+// killAll sends SIGKILL to every process of the launch, sweep after sweep,
+// until a sweep finds none and the supervisor is gone, or killBudget ends.
+// It returns how many processes were killed and when the budget ends.
+func (l *Launch) killAll(f *finder) (int, time.Time) {
 	killed := map[proto.Proc]bool{}
 	killDeadline := time.Now().Add(killBudget)
 	f.deadline = killDeadline.Add(passOverrun)
@@ -159,7 +206,7 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 			}
 			l.Cgroup.KillAll(time.Now().Add(freezeBudget))
 		}
-		found = f.pass(func(t *target) {
+		found := f.pass(func(t *target) {
 			if t.State != 'Z' || t.NumThreads > 1 {
 				killed[procOf(t.Stat)] = true
 				t.Signal(unix.SIGKILL)
@@ -177,32 +224,7 @@ func StopLaunch(dir, id string, grace time.Duration) (proto.StopResult, int, err
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	res.Killed = len(killed)
-	// The supervisor records the harness's end and exits by itself once
-	// its tree is empty; give it a moment, then end it too.
-	l.settleSupervisor(settleBudget)
-	// Confirm: one more sweep, this time touching nothing.
-	l.Supervised = l.FS.Live(l.supervisor())
-	f.deadline = time.Now().Add(confirmBudget + passOverrun)
-	found = f.pass(nil)
-	for _, st := range live(found) {
-		res.Survivors = append(res.Survivors, proto.Pending{PID: st.PID, State: string(st.State), Comm: st.Comm, Wchan: l.FS.Wchan(st.PID)})
-	}
-	slices.SortFunc(res.Survivors, func(a, b proto.Pending) int { return a.PID - b.PID })
-	// Out of time: the kill sweeps ran out with processes left, or the
-	// confirming sweep could not finish (so it cannot vouch for none left).
-	res.OutOfTime = f.cut || len(res.Survivors) > 0 && time.Now().After(killDeadline)
-	if l.Cgroup != nil && len(res.Survivors) == 0 && !f.cut {
-		l.Cgroup.Release(time.Second, true)
-	}
-	res.Stopped = len(res.Survivors) == 0 && !f.cut
-	res.Searched = f.searched()
-	res.Partial = f.fallback
-	res.ElapsedMS = ms(time.Since(begin))
-	if !res.Stopped {
-		return res, proto.ExitNotConfirmed, nil
-	}
-	return res, proto.ExitOK, nil
+	return len(killed), killDeadline
 }
 
 // later returns the later of two times.

@@ -123,8 +123,8 @@ func newSupervisor(opt RunOptions) (*supervisor, error) {
 		return nil, err
 	}
 	defer unlock()
-	if exists(filepath.Join(dir, proto.ReceiptFile)) {
-		return nil, fmt.Errorf("%w: %s (use a new folder for each launch)", proto.ErrLaunchExists, dir)
+	if st := runState(dir); Transition(VerbRun, st).Do == Refuse {
+		return nil, refuse(VerbRun, st, fmt.Errorf("%w: %s (use a new folder for each launch)", proto.ErrLaunchExists, dir))
 	}
 	// The folder the launch runs from, so that a copy of it (a snapshot or
 	// fork of the sandbox) is known for one. A folder that cannot take it

@@ -11,14 +11,15 @@ import (
 )
 
 // Tree lists the processes of the launch in dir (the supervisor first when
-// it is alive), touching none of them.
+// it is alive), touching none of them. What it does in each state is the
+// transition table's (transitions.go).
 func Tree(dir string) (proto.TreeResult, error) {
-	l, err := OpenLaunch(dir, false)
+	l, st, _, _, err := openFor(VerbTree, dir, "", false)
 	if err != nil {
 		return proto.TreeResult{}, err
 	}
-	if l.Receipt == nil {
-		return proto.TreeResult{}, fmt.Errorf("%w in %s: it holds no receipt", proto.ErrNoLaunch, l.Dir)
+	if Transition(VerbTree, st).Do == Refuse {
+		return proto.TreeResult{}, refuse(VerbTree, st, l.noReceipt())
 	}
 	f := newFinder(l)
 	found := f.pass(nil)

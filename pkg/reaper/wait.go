@@ -23,14 +23,17 @@ const (
 // limit) and returns its receipt with exit code 0 (ended) or 3 (still
 // running). A launch whose supervisor died without recording the end, and
 // whose harness is gone too, is reported ended with ExitCode -1 and an Error
-// saying so (the receipt on disk is left as it is).
+// saying so (the receipt on disk is left as it is). What it does in each
+// state is the transition table's (transitions.go): the state is derived
+// once, at the start; while it waits, the loop below watches the two ways a
+// launch moves on, its end recorded or its supervisor gone.
 func Wait(dir string, timeout time.Duration) (*proto.Receipt, int, error) {
-	l, err := OpenLaunch(dir, false)
+	l, st, _, code, err := openFor(VerbWait, dir, "", false)
 	if err != nil {
-		return nil, proto.ExitUsage, err
+		return nil, code, err
 	}
-	if l.Receipt == nil {
-		return nil, proto.ExitUsage, proto.ErrNoLaunch
+	if c := Transition(VerbWait, st); c.Do == Refuse {
+		return nil, c.Exit[0], refuse(VerbWait, st, l.noReceipt())
 	}
 	var deadline time.Time
 	if timeout > 0 {
@@ -127,17 +130,18 @@ func (w dirWatch) close() {
 }
 
 // Status returns the launch's receipt. An ended launch's cgroup is removed
-// if it is empty.
+// if it is empty. What it does in each state is the transition table's
+// (transitions.go).
 func Status(dir string) (*proto.Receipt, error) {
-	dir, err := proto.ValidateDir(dir)
+	l, st, _, _, err := openFor(VerbStatus, dir, "", false)
 	if err != nil {
 		return nil, err
 	}
-	r, err := proto.ReadReceipt(dir)
-	if err == nil {
-		removeEndedCgroup(r)
+	if Transition(VerbStatus, st).Do == Refuse {
+		return nil, refuse(VerbStatus, st, l.noReceipt())
 	}
-	return r, err
+	removeEndedCgroup(l.Receipt)
+	return l.Receipt, nil
 }
 
 // removeEndedCgroup removes the cgroup of an ended launch if it is empty:
