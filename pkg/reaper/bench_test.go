@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -165,6 +166,11 @@ type launchOptions struct {
 	cgroupFD int
 	// end, if set, ends the launch at the cleanup instead of stop.
 	end func(*benchLaunch, testing.TB)
+	// command, if set, is the harness's argv instead of the tree's script.
+	command []string
+	// pauseFirst makes the launch folder with a pause file in it before
+	// the supervisor starts, so that it waits (a pending launch).
+	pauseFirst bool
 }
 
 // startSupervised starts the helper supervisor of a launch running tree and
@@ -184,6 +190,17 @@ func startSupervised(b testing.TB, tree benchTree, lo launchOptions) *benchLaunc
 	dir := filepath.Join(root, "launch")
 	id := fmt.Sprintf("bench-%s-%d-%d", tree.name, os.Getpid(), time.Now().UnixNano())
 	argv := append([]string{"/bin/sh", script}, strings.Fields(tree.arg)...)
+	if lo.command != nil {
+		argv = lo.command
+	}
+	if lo.pauseFirst {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, proto.PauseFile), []byte(strconv.FormatInt(time.Now().UnixNano(), 10)), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
 	spec, err := json.Marshal(helperOptions{Dir: dir, ID: id, Command: argv, NoCgroup: lo.noCgroup})
 	if err != nil {
 		b.Fatal(err)

@@ -2,7 +2,6 @@ package reaper
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -136,7 +135,7 @@ var transitions = [numVerbs][numStates]Cell{
 		Missing:      {Create, exit0, "creates the folder, then as empty"},
 		Unreadable:   {Refuse, exit2, "cannot: the folder holds a launch"},
 		Copied:       notSeen,
-		Empty:        {Act, exit0, "starts the harness (waits while the pause file is there, never starts if the stop file is)"},
+		Empty:        {Act, exit0, "starts the harness: waits while the pause file is there, never starts if the stop file is (foreground: exits with the harness's code)"},
 		Tagged:       notSeen,
 		NeverStarted: {Refuse, exit2, "cannot: the folder holds a launch"},
 		Ended:        {Refuse, exit2, "cannot: the folder holds a launch"},
@@ -264,6 +263,3 @@ func TableMarkdown() string {
 	}
 	return b.String()
 }
-
-// exitAllowed reports whether code is one of the cell's exit codes.
-func (c Cell) exitAllowed(code int) bool { return slices.Contains(c.Exit, code) }
