@@ -3,7 +3,9 @@
 // sandbox's disk, and answers pause, continue, stop, wait, status and tree.
 // Machine output is one line of JSON on stdout; messages go to stderr. The
 // command line is a contract (docs/ngsup.md): verbs, flags, files and exit codes
-// are not renamed.
+// are not renamed. What each verb does in each state of a launch is
+// pkg/reaper's verb x state table; a verb that cannot act in a state says
+// "cannot X a launch in state Y" on stderr.
 package main
 
 import (

@@ -46,23 +46,8 @@ to D/stdout and D/stderr. --stdin FILE: the harness reads FILE as its stdin
 		},
 		RunE: func(c *cobra.Command, args []string) error {
 			opt.Command = args
-			dir, err := proto.ValidateDir(opt.Dir)
-			if err != nil {
+			if err := checkRun(&opt); err != nil {
 				return err
-			}
-			opt.Dir = dir
-			if err := proto.ValidateID(opt.ID); err != nil {
-				return err
-			}
-			if opt.Stdin != "" {
-				if !filepath.IsAbs(opt.Stdin) {
-					return usagef("--stdin %q is not an absolute path", opt.Stdin)
-				}
-				f, err := os.Open(opt.Stdin)
-				if err != nil {
-					return usagef("--stdin: %v", err)
-				}
-				f.Close()
 			}
 			switch {
 			case supervise:
@@ -76,7 +61,7 @@ to D/stdout and D/stderr. --stdin FILE: the harness reads FILE as its stdin
 				return &exitError{code: exitCodeFor(err), err: err}
 			}
 			if code < 0 {
-				r, _ := proto.ReadReceipt(dir)
+				r, _ := proto.ReadReceipt(opt.Dir)
 				why := "the launch ended without an exit code"
 				if r != nil && r.Error != "" {
 					why = r.Error
@@ -99,6 +84,30 @@ to D/stdout and D/stderr. --stdin FILE: the harness reads FILE as its stdin
 	c.Flags().BoolVar(&supervise, superviseFlag, false, "internal: run as the detached supervisor")
 	c.Flags().MarkHidden(superviseFlag)
 	return c
+}
+
+// checkRun checks run's --dir (cleaned in place), --id and --stdin before
+// anything starts.
+func checkRun(opt *reaper.RunOptions) error {
+	dir, err := proto.ValidateDir(opt.Dir)
+	if err != nil {
+		return err
+	}
+	opt.Dir = dir
+	if err := proto.ValidateID(opt.ID); err != nil {
+		return err
+	}
+	if opt.Stdin != "" {
+		if !filepath.IsAbs(opt.Stdin) {
+			return usagef("--stdin %q is not an absolute path", opt.Stdin)
+		}
+		f, err := os.Open(opt.Stdin)
+		if err != nil {
+			return usagef("--stdin: %v", err)
+		}
+		f.Close()
+	}
+	return nil
 }
 
 func logStderr(format string, args ...any) {

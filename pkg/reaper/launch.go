@@ -129,13 +129,6 @@ func (l *Launch) create() error {
 	if err := os.MkdirAll(l.Dir, 0o755); err != nil {
 		return fmt.Errorf("%w: create %s: %v", proto.ErrBadDir, l.Dir, err)
 	}
-	fi, err := os.Stat(l.Dir)
-	if err != nil {
-		return fmt.Errorf("%w: %v", proto.ErrBadDir, err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%w: %s is not a folder", proto.ErrBadDir, l.Dir)
-	}
 	return nil
 }
 
