@@ -65,6 +65,8 @@ func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
 	}
 	switch Transition(VerbPause, st).Do {
 	case Refuse:
+		// Ended, or never started (an unreadable receipt was refused as
+		// the folder was opened): the result is kept, exit 3.
 		return l.pauseEnded(res, created, begin)
 	case File:
 		// The pause file holds the run until continue.
