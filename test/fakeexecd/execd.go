@@ -39,8 +39,9 @@ type execd struct {
 	log      []string
 	uploads  []string
 	shutDown bool
-	// foreground and background count the commands run.
-	foreground, background int
+	// foreground and background count the commands run; downloads the
+	// files read.
+	foreground, background, downloads int
 	// gate is non-nil while a snapshot freezes the sandbox: requests and
 	// events wait until it is closed. dead is closed once execd is
 	// killed, ending every such wait.
@@ -843,6 +844,9 @@ func (e *execd) upload(w http.ResponseWriter, r *http.Request) {
 }
 
 func (e *execd) download(w http.ResponseWriter, r *http.Request) {
+	e.mu.Lock()
+	e.downloads++
+	e.mu.Unlock()
 	sb, err := e.s.store.Open(e.id)
 	if err != nil {
 		apiError(w, http.StatusNotFound, "NOT_FOUND", "%v", err)

@@ -403,6 +403,22 @@ func (s *Server) State(id string) string {
 	return ""
 }
 
+// Dropped counts the connections to the sandbox's execd that were
+// accepted and dropped (before it listened, or after it was killed).
+func (s *Server) Dropped(id string) int {
+	sb := s.get(id)
+	if sb == nil {
+		return 0
+	}
+	sb.execd.mu.Lock()
+	pt := sb.execd.port
+	sb.execd.mu.Unlock()
+	if pt == nil {
+		return 0
+	}
+	return pt.droppedCount()
+}
+
 // SnapshotState is the snapshot's state ("" once it is gone).
 func (s *Server) SnapshotState(id string) string {
 	s.mu.Lock()
@@ -489,6 +505,17 @@ func (s *Server) DropsPending() int {
 		n += d.left
 	}
 	return n
+}
+
+// Downloads counts the files read from the sandbox (GET /files/download).
+func (s *Server) Downloads(id string) int {
+	sb := s.get(id)
+	if sb == nil {
+		return 0
+	}
+	sb.execd.mu.Lock()
+	defer sb.execd.mu.Unlock()
+	return sb.execd.downloads
 }
 
 // Uploads lists the paths uploaded to the sandbox, in order.
