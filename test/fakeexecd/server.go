@@ -239,6 +239,8 @@ type fakeSandbox struct {
 	// deleted is closed once a delete removed the sandbox (nil while
 	// none is under way).
 	deleted chan struct{}
+	// snapMu takes the sandbox's snapshots one at a time (each pauses it).
+	snapMu sync.Mutex
 }
 
 // Start starts the lifecycle server on 127.0.0.1 (a free port).
@@ -908,6 +910,8 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 // capacity does SnapshotWork for it, thaws it, and reports the snapshot
 // Ready SnapshotAfter later (Failed if the copy failed).
 func (s *Server) take(sb *fakeSandbox, snap *snapshot) {
+	sb.snapMu.Lock()
+	defer sb.snapMu.Unlock()
 	var fz *frozen
 	if s.opt.SnapshotWork > 0 {
 		sb.execd.freeze()

@@ -11,8 +11,8 @@
 // timeout inside the sandbox and reports the command's exact output and
 // exit status itself, since real execd's events carry neither (see
 // shared/notes/sandbox-backends.md); a command the client stops following
-// is ended in the sandbox by its nonce (KillScript). The driver never follows a
-// launch by execd's command ids: ngsup keeps the launch's state on the
+// is ended in the sandbox by its nonce (KillScript). The driver never
+// follows a launch by execd's command ids: ngsup keeps the launch's state on the
 // sandbox's disk, so a restart of execd (which forgets every command id)
 // or a finished command reported late changes nothing.
 //
@@ -20,10 +20,16 @@
 // that could not be sent (connection refused) is retried for a while, the
 // endpoint looked up again in between, whatever the command, since it
 // never ran; one that broke after it was sent wraps sandbox.ErrTransport
-// and is not retried here (the caller knows whether the command may run
-// twice). 401 and 403 are sandbox.ErrUnauthorized; a sandbox the lifecycle
-// server no longer knows is sandbox.ErrGone; a deadline is
-// sandbox.ErrTimeout.
+// and is retried only when it may be repeated (a ping, a status, a
+// download, an upload to a path of its own), never an exec (the caller
+// knows whether the command may run twice). 401 and 403 are
+// sandbox.ErrUnauthorized; a sandbox the lifecycle server no longer knows,
+// or reports gone for good (GoneState: Failed, as a deleted one answers
+// before its 404), is sandbox.ErrGone; a snapshot a fork still uses is
+// sandbox.ErrSnapshotInUse; a deadline is sandbox.ErrTimeout. A sandbox is
+// ready when its execd answers (the server reports Running before execd
+// listens), and a command's stream that ends without its final event is
+// settled from the report its script keeps (docs/driver.md, "OpenSandbox").
 package opensandbox
 
 import (
