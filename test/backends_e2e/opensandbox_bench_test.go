@@ -2,7 +2,9 @@ package backends_e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,7 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/pkg/driver/owner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
 // TestOpenSandboxPrepareFigures prints what a checkpoint of N launches in
@@ -112,4 +119,106 @@ func durs(d []time.Duration) string {
 		words = append(words, fmt.Sprintf("%.0f ms", float64(x)/1e6))
 	}
 	return fmt.Sprintf("median %.0f ms (each: %s)", float64(s[len(s)/2])/1e6, strings.Join(words, ", "))
+}
+
+// TestOpenSandboxCommitFigures prints what the owner's commit of N
+// sessions costs over the fake OpenSandbox at the real server's timing
+// (NGHARNESS_BENCH_OSB=1; N from NGHARNESS_BENCH_OSB_COMMIT_N, a comma
+// list, default 8,64,256): one snapshot per session, each freezing its
+// sandbox while the server takes it (1.25 s alone, several sharing the
+// server's capacity, as measured), through the backend with its default
+// poll (500 ms, as owner serve has it). For each N: N sessions seeded
+// through the owner, then 3 commits (the owner's prepare, then its
+// commit, timed; then resume), with each sandbox's freeze. With
+// NGHARNESS_BENCH_OSB_CAPACITY (default 1) the server takes that many
+// snapshots at full speed at once. The figures are in docs/BENCHMARKS.md.
+func TestOpenSandboxCommitFigures(t *testing.T) {
+	if os.Getenv("NGHARNESS_BENCH_OSB") != "1" {
+		t.Skip("NGHARNESS_BENCH_OSB=1 prints the OpenSandbox commit figures")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the fake OpenSandbox needs root")
+	}
+	ns := []int{8, 64, 256}
+	if v := os.Getenv("NGHARNESS_BENCH_OSB_COMMIT_N"); v != "" {
+		ns = nil
+		for _, f := range strings.Split(v, ",") {
+			var n int
+			if _, err := fmt.Sscan(f, &n); err != nil || n < 1 {
+				t.Fatalf("NGHARNESS_BENCH_OSB_COMMIT_N=%q: %q is not a count", v, f)
+			}
+			ns = append(ns, n)
+		}
+	}
+	capacity := 1
+	if v := os.Getenv("NGHARNESS_BENCH_OSB_CAPACITY"); v != "" {
+		fmt.Sscan(v, &capacity)
+	}
+	for _, n := range ns {
+		commitFigures(t, n, capacity)
+	}
+}
+
+func commitFigures(t *testing.T, n, capacity int) {
+	ctx := context.Background()
+	srv, err := fakeexecd.Start(fakeexecd.Options{Base: t.TempDir(), APIKey: "bench-key", SnapshotCapacity: capacity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	b, err := opensandbox.New(opensandbox.Options{Server: srv.URL(), APIKey: "bench-key", Image: "bench",
+		Root: mountPoint + "/" + local.RootFolder, Workdir: mountPoint + "/" + local.WorkFolder})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := localowner.New(localowner.Options{Sandboxes: b, Logger: slog.New(slog.DiscardHandler)})
+	ctl, err := owner.NewControl(own, gym.Config{Instance: "bench_owner", LeaseGrace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	sem := make(chan struct{}, 16)
+	errs := make(chan error, n)
+	for i := range n {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			ro := fmt.Sprintf("commit%d-%s-r%d", n, runTag, i)
+			_, err := own.SeedSession(ctx, ro, json.RawMessage(`{"rollout_id":"`+ro+`"}`))
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	seeded := time.Since(t0)
+	var commits, freezes []time.Duration
+	for k := range 3 {
+		id := fmt.Sprintf("bench-commit-%d-%d", n, k)
+		req := gym.Request{CheckpointID: id, DeadlineTS: float64(time.Now().Add(time.Hour).UnixNano()) / 1e9}
+		if rep, err := ctl.Prepare(ctx, req); err != nil || rep.Phase != gym.PhasePrepared {
+			t.Fatalf("prepare %s: %+v %v", id, rep, err)
+		}
+		before := len(srv.Freezes())
+		t1 := time.Now()
+		if _, err := ctl.Commit(ctx, &gym.CommitRequest{Request: req, CheckpointDir: filepath.Join(t.TempDir(), id)}); err != nil {
+			t.Fatalf("commit %s: %v", id, err)
+		}
+		commits = append(commits, time.Since(t1))
+		for _, fz := range srv.Freezes()[before:] {
+			freezes = append(freezes, fz.End.Sub(fz.Start))
+		}
+		if _, err := ctl.Resume(ctx, req); err != nil {
+			t.Fatalf("resume %s: %v", id, err)
+		}
+	}
+	sort.Slice(freezes, func(i, j int) bool { return freezes[i] < freezes[j] })
+	med := append([]time.Duration(nil), commits...)
+	sort.Slice(med, func(i, j int) bool { return med[i] < med[j] })
+	load, _ := os.ReadFile("/proc/loadavg")
+	t.Logf("N=%d sessions, server capacity %d, owner seeded them in %.1f s; commit %s; %.2f snapshots/s; each sandbox frozen median %.1f s, max %.1f s (%d freezes); load average %s",
+		n, capacity, seeded.Seconds(), durs(commits), float64(n)/med[len(med)/2].Seconds(),
+		freezes[len(freezes)/2].Seconds(), freezes[len(freezes)-1].Seconds(), len(freezes), strings.Join(strings.Fields(string(load))[:3], " "))
 }

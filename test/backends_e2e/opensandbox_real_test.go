@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,35 +27,13 @@ import (
 // continues in place, and the owner's renewals, every check made through
 // the server and the sandboxes' own exec (this machine cannot see them).
 
-// madeLender is the backend as the owner lends it, remembering every
-// sandbox it made so that the test removes them all.
-type madeLender struct {
-	*opensandbox.Backend
-	mu   sync.Mutex
-	made []string
-}
-
-func (m *madeLender) note(sb sandbox.Sandbox, err error) (sandbox.Sandbox, error) {
-	if err == nil {
-		m.mu.Lock()
-		m.made = append(m.made, sb.ID())
-		m.mu.Unlock()
-	}
-	return sb, err
-}
-
-func (m *madeLender) Create(ctx context.Context, name string) (sandbox.Sandbox, error) {
-	return m.note(m.Backend.Create(ctx, name))
-}
-
-func (m *madeLender) Fork(ctx context.Context, snap, name string) (sandbox.Sandbox, error) {
-	return m.note(m.Backend.Fork(ctx, snap, name))
-}
-
 // newRealWorld is a world on the real server: the opensandbox backend,
 // the owner lending its sandboxes, ngsup and the fake adapter, as
-// newWorld wires them, without the fake's host view.
-func newRealWorld(t *testing.T) (*world, *madeLender) {
+// newWorld wires them, without the fake's host view. Every sandbox it
+// makes carries this test process's fakeexecd.RealLabel; at the end those,
+// and the snapshots taken of them (the owner's at each commit), are
+// removed from the server.
+func newRealWorld(t *testing.T) (*world, *fakeexecd.Lender) {
 	t.Helper()
 	real, ok, err := fakeexecd.RealServer()
 	if err != nil {
@@ -65,7 +42,8 @@ func newRealWorld(t *testing.T) (*world, *madeLender) {
 	if !ok {
 		t.Skipf("%s is not set: no real OpenSandbox server to run against (the fake one runs in the other tests)", fakeexecd.RealURLEnv)
 	}
-	b, err := opensandbox.New(opensandbox.Options{Server: real.URL, APIKey: real.APIKey, Image: real.Image, Root: real.Root, Workdir: real.Workdir})
+	b, err := opensandbox.New(opensandbox.Options{Server: real.URL, APIKey: real.APIKey, Image: real.Image, Root: real.Root, Workdir: real.Workdir,
+		Metadata: map[string]string{fakeexecd.RealLabel: fakeexecd.RunLabel}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +53,7 @@ func newRealWorld(t *testing.T) (*world, *madeLender) {
 		out = io.MultiWriter(w.buf, os.Stderr)
 	}
 	w.log = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
-	lender := &madeLender{Backend: b}
+	lender := &fakeexecd.Lender{Backend: b}
 	w.raw, w.lender = b, lender
 	w.rec = &recorder{inner: b, uploads: map[string][]string{}}
 	w.ownerNgsup = w.newNgsup()
@@ -96,13 +74,8 @@ func newRealWorld(t *testing.T) (*world, *madeLender) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), Patience)
 		defer cancel()
-		lender.mu.Lock()
-		made := slices.Clone(lender.made)
-		lender.mu.Unlock()
-		for _, id := range made {
-			if err := b.Remove(ctx, id); err != nil {
-				t.Errorf("cleanup: remove sandbox %s: %v", id, err)
-			}
+		if err := lender.Sweep(ctx); err != nil {
+			t.Errorf("cleanup: %v", err)
 		}
 		if t.Failed() {
 			t.Logf("driver and owner log:\n%s", w.buf.String())

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,15 +32,30 @@ type execd struct {
 
 	mu       sync.Mutex
 	addr     string // host:port it serves on
-	ln       net.Listener
+	port     *port
 	hs       *http.Server
 	down     bool
 	cmds     map[string]*command
 	log      []string
 	uploads  []string
 	shutDown bool
-	// foreground and background count the commands run.
-	foreground, background int
+	// foreground and background count the commands run; downloads the
+	// files read.
+	foreground, background, downloads int
+	// gate is non-nil while a snapshot freezes the sandbox: requests and
+	// events wait until it is closed. dead is closed once execd is
+	// killed, ending every such wait.
+	gate chan struct{}
+	dead chan struct{}
+	// flights are the foreground streams waiting for their final event.
+	flights map[*flight]struct{}
+}
+
+// flight is a foreground stream waiting for its command's final event; a
+// thaw may cut it (closing cut) so that it ends without one.
+type flight struct {
+	start time.Time
+	cut   chan struct{}
 }
 
 // command is one command execd ran.
@@ -60,7 +76,7 @@ type command struct {
 }
 
 func newExecd(s *Server, id string) *execd {
-	return &execd{s: s, id: id, token: newID("tok-"), cmds: map[string]*command{}}
+	return &execd{s: s, id: id, token: newID("tok-"), cmds: map[string]*command{}, dead: make(chan struct{}), flights: map[*flight]struct{}{}}
 }
 
 func (e *execd) address() string {
@@ -69,8 +85,9 @@ func (e *execd) address() string {
 	return e.addr
 }
 
-// listen serves on addr ("" or taken: a free port).
-func (e *execd) listen(addr string) error {
+// listen serves on addr ("" or taken: a free port); with drop, its port
+// accepts and drops every connection until serve.
+func (e *execd) listen(addr string, drop bool) error {
 	var ln net.Listener
 	var err error
 	if addr != "" {
@@ -82,28 +99,134 @@ func (e *execd) listen(addr string) error {
 	if err != nil {
 		return err
 	}
+	pt := newPort(ln, drop)
 	hs := &http.Server{Handler: e.handler(), ReadHeaderTimeout: 30 * time.Second}
 	e.mu.Lock()
 	if e.shutDown {
 		e.mu.Unlock()
-		ln.Close()
+		pt.close()
 		return errors.New("execd is shut down")
 	}
-	e.ln, e.hs, e.addr, e.down = ln, hs, ln.Addr().String(), false
+	e.port, e.hs, e.addr, e.down = pt, hs, ln.Addr().String(), false
 	e.mu.Unlock()
-	go hs.Serve(ln)
+	go hs.Serve(pt.listener())
 	return nil
 }
 
-// shutdown stops execd for good (the sandbox is deleted).
-func (e *execd) shutdown() {
+// serve ends the create-then-listen window: execd answers from now on.
+func (e *execd) serve() {
 	e.mu.Lock()
-	e.shutDown = true
-	hs := e.hs
+	defer e.mu.Unlock()
+	if e.port != nil && !e.shutDown {
+		e.port.setDrop(false)
+	}
+}
+
+// kill is execd dying with its container (a delete): every connection is
+// closed, and its port goes on accepting and dropping connections until
+// release (the container is not removed yet).
+func (e *execd) kill() {
+	e.mu.Lock()
+	if !e.shutDown {
+		e.shutDown = true
+		close(e.dead)
+	}
+	hs, pt := e.hs, e.port
+	if pt != nil {
+		pt.setDrop(true)
+	}
 	e.mu.Unlock()
 	if hs != nil {
 		hs.Close()
 	}
+}
+
+// release closes the port of a killed execd (the container is removed):
+// connections are refused from now on.
+func (e *execd) release() {
+	e.mu.Lock()
+	pt := e.port
+	e.mu.Unlock()
+	if pt != nil {
+		pt.close()
+	}
+}
+
+// shutdown stops execd for good (the server closes).
+func (e *execd) shutdown() {
+	e.kill()
+	e.release()
+}
+
+// freeze holds every request and event of execd until thaw.
+func (e *execd) freeze() {
+	e.mu.Lock()
+	if e.gate == nil {
+		e.gate = make(chan struct{})
+	}
+	e.mu.Unlock()
+}
+
+// thaw lets execd go on, and ends up to cut of the foreground streams
+// still waiting for their final event there, oldest first, without it.
+func (e *execd) thaw(cut int) {
+	e.mu.Lock()
+	gate := e.gate
+	e.gate = nil
+	var fls []*flight
+	for fl := range e.flights {
+		fls = append(fls, fl)
+	}
+	e.mu.Unlock()
+	if gate != nil {
+		close(gate)
+	}
+	sort.Slice(fls, func(i, j int) bool { return fls[i].start.Before(fls[j].start) })
+	for i, fl := range fls {
+		if i >= cut {
+			break
+		}
+		e.mu.Lock()
+		_, waiting := e.flights[fl]
+		delete(e.flights, fl)
+		e.mu.Unlock()
+		if waiting {
+			close(fl.cut)
+		}
+	}
+}
+
+// waitThawed returns once the sandbox is not frozen (or execd is dead).
+func (e *execd) waitThawed() {
+	for {
+		e.mu.Lock()
+		gate := e.gate
+		e.mu.Unlock()
+		if gate == nil {
+			return
+		}
+		select {
+		case <-gate:
+		case <-e.dead:
+			return
+		}
+	}
+}
+
+// takeOff registers a foreground stream that waits for its final event;
+// land takes it off again and reports whether a thaw cut it meanwhile.
+func (e *execd) takeOff() *flight {
+	fl := &flight{start: time.Now(), cut: make(chan struct{})}
+	e.mu.Lock()
+	e.flights[fl] = struct{}{}
+	e.mu.Unlock()
+	return fl
+}
+
+func (e *execd) land(fl *flight) {
+	e.mu.Lock()
+	delete(e.flights, fl)
+	e.mu.Unlock()
 }
 
 func (e *execd) forget() {
@@ -116,11 +239,12 @@ func (e *execd) forget() {
 // execd is gone), forgets every id, and serves again after down.
 func (e *execd) restart(down time.Duration) error {
 	e.mu.Lock()
-	hs, addr := e.hs, e.addr
+	hs, addr, pt := e.hs, e.addr, e.port
 	e.down = true
 	cmds := e.cmds
 	e.cmds = map[string]*command{}
 	e.mu.Unlock()
+	pt.close() // refused while it is down
 	hs.Close()
 	for _, cm := range cmds {
 		if !cm.background && !cm.isDone() {
@@ -128,7 +252,7 @@ func (e *execd) restart(down time.Duration) error {
 		}
 	}
 	time.Sleep(down)
-	return e.listen(addr)
+	return e.listen(addr, false)
 }
 
 func (e *execd) commandLog() []string {
@@ -157,6 +281,8 @@ func (e *execd) handler() http.Handler {
 	mux.HandleFunc("GET /files/download", e.download)
 	proxy := "/proxy/" + strconv.Itoa(ExecdPort)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A frozen execd answers nothing until the thaw.
+		e.waitThawed()
 		if e.s.opt.Runtime == RuntimeKubernetes && r.Header.Get(SecureAccessHeader) != e.token {
 			// As execd's token filter: a body of {"error": ...}.
 			w.Header().Set("Content-Type", "application/json")
@@ -279,12 +405,15 @@ const (
 // reads it: a write that fails marks it dead, and once the handler is done
 // with the response (close) nothing is written any more.
 type stream struct {
+	e    *execd
 	mu   sync.Mutex
 	w    http.ResponseWriter
 	dead bool
 }
 
 func (st *stream) send(ev event) {
+	// Nothing is written while the sandbox is frozen.
+	st.e.waitThawed()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.dead {
@@ -377,7 +506,7 @@ func (e *execd) runCommand(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cm := e.register(req)
-	drop, when := e.s.takeDrop(req.Command)
+	drop, when, clean := e.s.takeDrop(req.Command)
 	files, err := e.logFiles(cm, "stdout", "stderr")
 	if err != nil {
 		apiError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "the output files: %v", err)
@@ -395,7 +524,7 @@ func (e *execd) runCommand(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	st := &stream{w: w}
+	st := &stream{e: e, w: w}
 	st.send(event{Type: EventInit, Text: cm.id})
 	stopPing := make(chan struct{})
 	go e.ping(st, stopPing)
@@ -447,11 +576,26 @@ func (e *execd) runCommand(w http.ResponseWriter, r *http.Request) {
 	}()
 	if drop && when == DropAfterInit {
 		st.close()
+		if clean {
+			return // a complete reply without the final event
+		}
 		panic(http.ErrAbortHandler)
 	}
-	ev := <-final
+	fl := e.takeOff()
+	var ev event
+	select {
+	case ev = <-final:
+		e.land(fl)
+	case <-fl.cut:
+		// A thaw ended the stream here: the command goes on.
+		st.close()
+		return
+	}
 	if drop && when == DropBeforeEnd {
 		st.close()
+		if clean {
+			return
+		}
 		panic(http.ErrAbortHandler)
 	}
 	st.send(ev)
@@ -494,7 +638,7 @@ func (e *execd) runBackground(w http.ResponseWriter, req commandRequest) {
 	cm.output = files[0].Name()
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
-	st := &stream{w: w}
+	st := &stream{e: e, w: w}
 	st.send(event{Type: EventInit, Text: cm.id})
 	c, err := e.start(req, files[0], files[0])
 	if err != nil {
@@ -700,6 +844,9 @@ func (e *execd) upload(w http.ResponseWriter, r *http.Request) {
 }
 
 func (e *execd) download(w http.ResponseWriter, r *http.Request) {
+	e.mu.Lock()
+	e.downloads++
+	e.mu.Unlock()
 	sb, err := e.s.store.Open(e.id)
 	if err != nil {
 		apiError(w, http.StatusNotFound, "NOT_FOUND", "%v", err)

@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,7 +57,35 @@ func start(t *testing.T, opt fakeexecd.Options) *fx {
 		t.Fatalf("endpoint: %d %s", resp.StatusCode, data)
 	}
 	f.endpoint, f.headers = "http://"+ep.Endpoint, ep.Headers
+	f.waitExecd()
 	return f
+}
+
+// waitExecd waits (up to a minute) until execd answers GET /ping: a new
+// sandbox reports Running before execd listens, as the real server's do.
+// It returns how many pings failed first, and how.
+func (f *fx) waitExecd() (failed []error) {
+	f.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		req, _ := http.NewRequest("GET", f.endpoint+"/ping", nil)
+		for k, v := range f.headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return failed
+			}
+			err = fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		failed = append(failed, err)
+		if time.Now().After(deadline) {
+			f.t.Fatalf("execd never answered its ping: %v", failed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (f *fx) call(method, url, apiKey string, body io.Reader, header map[string]string) (*http.Response, []byte) {
@@ -353,5 +383,315 @@ func TestFakeIsStrictWhereExecdIs(t *testing.T) {
 	resp, data := f.call("POST", f.endpoint+"/files/upload", "", &body, map[string]string{"Content-Type": mw.FormDataContentType()})
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(data), "file part") {
 		t.Errorf("metadata as a plain field: %d %s", resp.StatusCode, data)
+	}
+}
+
+// lifecycle calls the lifecycle server with the API key and decodes its
+// JSON reply into out (when given); it returns the status.
+func (f *fx) lifecycle(method, p string, body any, out any) int {
+	f.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		data, _ := json.Marshal(body)
+		rd = bytes.NewReader(data)
+	}
+	resp, data := f.call(method, f.srv.URL()+"/v1"+p, key, rd, nil)
+	if out != nil && len(data) > 0 {
+		if err := json.Unmarshal(data, out); err != nil {
+			f.t.Fatalf("%s %s: %d %s: %v", method, p, resp.StatusCode, data, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+type sandboxReply struct {
+	ID     string
+	Status struct{ State, Reason, Message string }
+}
+
+type snapshotReply struct {
+	ID, SandboxID string
+	Status        struct{ State string }
+	Code, Message string
+}
+
+// pingOnce sends one GET /ping on a connection of its own.
+func (f *fx) pingOnce() error {
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	req, _ := http.NewRequest("GET", f.endpoint+"/ping", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// TestCreateReportsRunningBeforeExecdListens proves the create-then-listen
+// window of the real server: the create's answer already says Running,
+// and for ListenAfter connections to execd are accepted and dropped (an
+// end of file or a reset, never "connection refused") before its ping
+// answers.
+func TestCreateReportsRunningBeforeExecdListens(t *testing.T) {
+	t.Parallel()
+	f := start(t, fakeexecd.Options{GracefulDelay: -1, ListenAfter: 2 * time.Second})
+	var sb sandboxReply
+	if code := f.lifecycle("POST", "/sandboxes", map[string]any{"image": map[string]string{"uri": "x"}}, &sb); code != http.StatusAccepted || sb.Status.State != "Running" {
+		t.Fatalf("create: %d %+v, want 202 Running", code, sb)
+	}
+	var ep struct{ Endpoint string }
+	f.lifecycle("GET", "/sandboxes/"+sb.ID+"/endpoints/44772", nil, &ep)
+	g := &fx{t: t, srv: f.srv, id: sb.ID, endpoint: "http://" + ep.Endpoint}
+	err := g.pingOnce()
+	if err == nil {
+		t.Fatalf("execd answered at once")
+	}
+	failed := g.waitExecd()
+	for _, e := range append(failed, err) {
+		if strings.Contains(e.Error(), "refused") {
+			t.Errorf("a connection in the window was refused (%v): the real one accepts and drops", e)
+		}
+	}
+	t.Logf("%d pings failed before execd answered, the first with %v", len(failed)+1, err)
+}
+
+// TestDeleteAnswersFailedBeforeGone proves a delete as the real server's:
+// the processes are killed, GET answers 200 with state Failed
+// (CONTAINER_EXITED_ERROR) and connections to execd are accepted and
+// dropped for FailedFor, then GET answers 404 and connections are refused.
+func TestDeleteAnswersFailedBeforeGone(t *testing.T) {
+	t.Parallel()
+	f := start(t, fakeexecd.Options{GracefulDelay: -1, FailedFor: 2 * time.Second})
+	deleted := make(chan int, 1)
+	go func() { deleted <- f.lifecycle("DELETE", "/sandboxes/"+f.id, nil, nil) }()
+	var sb sandboxReply
+	waitUntil(t, "the sandbox to say Failed", func() bool {
+		f.lifecycle("GET", "/sandboxes/"+f.id, nil, &sb)
+		return sb.Status.State == "Failed"
+	})
+	if sb.Status.Reason != "CONTAINER_EXITED_ERROR" {
+		t.Errorf("the deleted sandbox says %+v", sb.Status)
+	}
+	if err := f.pingOnce(); err == nil || strings.Contains(err.Error(), "refused") {
+		t.Errorf("execd of a sandbox in the Failed window: %v, want the connection dropped", err)
+	}
+	if code := <-deleted; code != http.StatusNoContent {
+		t.Errorf("delete: %d", code)
+	}
+	if code := f.lifecycle("GET", "/sandboxes/"+f.id, nil, nil); code != http.StatusNotFound {
+		t.Errorf("GET after the delete: %d, want 404", code)
+	}
+	if err := f.pingOnce(); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("execd of a removed sandbox: %v, want refused", err)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// snapshot takes a snapshot of the sandbox and waits until it is Ready.
+func (f *fx) snapshot(name string) string {
+	f.t.Helper()
+	var sn snapshotReply
+	if code := f.lifecycle("POST", "/sandboxes/"+f.id+"/snapshots", map[string]string{"name": name}, &sn); code != http.StatusAccepted || sn.Status.State != "Creating" {
+		f.t.Fatalf("snapshot: %d %+v", code, sn)
+	}
+	waitUntil(f.t, "the snapshot to be ready", func() bool {
+		f.lifecycle("GET", "/snapshots/"+sn.ID, nil, &sn)
+		return sn.Status.State == "Ready"
+	})
+	return sn.ID
+}
+
+// TestSnapshotAForkUsesIsNotDeleted proves the real server's rule: a
+// snapshot whose fork exists answers its delete with 409
+// SNAPSHOT::DELETE_CONFLICT and stays, Deleting (no fork of it can be
+// made); once the fork is gone the same delete answers 204. A second
+// snapshot of the same name is a new one.
+func TestSnapshotAForkUsesIsNotDeleted(t *testing.T) {
+	t.Parallel()
+	f := start(t, fakeexecd.Options{GracefulDelay: -1, SnapshotWork: 50 * time.Millisecond})
+	snap := f.snapshot("same")
+	if again := f.snapshot("same"); again == snap {
+		t.Errorf("a second snapshot of the same name has the first's id")
+	}
+	var fork sandboxReply
+	if code := f.lifecycle("POST", "/sandboxes", map[string]any{"snapshotId": snap}, &fork); code != http.StatusAccepted {
+		t.Fatalf("fork: %d", code)
+	}
+	var sn snapshotReply
+	if code := f.lifecycle("DELETE", "/snapshots/"+snap, nil, &sn); code != http.StatusConflict || sn.Code != "SNAPSHOT::DELETE_CONFLICT" || !strings.Contains(sn.Message, fork.ID) {
+		t.Fatalf("delete a snapshot a fork uses: %d %+v, want 409 SNAPSHOT::DELETE_CONFLICT naming %s", code, sn, fork.ID)
+	}
+	f.lifecycle("GET", "/snapshots/"+snap, nil, &sn)
+	if sn.Status.State != "Deleting" {
+		t.Errorf("the snapshot is %q, want Deleting", sn.Status.State)
+	}
+	if code := f.lifecycle("POST", "/sandboxes", map[string]any{"snapshotId": snap}, nil); code == http.StatusAccepted {
+		t.Errorf("a fork of a Deleting snapshot was made")
+	}
+	if code := f.lifecycle("DELETE", "/sandboxes/"+fork.ID, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete the fork: %d", code)
+	}
+	if code := f.lifecycle("DELETE", "/snapshots/"+snap, nil, nil); code != http.StatusNoContent {
+		t.Errorf("the same delete once the fork is gone: %d, want 204", code)
+	}
+	if code := f.lifecycle("GET", "/snapshots/"+snap, nil, nil); code != http.StatusNotFound {
+		t.Errorf("GET the deleted snapshot: %d", code)
+	}
+}
+
+// procState reads a process's state letter.
+func procState(pid int) byte {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 || i+2 >= len(data) {
+		return 0
+	}
+	return data[i+2]
+}
+
+// TestSnapshotFreezesTheSandbox proves a snapshot pauses the whole
+// sandbox for as long as it takes, as the Docker runtime's commit does:
+// every process stopped (one stopped before is left stopped after), an
+// exec sent meanwhile runs only after the thaw, and a command stream in
+// flight at the thaw ends there, cleanly, without its final event (its
+// command goes on and finishes).
+func TestSnapshotFreezesTheSandbox(t *testing.T) {
+	t.Parallel()
+	f := start(t, fakeexecd.Options{GracefulDelay: -1, SnapshotWork: 1500 * time.Millisecond})
+	mp := f.srv.MountPoint()
+	f.run(map[string]any{"command": "sleep 300 & echo $! > " + mp + "/running; setsid sh -c 'kill -STOP $$; exec sleep 300' </dev/null >/dev/null 2>&1 & echo $! > " + mp + "/stopped", "background": true})
+	pidOf := func(name string) int {
+		var pid int
+		waitUntil(t, name+"'s pid", func() bool {
+			data, _ := os.ReadFile(filepath.Join(f.srv.HostPath(f.id), name))
+			_, err := fmt.Sscan(string(data), &pid)
+			return err == nil && pid > 0
+		})
+		return pid
+	}
+	// The stopped one is in a session of its own: stopped in a group left
+	// orphaned it would get SIGHUP and SIGCONT.
+	running, stopped := pidOf("running"), pidOf("stopped")
+	waitUntil(t, "the stopped one to stop", func() bool { return procState(stopped) == 'T' })
+	inFlight := make(chan []ev, 1)
+	go func() {
+		evs, _ := f.run(map[string]any{"command": "sleep 1; echo finished > " + mp + "/in-flight"})
+		inFlight <- evs
+	}()
+	waitUntil(t, "the command in flight to start", func() bool { return len(f.srv.Commands(f.id)) >= 2 })
+	var sn snapshotReply
+	f.lifecycle("POST", "/sandboxes/"+f.id+"/snapshots", map[string]string{"name": "freeze"}, &sn)
+	waitUntil(t, "the freeze", func() bool { return procState(running) == 'T' })
+	afterc := make(chan []ev, 1)
+	go func() {
+		evs, _ := f.run(map[string]any{"command": "date +%s%N"})
+		afterc <- evs
+	}()
+	waitUntil(t, "the snapshot to be ready", func() bool {
+		f.lifecycle("GET", "/snapshots/"+sn.ID, nil, &sn)
+		return sn.Status.State == "Ready"
+	})
+	fz := f.srv.Freezes()
+	if len(fz) != 1 || fz[0].Processes < 2 {
+		t.Fatalf("freezes %+v, want one that stopped the sandbox's processes", fz)
+	}
+	waitUntil(t, "the thaw", func() bool { return procState(running) != 'T' })
+	if st := procState(stopped); st != 'T' {
+		t.Errorf("the process stopped before the snapshot is %c after it, want still T", st)
+	}
+	evs := <-inFlight
+	for _, e := range evs {
+		if e.Type == "execution_complete" || e.Type == "error" {
+			t.Errorf("the stream in flight at the thaw ended with its final event: %+v", evs)
+		}
+	}
+	waitUntil(t, "the command in flight to finish", func() bool {
+		_, err := os.Stat(filepath.Join(f.srv.HostPath(f.id), "in-flight"))
+		return err == nil
+	})
+	after := <-afterc
+	var ns int64
+	fmt.Sscan(strings.Join(texts(after, "stdout"), ""), &ns)
+	if ran := time.Unix(0, ns); ran.Before(fz[0].End) {
+		t.Errorf("the exec sent during the freeze ran at %s, before the thaw at %s", ran, fz[0].End)
+	}
+}
+
+// TestEndStreamsEndsWithoutTheFinalEvent proves the fault mode EndStreams:
+// the stream ends as a complete reply but without the command's final
+// event, right after init (the command goes on) or once the command has
+// finished and its output was sent.
+func TestEndStreamsEndsWithoutTheFinalEvent(t *testing.T) {
+	t.Parallel()
+	f := start(t, fakeexecd.Options{GracefulDelay: -1})
+	mp := f.srv.MountPoint()
+	f.srv.EndStreams(func(c string) bool { return strings.Contains(c, "early") }, 1, fakeexecd.DropAfterInit)
+	f.srv.EndStreams(func(c string) bool { return strings.Contains(c, "late") }, 1, fakeexecd.DropBeforeEnd)
+	evs, _ := f.run(map[string]any{"command": "sleep 0.3; echo early > " + mp + "/early"})
+	if last(evs).Type != "init" {
+		t.Errorf("early: events %+v, want init and no more", evs)
+	}
+	waitUntil(t, "the early command to finish", func() bool {
+		_, err := os.Stat(filepath.Join(f.srv.HostPath(f.id), "early"))
+		return err == nil
+	})
+	evs, _ = f.run(map[string]any{"command": "echo late; exit 3"})
+	if got := strings.Join(texts(evs, "stdout"), ""); got != "late" || last(evs).Type != "stdout" {
+		t.Errorf("late: events %+v, want its output and no final event", evs)
+	}
+	resp, data := f.execd("GET", "/command/status/"+evs[0].Text, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(data), `"exit_code":3`) {
+		t.Errorf("the status of the late command: %d %s", resp.StatusCode, data)
+	}
+}
+
+// TestListSandboxesAndSnapshots proves the lists: sandboxes filtered by
+// metadata, snapshots by source sandbox and name, in pages.
+func TestListSandboxesAndSnapshots(t *testing.T) {
+	t.Parallel()
+	f := start(t, fakeexecd.Options{GracefulDelay: -1, SnapshotWork: 10 * time.Millisecond})
+	for i := range 3 {
+		f.lifecycle("POST", "/sandboxes", map[string]any{"image": map[string]string{"uri": "x"}, "metadata": map[string]string{"suite": "mine", "n": fmt.Sprint(i)}}, nil)
+	}
+	var list struct {
+		Items      []sandboxReply
+		Pagination struct {
+			TotalItems  int
+			HasNextPage bool
+		}
+	}
+	f.lifecycle("GET", "/sandboxes?metadata="+url.QueryEscape("suite=mine")+"&pageSize=2", nil, &list)
+	if len(list.Items) != 2 || list.Pagination.TotalItems != 3 || !list.Pagination.HasNextPage {
+		t.Errorf("page 1 of suite=mine: %+v", list)
+	}
+	f.lifecycle("GET", "/sandboxes?metadata="+url.QueryEscape("suite=mine&n=1"), nil, &list)
+	if len(list.Items) != 1 || list.Pagination.HasNextPage {
+		t.Errorf("suite=mine&n=1: %+v", list)
+	}
+	a, b := f.snapshot("a"), f.snapshot("b")
+	var snaps struct{ Items []snapshotReply }
+	f.lifecycle("GET", "/snapshots?sandboxId="+f.id, nil, &snaps)
+	if len(snaps.Items) != 2 || snaps.Items[0].ID != a || snaps.Items[1].ID != b {
+		t.Errorf("the sandbox's snapshots: %+v, want %s and %s", snaps.Items, a, b)
+	}
+	f.lifecycle("GET", "/snapshots?name=b", nil, &snaps)
+	if len(snaps.Items) != 1 || snaps.Items[0].ID != b {
+		t.Errorf("the snapshots named b: %+v", snaps.Items)
 	}
 }

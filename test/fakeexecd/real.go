@@ -1,8 +1,14 @@
 package fakeexecd
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"sync"
+	"time"
+
+	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 )
 
 // The environment that points the OpenSandbox tests (the backend's
@@ -49,4 +55,58 @@ func SkipIfReal() string {
 		return ""
 	}
 	return fmt.Sprintf("%s is set: this test needs the fake OpenSandbox (its fault modes or its view of the sandboxes from this machine)", RealURLEnv)
+}
+
+// RealLabel is the metadata key every sandbox the tests make on a server
+// carries (Options.Metadata), its value the test process's own tag
+// (RunLabel), so that at their end everything they made there is found
+// and removed (opensandbox's Lifecycle.Sweep), even after a test failed
+// half way.
+const RealLabel = "ngharness-test"
+
+// RunLabel is the value of RealLabel for this test process: its pid and
+// start time.
+var RunLabel = fmt.Sprintf("p%d-%d", os.Getpid(), time.Now().UnixNano())
+
+// Lender is the opensandbox backend as an owner lends it, remembering
+// every sandbox it made (Create, Fork), so that Sweep also finds the
+// snapshots of the ones removed before the end.
+type Lender struct {
+	*opensandbox.Backend
+	mu   sync.Mutex
+	made []string
+}
+
+func (m *Lender) note(sb sandbox.Sandbox, err error) (sandbox.Sandbox, error) {
+	if err == nil {
+		m.mu.Lock()
+		m.made = append(m.made, sb.ID())
+		m.mu.Unlock()
+	}
+	return sb, err
+}
+
+// Create makes a sandbox (opensandbox.Backend.Create) and remembers it.
+func (m *Lender) Create(ctx context.Context, name string) (sandbox.Sandbox, error) {
+	return m.note(m.Backend.Create(ctx, name))
+}
+
+// Fork makes a sandbox from a snapshot (opensandbox.Backend.Fork) and
+// remembers it.
+func (m *Lender) Fork(ctx context.Context, snap, name string) (sandbox.Sandbox, error) {
+	return m.note(m.Backend.Fork(ctx, snap, name))
+}
+
+// Made lists the sandboxes made, in order.
+func (m *Lender) Made() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.made...)
+}
+
+// Sweep removes, through the lender's server, every sandbox labelled with
+// this test process's RealLabel, every sandbox the lender made, and every
+// snapshot taken of any of them.
+func (m *Lender) Sweep(ctx context.Context) error {
+	return m.Lifecycle().Sweep(ctx, map[string]string{RealLabel: RunLabel}, m.Made())
 }

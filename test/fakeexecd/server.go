@@ -28,12 +28,29 @@
 // no header) or its Kubernetes one (the header OpenSandbox-Secure-Access,
 // which execd then requires; a refusal is 401 {"error": ...}).
 //
+// The lifecycle server behaves as the real one (server/ of OpenSandbox at
+// 3bb6fad3, Docker runtime) was measured to, by default: create answers
+// 202 with state Running before execd listens, and for ListenAfter (200
+// ms) connections to execd are accepted and dropped, never refused; a
+// delete kills the sandbox's processes, answers GET with state Failed for
+// FailedFor (150 ms), then removes it (404); a snapshot pauses every
+// process of the sandbox, execd included, for as long as it takes (one
+// alone SnapshotWork, 1.25 s; several at once share the server's capacity,
+// so each takes longer), execs sent meanwhile wait, and one command stream
+// in flight at the thaw ends there without its final event; a snapshot a
+// sandbox was made from cannot be deleted while that sandbox exists (409
+// SNAPSHOT::DELETE_CONFLICT, the snapshot left Deleting; the same delete
+// answers 204 once the sandbox is gone); a second snapshot with a name
+// already used is a new snapshot; sandboxes and snapshots can be listed,
+// filtered by metadata or by source sandbox and name.
+//
 // Fault modes reproduce what else a client must survive: a finished
 // background command reported as running for a while (SetLateCompletion),
 // command ids forgotten (ForgetCommandIDs) or execd restarting, which also
 // drops its connections and refuses new ones for a while (RestartExecd),
-// and the connection of a command's stream dropped mid-stream
-// (DropStreams).
+// the connection of a command's stream dropped mid-stream (DropStreams),
+// and a command's stream ended cleanly without its final event
+// (EndStreams).
 package fakeexecd
 
 import (
@@ -46,8 +63,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -81,11 +100,33 @@ type Options struct {
 	MountPoint string
 	// APIKey is required in OPEN-SANDBOX-API-KEY ("" accepts any).
 	APIKey string
-	// ReadyAfter is how long a new sandbox stays Pending (default 100 ms).
+	// ReadyAfter is how long a new sandbox stays Pending (0: not at all:
+	// the create's answer says Running, as the real server's does).
 	ReadyAfter time.Duration
-	// SnapshotAfter is how long after its copy a snapshot stays Creating
-	// (default 100 ms).
+	// ListenAfter is how long after a sandbox reports Running its execd
+	// accepts connections and drops them (end of file or reset, never
+	// refused) before it serves (0: 200 ms, as measured; negative: none).
+	ListenAfter time.Duration
+	// FailedFor is how long a deleted sandbox, its processes killed, still
+	// answers GET with state Failed before it is gone (0: 150 ms, within
+	// the 50 - 250 ms measured; negative: none).
+	FailedFor time.Duration
+	// SnapshotWork is how long a snapshot takes when it is the only one:
+	// the sandbox is frozen all along (0: 1.25 s, the real server's
+	// commit of 8 sessions took a median 10.2 s; negative: no freeze).
+	SnapshotWork time.Duration
+	// SnapshotCapacity is how many snapshots the server takes at full
+	// speed at once; more share that capacity equally (0: 1, as measured:
+	// 8 at once took each 5.8 - 14.7 s).
+	SnapshotCapacity int
+	// SnapshotAfter is how long after the thaw a snapshot stays Creating
+	// (default none).
 	SnapshotAfter time.Duration
+	// EndAtThaw is how many foreground command streams in flight when a
+	// snapshot thaws their sandbox end there, cleanly, without their
+	// final event (0: 1, as the real server did once right after a
+	// commit; negative: none).
+	EndAtThaw int
 	// Log receives a line per request that failed (nil: discarded).
 	Log *slog.Logger
 
@@ -150,11 +191,13 @@ type Server struct {
 	snapshots map[string]*snapshot
 	late      time.Duration
 	drops     []dropRule
+	freezes   []Freeze
 	machine   string
 	shimDir   string
 	closed    bool
 	quit      chan struct{} // closed by Close
 	wg        sync.WaitGroup
+	queue     *snapshotQueue
 }
 
 type snapshot struct {
@@ -162,10 +205,22 @@ type snapshot struct {
 	created                    time.Time
 }
 
+// dropRule is a DropStreams (clean false) or EndStreams (clean true) rule.
 type dropRule struct {
 	match func(string) bool
 	left  int
 	when  DropPoint
+	clean bool
+}
+
+// Freeze is one snapshot's pause of a sandbox, as the fake took it.
+type Freeze struct {
+	// SandboxID is the sandbox frozen; SnapshotID the snapshot taken.
+	SandboxID, SnapshotID string
+	// Start and End bound the freeze; Processes is how many processes
+	// it stopped.
+	Start, End time.Time
+	Processes  int
 }
 
 type fakeSandbox struct {
@@ -173,6 +228,7 @@ type fakeSandbox struct {
 	name       string
 	state      string
 	reason     string
+	message    string
 	image      string
 	snapshotID string
 	metadata   map[string]string
@@ -180,6 +236,11 @@ type fakeSandbox struct {
 	expires    time.Time
 	renewals   []time.Time
 	execd      *execd
+	// deleted is closed once a delete removed the sandbox (nil while
+	// none is under way).
+	deleted chan struct{}
+	// snapMu takes the sandbox's snapshots one at a time (each pauses it).
+	snapMu sync.Mutex
 }
 
 // Start starts the lifecycle server on 127.0.0.1 (a free port).
@@ -196,11 +257,20 @@ func Start(opt Options) (*Server, error) {
 	if opt.MountPoint == "" {
 		opt.MountPoint = local.DefaultMountPoint
 	}
-	if opt.ReadyAfter <= 0 {
-		opt.ReadyAfter = 100 * time.Millisecond
+	if opt.ListenAfter == 0 {
+		opt.ListenAfter = 200 * time.Millisecond
 	}
-	if opt.SnapshotAfter <= 0 {
-		opt.SnapshotAfter = 100 * time.Millisecond
+	if opt.FailedFor == 0 {
+		opt.FailedFor = 150 * time.Millisecond
+	}
+	if opt.SnapshotWork == 0 {
+		opt.SnapshotWork = 1250 * time.Millisecond
+	}
+	if opt.SnapshotCapacity <= 0 {
+		opt.SnapshotCapacity = 1
+	}
+	if opt.EndAtThaw == 0 {
+		opt.EndAtThaw = 1
 	}
 	if opt.Log == nil {
 		opt.Log = slog.New(slog.DiscardHandler)
@@ -234,6 +304,7 @@ func Start(opt Options) (*Server, error) {
 	}
 	s := &Server{opt: opt, store: store, ln: ln, url: "http://" + ln.Addr().String(),
 		sandboxes: map[string]*fakeSandbox{}, snapshots: map[string]*snapshot{}, quit: make(chan struct{})}
+	s.queue = newSnapshotQueue(opt.SnapshotCapacity, s.quit)
 	s.hs = &http.Server{Handler: s.lifecycleHandler(), ReadHeaderTimeout: 30 * time.Second}
 	go s.hs.Serve(ln)
 	return s, nil
@@ -283,25 +354,81 @@ func (s *Server) lateBy() time.Duration {
 }
 
 // DropStreams cuts the connection of the next n foreground command streams
-// whose command match accepts, at when.
+// whose command match accepts, at when: the client's read fails.
 func (s *Server) DropStreams(match func(command string) bool, n int, when DropPoint) {
 	s.mu.Lock()
 	s.drops = append(s.drops, dropRule{match: match, left: n, when: when})
 	s.mu.Unlock()
 }
 
-// takeDrop reports whether the command's stream is to be dropped, and when.
-func (s *Server) takeDrop(command string) (bool, DropPoint) {
+// EndStreams ends the next n foreground command streams whose command
+// match accepts at when, cleanly (the reply is complete as HTTP) but
+// without the command's final event, as a real stream once ended right
+// after a snapshot: after init the command goes on; before the end it has
+// finished and every output event was sent.
+func (s *Server) EndStreams(match func(command string) bool, n int, when DropPoint) {
+	s.mu.Lock()
+	s.drops = append(s.drops, dropRule{match: match, left: n, when: when, clean: true})
+	s.mu.Unlock()
+}
+
+// takeDrop says whether the command's stream is to be dropped or ended
+// early (DropStreams, EndStreams), when, and whether cleanly.
+func (s *Server) takeDrop(command string) (drop bool, when DropPoint, clean bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range s.drops {
 		d := &s.drops[i]
 		if d.left > 0 && d.match(command) {
 			d.left--
-			return true, d.when
+			return true, d.when, d.clean
 		}
 	}
-	return false, 0
+	return false, 0, false
+}
+
+// Freezes lists the snapshots' freezes of sandboxes, in the order they
+// ended.
+func (s *Server) Freezes() []Freeze {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Freeze(nil), s.freezes...)
+}
+
+// State is the sandbox's state as GET answers it ("" once it is gone).
+func (s *Server) State(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sb := s.sandboxes[id]; sb != nil {
+		return sb.state
+	}
+	return ""
+}
+
+// Dropped counts the connections to the sandbox's execd that were
+// accepted and dropped (before it listened, or after it was killed).
+func (s *Server) Dropped(id string) int {
+	sb := s.get(id)
+	if sb == nil {
+		return 0
+	}
+	sb.execd.mu.Lock()
+	pt := sb.execd.port
+	sb.execd.mu.Unlock()
+	if pt == nil {
+		return 0
+	}
+	return pt.droppedCount()
+}
+
+// SnapshotState is the snapshot's state ("" once it is gone).
+func (s *Server) SnapshotState(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sn := s.snapshots[id]; sn != nil {
+		return sn.state
+	}
+	return ""
 }
 
 // SetMachine makes `uname -m` in every sandbox print m ("" for the truth).
@@ -382,6 +509,17 @@ func (s *Server) DropsPending() int {
 	return n
 }
 
+// Downloads counts the files read from the sandbox (GET /files/download).
+func (s *Server) Downloads(id string) int {
+	sb := s.get(id)
+	if sb == nil {
+		return 0
+	}
+	sb.execd.mu.Lock()
+	defer sb.execd.mu.Unlock()
+	return sb.execd.downloads
+}
+
 // Uploads lists the paths uploaded to the sandbox, in order.
 func (s *Server) Uploads(id string) []string {
 	sb := s.get(id)
@@ -451,20 +589,47 @@ func (s *Server) get(id string) *fakeSandbox {
 	return s.sandboxes[id]
 }
 
-// Delete deletes a sandbox as DELETE /sandboxes/{id} does: execd stops,
-// every process in it is killed, its folder removed.
+// Delete deletes a sandbox as DELETE /sandboxes/{id} does on the real
+// server: execd stops (its port still accepts and drops connections),
+// every process in it is killed, GET answers state Failed for FailedFor,
+// then it is gone and its folder removed. A delete of a sandbox being
+// deleted waits for that one.
 func (s *Server) Delete(id string) error {
 	s.mu.Lock()
 	sb := s.sandboxes[id]
+	if sb == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("fakeexecd: %w %s", errNoSandbox, id)
+	}
+	if sb.deleted != nil {
+		s.mu.Unlock()
+		<-sb.deleted
+		return nil
+	}
+	sb.deleted = make(chan struct{})
+	// The container is killed: it reports Failed as its processes, execd
+	// among them, die.
+	sb.state, sb.reason, sb.message = "Failed", "CONTAINER_EXITED_ERROR", "the container exited with code 137"
+	s.mu.Unlock()
+	sb.execd.kill()
+	KillIn(s.store.HostPath(id), s.store.MountPoint())
+	if d := s.opt.FailedFor; d > 0 {
+		select {
+		case <-time.After(d):
+		case <-s.quit:
+		}
+	}
+	s.mu.Lock()
 	delete(s.sandboxes, id)
 	s.mu.Unlock()
-	if sb == nil {
-		return fmt.Errorf("fakeexecd: no sandbox %s", id)
-	}
-	sb.execd.shutdown()
-	KillIn(s.store.HostPath(id), s.store.MountPoint())
-	return s.store.Remove(context.Background(), id)
+	sb.execd.release()
+	err := s.store.Remove(context.Background(), id)
+	close(sb.deleted)
+	return err
 }
+
+// errNoSandbox is a sandbox id the server does not know.
+var errNoSandbox = errors.New("no sandbox")
 
 func newID(prefix string) string {
 	var b [8]byte
@@ -488,6 +653,8 @@ func reply(w http.ResponseWriter, status int, v any) {
 func (s *Server) lifecycleHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/sandboxes", s.createSandbox)
+	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
+	mux.HandleFunc("GET /v1/snapshots", s.listSnapshots)
 	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/snapshots", s.createSnapshot)
@@ -520,6 +687,9 @@ func (s *Server) describe(sb *fakeSandbox) sandboxJSON {
 		Metadata: sb.metadata, Entrypoint: []string{"tail", "-f", "/dev/null"}, ExpiresAt: sb.expires, CreatedAt: sb.created}
 	if sb.reason != "" {
 		out.Status["reason"] = sb.reason
+	}
+	if sb.message != "" {
+		out.Status["message"] = sb.message
 	}
 	if sb.image != "" {
 		out.Image = map[string]string{"uri": sb.image}
@@ -577,25 +747,47 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	sb.name = req.Metadata["name"]
 	sb.execd = newExecd(s, id)
-	if err := sb.execd.listen(""); err != nil {
+	// execd is not listening yet: its port accepts and drops until it is.
+	if err := sb.execd.listen("", true); err != nil {
 		_ = s.store.Remove(context.Background(), id)
 		apiError(w, http.StatusInternalServerError, "INTERNAL_ERROR", "start execd: %v", err)
 		return
 	}
+	failed := strings.HasPrefix(sb.image, "fail")
+	running := func() {
+		// (s.mu held)
+		if sb.state != "Pending" {
+			return
+		}
+		sb.state = "Running"
+		if failed {
+			sb.state, sb.reason = "Failed", "image_pull_error"
+			return
+		}
+		if d := s.opt.ListenAfter; d > 0 {
+			s.after(d, func() { sb.execd.serve() })
+		} else {
+			sb.execd.serve()
+		}
+	}
 	s.mu.Lock()
 	s.sandboxes[id] = sb
+	if s.opt.ReadyAfter <= 0 && !failed {
+		running()
+	}
+	pending := sb.state == "Pending"
 	s.mu.Unlock()
-	failed := strings.HasPrefix(sb.image, "fail")
-	s.after(s.opt.ReadyAfter, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if sb.state == "Pending" {
-			sb.state = "Running"
-			if failed {
-				sb.state, sb.reason = "Failed", "image_pull_error"
-			}
+	if pending {
+		d := s.opt.ReadyAfter
+		if d <= 0 {
+			d = 100 * time.Millisecond
 		}
-	})
+		s.after(d, func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			running()
+		})
+	}
 	s.mu.Lock()
 	d := s.describe(sb)
 	s.mu.Unlock()
@@ -624,8 +816,11 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
-	if err := s.Delete(r.PathValue("id")); err != nil {
+	if err := s.Delete(r.PathValue("id")); errors.Is(err, errNoSandbox) {
 		apiError(w, http.StatusNotFound, "NOT_FOUND", "sandbox %s not found", r.PathValue("id"))
+		return
+	} else if err != nil {
+		apiError(w, http.StatusInternalServerError, "INTERNAL_ERROR", "delete sandbox %s: %v", r.PathValue("id"), err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -698,23 +893,55 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	snap := &snapshot{id: newID("snap-"), sandboxID: id, name: req.Name, state: "Creating", created: time.Now().UTC()}
 	s.snapshots[snap.id] = snap
-	s.mu.Unlock()
-	// The copy is taken now (the caller holds the sandbox still); the
-	// snapshot is reported ready a little later.
-	err := s.store.Snapshot(r.Context(), id, snap.id)
-	s.after(s.opt.SnapshotAfter, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if err != nil {
-			snap.state = "Failed"
-			return
-		}
-		snap.state = "Ready"
-	})
-	s.mu.Lock()
 	out := snapJSON(snap)
 	s.mu.Unlock()
+	// As the Docker runtime: the commit runs after the answer, with the
+	// sandbox paused all along.
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.take(sb, snap)
+	}()
 	reply(w, http.StatusAccepted, out)
+}
+
+// take takes the snapshot: it freezes the sandbox (its processes and its
+// execd), copies its folder, holds it while the server's snapshot
+// capacity does SnapshotWork for it, thaws it, and reports the snapshot
+// Ready SnapshotAfter later (Failed if the copy failed).
+func (s *Server) take(sb *fakeSandbox, snap *snapshot) {
+	sb.snapMu.Lock()
+	defer sb.snapMu.Unlock()
+	var fz *frozen
+	if s.opt.SnapshotWork > 0 {
+		sb.execd.freeze()
+		fz = freezeProcs(s.store.HostPath(sb.id), s.store.MountPoint())
+	}
+	err := s.store.Snapshot(context.Background(), sb.id, snap.id)
+	s.queue.work(s.opt.SnapshotWork, &s.wg)
+	if fz != nil {
+		n := len(fz.fds)
+		start := fz.start
+		fz.thaw()
+		sb.execd.thaw(s.opt.EndAtThaw)
+		s.mu.Lock()
+		s.freezes = append(s.freezes, Freeze{SandboxID: sb.id, SnapshotID: snap.id, Start: start, End: time.Now(), Processes: n})
+		s.mu.Unlock()
+	}
+	if d := s.opt.SnapshotAfter; d > 0 {
+		select {
+		case <-time.After(d):
+		case <-s.quit:
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		snap.state = "Failed"
+		s.opt.Log.Warn("fakeexecd: snapshot failed", "sandbox", sb.id, "snapshot", snap.id, "err", err)
+		return
+	}
+	snap.state = "Ready"
 }
 
 func snapJSON(sn *snapshot) map[string]any {
@@ -733,24 +960,126 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusOK, snapJSON(sn))
 }
 
+// deleteSnapshot deletes a snapshot as the real server does: one still
+// being created is a conflict; one a sandbox was made from, while that
+// sandbox exists (the fork's container uses the snapshot's image), is 409
+// SNAPSHOT::DELETE_CONFLICT and is left Deleting; the same delete answers
+// 204 once no such sandbox is left.
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	s.mu.Lock()
 	sn := s.snapshots[id]
-	if sn != nil && sn.state == "Creating" {
+	if sn == nil {
+		s.mu.Unlock()
+		apiError(w, http.StatusNotFound, "NOT_FOUND", "snapshot %s not found", id)
+		return
+	}
+	if sn.state == "Creating" {
 		s.mu.Unlock()
 		apiError(w, http.StatusConflict, "CONFLICT", "snapshot %s is still being created", id)
 		return
 	}
-	delete(s.snapshots, id)
-	s.mu.Unlock()
-	if sn == nil {
-		apiError(w, http.StatusNotFound, "NOT_FOUND", "snapshot %s not found", id)
+	var users []string
+	for _, sb := range s.sandboxes {
+		if sb.snapshotID == id {
+			users = append(users, sb.id)
+		}
+	}
+	if len(users) > 0 {
+		sn.state = "Deleting"
+		s.mu.Unlock()
+		sort.Strings(users)
+		apiError(w, http.StatusConflict, "SNAPSHOT::DELETE_CONFLICT", "snapshot %s is used by sandbox %s", id, strings.Join(users, ", "))
 		return
 	}
+	delete(s.snapshots, id)
+	s.mu.Unlock()
 	if err := s.store.RemoveSnapshot(r.Context(), id); err != nil && !errors.Is(err, os.ErrNotExist) {
 		apiError(w, http.StatusInternalServerError, "INTERNAL_ERROR", "%v", err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// page cuts items to the page the query asks for (page from 1, pageSize
+// default 20, at most 200) and answers them with the pagination block.
+func page[T any](w http.ResponseWriter, r *http.Request, items []T) {
+	q := r.URL.Query()
+	pg, size := 1, 20
+	if v := q.Get("page"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			apiError(w, http.StatusBadRequest, "INVALID_REQUEST", "page %q is not a number from 1", v)
+			return
+		}
+		pg = n
+	}
+	if v := q.Get("pageSize"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 200 {
+			apiError(w, http.StatusBadRequest, "INVALID_REQUEST", "pageSize %q is not a number from 1 to 200", v)
+			return
+		}
+		size = n
+	}
+	total := len(items)
+	from := min((pg-1)*size, total)
+	to := min(from+size, total)
+	pages := (total + size - 1) / size
+	reply(w, http.StatusOK, map[string]any{
+		"items": items[from:to],
+		"pagination": map[string]any{"page": pg, "pageSize": size, "totalItems": total,
+			"totalPages": pages, "hasNextPage": pg < pages},
+	})
+}
+
+// listSandboxes is GET /sandboxes: filtered by metadata (one query value
+// holding k=v pairs joined by &, URL-encoded) and by state, ordered by
+// creation.
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	want, err := url.ParseQuery(r.URL.Query().Get("metadata"))
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "INVALID_REQUEST", "metadata: %v", err)
+		return
+	}
+	states := r.URL.Query()["state"]
+	s.mu.Lock()
+	var out []sandboxJSON
+	for _, sb := range s.sandboxes {
+		ok := len(states) == 0 || slices.Contains(states, sb.state)
+		for k := range want {
+			ok = ok && sb.metadata[k] == want.Get(k)
+		}
+		if ok {
+			out = append(out, s.describe(sb))
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].CreatedAt.Before(out[j].CreatedAt) || out[i].CreatedAt.Equal(out[j].CreatedAt) && out[i].ID < out[j].ID
+	})
+	page(w, r, out)
+}
+
+// listSnapshots is GET /snapshots, filtered by sandboxId, name and state.
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	states := q["state"]
+	s.mu.Lock()
+	var found []*snapshot
+	for _, sn := range s.snapshots {
+		if (q.Get("sandboxId") == "" || sn.sandboxID == q.Get("sandboxId")) && (q.Get("name") == "" || sn.name == q.Get("name")) &&
+			(len(states) == 0 || slices.Contains(states, sn.state)) {
+			found = append(found, sn)
+		}
+	}
+	sort.Slice(found, func(i, j int) bool {
+		return found[i].created.Before(found[j].created) || found[i].created.Equal(found[j].created) && found[i].id < found[j].id
+	})
+	out := make([]map[string]any, len(found))
+	for i, sn := range found {
+		out[i] = snapJSON(sn)
+	}
+	s.mu.Unlock()
+	page(w, r, out)
 }

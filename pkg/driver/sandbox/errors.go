@@ -26,6 +26,13 @@ var (
 	// backend's mount namespace was not ready), so it never ran. Safe to
 	// retry for idempotent calls.
 	ErrSetup = errors.New("exec could not be set up")
+	// ErrSnapshotInUse: the snapshot cannot be removed yet because a
+	// sandbox made from it still exists (OpenSandbox's Docker runtime
+	// answers 409 SNAPSHOT::DELETE_CONFLICT: the fork's container runs on
+	// the snapshot's image). Nothing was removed; removing it again once
+	// that sandbox is gone succeeds. Not a failure: the caller keeps the
+	// snapshot and tries later.
+	ErrSnapshotInUse = errors.New("snapshot still used by a sandbox made from it")
 )
 
 // Retryable reports whether an operation that failed with err may be sent

@@ -238,7 +238,9 @@ type SessionInfo struct {
 }
 
 // New returns an owner on opt.Sandboxes (or the local opt.Backend). It
-// panics without either (a programming error).
+// panics without either (a programming error). A snapshot the owner drops
+// while a sandbox made from it still uses it is kept and removed once that
+// sandbox is gone (KeptInUse).
 func New(opt Options) *Owner {
 	if opt.Sandboxes == nil {
 		if opt.Backend == nil {
@@ -253,6 +255,8 @@ func New(opt Options) *Owner {
 	if log == nil {
 		log = slog.Default()
 	}
+	// A snapshot a fork still uses is kept and removed later (inuse.go).
+	opt.Sandboxes = keepInUseOf(opt.Sandboxes, log.With("owner", "local"))
 	opened := make(chan struct{})
 	close(opened)
 	return &Owner{opt: opt, log: log.With("owner", "local"),

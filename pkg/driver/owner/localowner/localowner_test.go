@@ -8,9 +8,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
@@ -757,5 +760,96 @@ func TestConcurrentSeedsOfOneKeyMakeOneSession(t *testing.T) {
 	}
 	if _, err := f.o.SeedSession(context.Background(), "r-a1-a2", json.RawMessage(`{}`)); err == nil {
 		t.Fatal("a seed under the malformed key r-a1-a2 was taken")
+	}
+}
+
+// forkUser is the local backend's lender as OpenSandbox's Docker runtime
+// behaves: a snapshot a sandbox forked from it still uses is refused with
+// sandbox.ErrSnapshotInUse (and stays) until that sandbox is removed.
+type forkUser struct {
+	Sandboxes
+	mu    sync.Mutex
+	users map[string]string // fork id -> snapshot
+}
+
+func (u *forkUser) Fork(ctx context.Context, snap, name string) (sandbox.Sandbox, error) {
+	sb, err := u.Sandboxes.Fork(ctx, snap, name)
+	if err == nil {
+		u.mu.Lock()
+		u.users[sb.ID()] = snap
+		u.mu.Unlock()
+	}
+	return sb, err
+}
+
+func (u *forkUser) Remove(ctx context.Context, id string) error {
+	u.mu.Lock()
+	delete(u.users, id)
+	u.mu.Unlock()
+	return u.Sandboxes.Remove(ctx, id)
+}
+
+func (u *forkUser) RemoveSnapshot(ctx context.Context, id string) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for fork, snap := range u.users {
+		if snap == id {
+			return fmt.Errorf("delete snapshot %s: used by sandbox %s: %w", id, fork, sandbox.ErrSnapshotInUse)
+		}
+	}
+	return u.Sandboxes.RemoveSnapshot(ctx, id)
+}
+
+// TestSnapshotAForkUsesIsRemovedOnceTheForkIsGone proves a snapshot the
+// owner drops while a sandbox forked from it still uses it (the backend
+// answers sandbox.ErrSnapshotInUse) is no failure: retiring its checkpoint
+// succeeds and warns of nothing, the snapshot is kept, and it is removed
+// as soon as that fork is removed (here by the next restore), with no
+// other call.
+func TestSnapshotAForkUsesIsRemovedOnceTheForkIsGone(t *testing.T) {
+	f := newFixture(t, Options{})
+	var logs syncbuf.Buffer
+	f.o = New(Options{
+		Sandboxes:    &forkUser{Sandboxes: Local(f.b), users: map[string]string{}},
+		StopSandbox:  f.stop,
+		RemoveUnused: true,
+		Logger:       slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testWriter{t}), nil)),
+	})
+	ctx := context.Background()
+	f.seed(map[string]any{"files": map[string]string{"a.txt": "one"}})
+	c1, err := f.o.Snapshot(ctx, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s1 string
+	for _, snap := range c1 {
+		s1 = snap
+	}
+	if err := f.o.Restore(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.o.Snapshot(ctx, "c2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.o.RetireCheckpoint(ctx, "c1"); err != nil {
+		t.Fatalf("retire a checkpoint whose snapshot a fork uses: %v", err)
+	}
+	if !f.b.HasSnapshot(s1) {
+		t.Fatalf("the snapshot %s the fork uses is gone", s1)
+	}
+	if kept := f.o.KeptInUse(); !slices.Equal(kept, []string{s1}) {
+		t.Errorf("kept in use: %v, want %s", kept, s1)
+	}
+	if err := f.o.Restore(ctx, "c2"); err != nil {
+		t.Fatal(err)
+	}
+	if f.b.HasSnapshot(s1) {
+		t.Errorf("the snapshot %s is still there after the fork that used it was removed", s1)
+	}
+	if kept := f.o.KeptInUse(); len(kept) != 0 {
+		t.Errorf("still kept in use: %v", kept)
+	}
+	if strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("the owner warned:\n%s", logs.String())
 	}
 }

@@ -38,7 +38,9 @@ type Sandboxes interface {
 	// error.
 	Remove(ctx context.Context, id string) error
 	// RemoveSnapshot deletes a snapshot; removing one that does not exist
-	// is not an error.
+	// is not an error. One that a sandbox forked from it still uses may be
+	// refused with sandbox.ErrSnapshotInUse: it stays, and the owner
+	// removes it once that sandbox is gone.
 	RemoveSnapshot(ctx context.Context, id string) error
 }
 

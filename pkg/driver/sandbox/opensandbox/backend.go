@@ -11,8 +11,8 @@
 // timeout inside the sandbox and reports the command's exact output and
 // exit status itself, since real execd's events carry neither (see
 // shared/notes/sandbox-backends.md); a command the client stops following
-// is ended in the sandbox by its nonce (KillScript). The driver never follows a
-// launch by execd's command ids: ngsup keeps the launch's state on the
+// is ended in the sandbox by its nonce (KillScript). The driver never
+// follows a launch by execd's command ids: ngsup keeps the launch's state on the
 // sandbox's disk, so a restart of execd (which forgets every command id)
 // or a finished command reported late changes nothing.
 //
@@ -20,10 +20,16 @@
 // that could not be sent (connection refused) is retried for a while, the
 // endpoint looked up again in between, whatever the command, since it
 // never ran; one that broke after it was sent wraps sandbox.ErrTransport
-// and is not retried here (the caller knows whether the command may run
-// twice). 401 and 403 are sandbox.ErrUnauthorized; a sandbox the lifecycle
-// server no longer knows is sandbox.ErrGone; a deadline is
-// sandbox.ErrTimeout.
+// and is retried only when it may be repeated (a ping, a status, a
+// download, an upload to a path of its own), never an exec (the caller
+// knows whether the command may run twice). 401 and 403 are
+// sandbox.ErrUnauthorized; a sandbox the lifecycle server no longer knows,
+// or reports gone for good (GoneState: Failed, as a deleted one answers
+// before its 404), is sandbox.ErrGone; a snapshot a fork still uses is
+// sandbox.ErrSnapshotInUse; a deadline is sandbox.ErrTimeout. A sandbox is
+// ready when its execd answers (the server reports Running before execd
+// listens), and a command's stream that ends without its final event is
+// settled from the report its script keeps (docs/driver.md, "OpenSandbox").
 package opensandbox
 
 import (
@@ -112,6 +118,39 @@ type Backend struct {
 
 	mu        sync.Mutex
 	endpoints map[string]*Execd // sandbox id -> its execd, as last looked up
+	// spent are, per sandbox, the nonces of execs whose report came: the
+	// next exec there removes their report files (Script's drop).
+	spent map[string][]string
+}
+
+// DropPerExec bounds how many earlier execs' reports one exec removes.
+const DropPerExec = 32
+
+// takeSpent hands out up to DropPerExec nonces whose reports the next
+// exec in sandbox id removes.
+func (b *Backend) takeSpent(id string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	all := b.spent[id]
+	n := min(len(all), DropPerExec)
+	out := all[len(all)-n:]
+	if n == len(all) {
+		delete(b.spent, id)
+	} else {
+		b.spent[id] = all[:len(all)-n]
+	}
+	return out
+}
+
+// addSpent records nonces whose reports are to be removed by a later exec
+// in sandbox id.
+func (b *Backend) addSpent(id string, nonces ...string) {
+	if len(nonces) == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.spent[id] = append(b.spent[id], nonces...)
+	b.mu.Unlock()
 }
 
 // New makes a backend for the lifecycle server opt.Server.
@@ -147,7 +186,7 @@ func New(opt Options) (*Backend, error) {
 		opt.HTTP = &http.Client{Transport: tr}
 	}
 	lc := &Lifecycle{URL: opt.Server, APIKey: opt.APIKey, HTTP: opt.HTTP, Poll: opt.Poll}
-	return &Backend{opt: opt, lc: lc, endpoints: map[string]*Execd{}}, nil
+	return &Backend{opt: opt, lc: lc, endpoints: map[string]*Execd{}, spent: map[string][]string{}}, nil
 }
 
 // Name is "opensandbox".
@@ -211,6 +250,14 @@ func (b *Backend) forget(id string) {
 	b.mu.Unlock()
 }
 
+// forgetAll drops what the backend knows of a sandbox that is removed.
+func (b *Backend) forgetAll(id string) {
+	b.mu.Lock()
+	delete(b.endpoints, id)
+	delete(b.spent, id)
+	b.mu.Unlock()
+}
+
 // Sandbox is one OpenSandbox sandbox. It implements sandbox.Sandbox.
 type Sandbox struct {
 	b       *Backend
@@ -239,10 +286,15 @@ func (s *Sandbox) Execd(ctx context.Context) (*Execd, error) { return s.execd(ct
 
 // withExecd runs call with the sandbox's execd. A call that could not be
 // sent is tried again (the endpoint looked up again first) until RetryFor
-// has passed; then, and after a call that broke once sent, the lifecycle
-// server is asked whether the sandbox still exists, so a deleted sandbox
-// is reported as sandbox.ErrGone, naming it.
-func (s *Sandbox) withExecd(ctx context.Context, what string, call func(*Execd) error) error {
+// has passed; an idempotent one (a ping, a status, a download, an upload
+// to a fresh path) is tried again as well when it broke once sent, as
+// through the moments after a create when connections to execd are
+// accepted and dropped. After a call that broke once sent, and once the
+// retries are over, the lifecycle server is asked whether the sandbox
+// still exists: a 404 or a state gone for good (GoneState: Failed, as a
+// deleted sandbox answers before it is removed) is sandbox.ErrGone,
+// naming it.
+func (s *Sandbox) withExecd(ctx context.Context, what string, idempotent bool, call func(*Execd) error) error {
 	deadline := time.Now().Add(s.b.opt.RetryFor)
 	fresh := false
 	for n := 0; ; n++ {
@@ -259,24 +311,38 @@ func (s *Sandbox) withExecd(ctx context.Context, what string, call func(*Execd) 
 			}
 			return fmt.Errorf("%s in %s: %w", what, s.id, err)
 		}
-		if NotSent(err) && time.Now().Before(deadline) {
-			fresh = true
-			if serr := sleep(ctx, backoff(n)); serr != nil {
-				return fmt.Errorf("%s in %s: %w (after %v)", what, s.id, serr, err)
+		late := !time.Now().Before(deadline)
+		if !NotSent(err) || late {
+			// The connection failed: is the sandbox still there?
+			gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+			_, gerr := s.b.lc.Alive(gctx, s.id)
+			cancel()
+			if errors.Is(gerr, sandbox.ErrGone) {
+				s.b.forget(s.id)
+				return fmt.Errorf("%s in %s: %w (after %v)", what, s.id, gerr, err)
 			}
-			continue
+			if late || !idempotent {
+				s.b.forget(s.id)
+				return fmt.Errorf("%s in %s: %w", what, s.id, err)
+			}
 		}
-		// The connection failed: is the sandbox still there?
-		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
-		_, gerr := s.b.lc.Get(gctx, s.id)
-		cancel()
-		if errors.Is(gerr, sandbox.ErrGone) {
-			s.b.forget(s.id)
-			return fmt.Errorf("%s in %s: sandbox %s: %w (%v)", what, s.id, s.id, sandbox.ErrGone, err)
+		fresh = true
+		if serr := sleep(ctx, backoff(n)); serr != nil {
+			return fmt.Errorf("%s in %s: %w (after %v)", what, s.id, serr, err)
 		}
-		s.b.forget(s.id)
-		return fmt.Errorf("%s in %s: %w", what, s.id, err)
 	}
+}
+
+// ready waits until the sandbox's execd answers its ping. The real server
+// reports a new sandbox Running before execd listens, and for about 200 ms
+// connections to it are accepted and then dropped; a ping is idempotent,
+// so it is sent again through that window (up to RetryFor).
+func (s *Sandbox) ready(ctx context.Context) error {
+	return s.withExecd(ctx, "wait for execd to answer", true, func(ex *Execd) error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return ex.Ping(pctx)
+	})
 }
 
 // Exec runs req as one foreground execd command, the bash -c text of
@@ -314,8 +380,9 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 			return fail, fmt.Errorf("exec in %s: upload its stdin: %w", s.id, err)
 		}
 	}
+	drop := s.b.takeSpent(s.id)
 	cmd := Command{
-		Command:   Script(line, timeout, tmp, nonce, stdinFile, s.b.opt.MaxOutput),
+		Command:   Script(line, timeout, tmp, nonce, stdinFile, s.b.opt.MaxOutput, drop...),
 		TimeoutMS: (timeout + 5*time.Second).Milliseconds(),
 		UID:       s.b.opt.UID,
 		GID:       s.b.opt.GID,
@@ -323,11 +390,27 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	cctx, cancel := context.WithTimeout(ctx, timeout+30*time.Second)
 	defer cancel()
 	var res Result
-	err = s.withExecd(cctx, "exec", func(ex *Execd) error {
+	err = s.withExecd(cctx, "exec", false, func(ex *Execd) error {
 		var rerr error
 		res, rerr = ex.Run(cctx, cmd, nil)
 		return rerr
 	})
+	var rep report
+	var perr error
+	if err != nil && errors.Is(err, ErrIncomplete) && res.ID != "" && cctx.Err() == nil {
+		// The stream ended cleanly without the command's end (real execd
+		// did once, right after a snapshot): find out how it ended.
+		rep, err = s.settle(cctx, res, tmp, nonce)
+	} else if err == nil {
+		rep, perr = parseReport(res.Stdout, nonce)
+	}
+	if err == nil && rep.ended {
+		// The script ran to its end: it removed the reports it was given,
+		// and keeps its own for a later exec to remove.
+		s.b.addSpent(s.id, nonce)
+	} else {
+		s.b.addSpent(s.id, drop...)
+	}
 	out := sandbox.ExecResult{ExitCode: -1, Duration: time.Since(start)}
 	if err != nil {
 		if !NotSent(err) && !errors.Is(err, sandbox.ErrGone) && !errors.Is(err, sandbox.ErrUnauthorized) {
@@ -338,7 +421,6 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		}
 		return out, err
 	}
-	rep, perr := parseReport(res.Stdout, nonce)
 	out.Stdout, out.Stderr = rep.stdout, rep.stderr
 	switch {
 	case perr != nil:
@@ -373,7 +455,7 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 func (s *Sandbox) abandon(ctx context.Context, tmp, nonce string) {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
-	_ = s.withExecd(kctx, "end an abandoned exec", func(ex *Execd) error {
+	_ = s.withExecd(kctx, "end an abandoned exec", true, func(ex *Execd) error {
 		_, err := ex.Run(kctx, Command{Command: KillScript(tmp, nonce), TimeoutMS: 10000}, nil)
 		return err
 	})
@@ -405,35 +487,118 @@ func (s *Sandbox) Upload(ctx context.Context, p string, data []byte, mode uint32
 	return nil
 }
 
-// upload is one POST /files/upload of data to p (not atomic). It is
-// idempotent, so a connection that broke is tried again too.
+// upload is one POST /files/upload of data to p (not atomic), always to a
+// path of its own: it is idempotent, so a connection that broke is tried
+// again too (withExecd).
 func (s *Sandbox) upload(ctx context.Context, p string, data []byte, mode uint32) error {
 	meta := FileMetadata{Path: p, Mode: OctalDigits(mode)}
-	var err error
-	for n := 0; n < 3; n++ {
-		if n > 0 {
-			if serr := sleep(ctx, backoff(n)); serr != nil {
-				return err
-			}
-		}
-		err = s.withExecd(ctx, "upload "+p, func(ex *Execd) error { return ex.Upload(ctx, meta, data) })
-		if err == nil || !errors.Is(err, sandbox.ErrTransport) || errors.Is(err, sandbox.ErrGone) {
-			return err
-		}
-	}
-	return err
+	return s.withExecd(ctx, "upload "+p, true, func(ex *Execd) error { return ex.Upload(ctx, meta, data) })
 }
 
 // Download reads a file of the sandbox (a missing one is
 // sandbox.ErrNotFound).
 func (s *Sandbox) Download(ctx context.Context, p string) ([]byte, error) {
+	return s.DownloadRange(ctx, p, 0, 0)
+}
+
+// DownloadRange reads n bytes of a file of the sandbox from offset (n <= 0:
+// to its end); a missing file is sandbox.ErrNotFound.
+func (s *Sandbox) DownloadRange(ctx context.Context, p string, offset, n int64) ([]byte, error) {
 	var data []byte
-	err := s.withExecd(ctx, "download "+p, func(ex *Execd) error {
+	err := s.withExecd(ctx, "download "+p, true, func(ex *Execd) error {
 		var derr error
-		data, derr = ex.Download(ctx, p)
+		if offset == 0 && n <= 0 {
+			data, derr = ex.Download(ctx, p)
+		} else {
+			data, derr = ex.DownloadRange(ctx, p, offset, n)
+		}
 		return derr
 	})
 	return data, err
+}
+
+// settle finds out how the Script run with nonce ended when its stream
+// ended without the command's final event: from the report lines that
+// came before it (the status line is last), or else from the report the
+// script keeps (its exit file .x, its .out and .err), read once the
+// script has ended (its exit file is there; until then execd's status of
+// the command says it runs) and then removed. So such an end is never
+// taken for the command's failure, nor for its success. When the report
+// cannot be had (execd forgot the command, or it ended without one) the
+// error wraps ErrIncomplete and the caller ends what may be left of it.
+func (s *Sandbox) settle(ctx context.Context, res Result, tmp, nonce string) (report, error) {
+	if rep, perr := parseReport(res.Stdout, nonce); perr == nil && (rep.ended || rep.cancelled || rep.fail != "") {
+		return rep, nil
+	}
+	t := path.Join(tmp, "ngx-"+nonce)
+	lost := func(why string) error {
+		return fmt.Errorf("exec in %s: %w (command %s), and %s: its outcome is unknown", s.id, ErrIncomplete, res.ID, why)
+	}
+	for n := 0; ; n++ {
+		x, err := s.Download(ctx, t+".x")
+		if err == nil {
+			return s.readKept(ctx, x, tmp, nonce)
+		}
+		if !errors.Is(err, sandbox.ErrNotFound) {
+			return report{}, err
+		}
+		var st CommandStatus
+		err = s.withExecd(ctx, "the status of command "+res.ID, true, func(ex *Execd) error {
+			var serr error
+			st, serr = ex.Status(ctx, res.ID)
+			return serr
+		})
+		if errors.Is(err, sandbox.ErrNotFound) {
+			return report{}, lost("execd no longer knows the command")
+		}
+		if err != nil {
+			return report{}, err
+		}
+		if !st.Running {
+			// The exit file may have come since the last look.
+			if x, err := s.Download(ctx, t+".x"); err == nil {
+				return s.readKept(ctx, x, tmp, nonce)
+			}
+			return report{}, lost("it ended without its exit file")
+		}
+		if err := sleep(ctx, backoff(n)); err != nil {
+			return report{}, err
+		}
+	}
+}
+
+// readKept reads the report a Script kept: its exit file x, and its
+// output files (up to Options.MaxOutput each), then removes them.
+func (s *Sandbox) readKept(ctx context.Context, x []byte, tmp, nonce string) (report, error) {
+	rep, err := parseReport(x, nonce)
+	if err != nil || !rep.ended {
+		return rep, fmt.Errorf("exec in %s: the command's exit file holds %.100q: %v", s.id, x, err)
+	}
+	t := path.Join(tmp, "ngx-"+nonce)
+	max := s.b.opt.MaxOutput
+	for _, f := range []struct {
+		name string
+		to   *[]byte
+	}{{"stdout", &rep.stdout}, {"stderr", &rep.stderr}} {
+		suffix := ".out"
+		if f.name == "stderr" {
+			suffix = ".err"
+		}
+		data, err := s.DownloadRange(ctx, t+suffix, 0, max+1)
+		if errors.Is(err, sandbox.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return rep, fmt.Errorf("exec in %s: read the command's kept %s: %w", s.id, f.name, err)
+		}
+		if int64(len(data)) > max {
+			rep.big = strings.TrimSpace(fmt.Sprintf("%s %s is more than %d bytes", rep.big, f.name, max))
+			continue
+		}
+		*f.to = data
+	}
+	// Read: a later exec removes it, as the report of any exec.
+	return rep, nil
 }
 
 func randomHex(n int) string {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -45,11 +46,36 @@ func TestExecExactBytes(t *testing.T) {
 	if res.ExitCode != 0 || len(res.Stdout) != 0 || len(res.Stderr) != 0 {
 		t.Errorf("true: %+v", res)
 	}
-	// Nothing of the execs is left in the sandbox's tmp.
-	ents, _ := os.ReadDir(f.host(sb, "/sandbox/.ngharness/tmp"))
-	if len(ents) != 0 {
-		t.Errorf("the execs left files: %v", ents)
+	// Of the execs, only the last one's report is left in the sandbox's
+	// tmp, and the next exec removes it.
+	last := f.lastReport(sb)
+	run(t, sb, sandbox.ExecRequest{Argv: []string{"true"}})
+	if next := f.lastReport(sb); next == last {
+		t.Errorf("the report of %s is still there after the next exec", last)
 	}
+}
+
+// lastReport checks that the sandbox's tmp holds the report of one exec
+// only (its .out, .err and .x files) and returns that exec's nonce.
+func (f *fixture) lastReport(sb sandbox.Sandbox) string {
+	f.t.Helper()
+	ents, _ := os.ReadDir(f.host(sb, "/sandbox/.ngharness/tmp"))
+	var names []string
+	nonce := ""
+	for _, e := range ents {
+		names = append(names, e.Name())
+		n, _, _ := strings.Cut(strings.TrimPrefix(e.Name(), "ngx-"), ".")
+		if nonce == "" {
+			nonce = n
+		}
+		if n != nonce {
+			nonce = "several"
+		}
+	}
+	if len(names) != 3 || nonce == "several" {
+		f.t.Errorf("the sandbox's tmp holds %v, want the report of the last exec only", names)
+	}
+	return nonce
 }
 
 // TestExecOutputCap proves output past Options.MaxOutput is an error that
@@ -109,8 +135,8 @@ func TestKillBeforeTheCommandStarts(t *testing.T) {
 	if _, err := os.Stat(f.host(sb, "/sandbox/work/ran")); err == nil {
 		t.Errorf("the command ran although its kill came first")
 	}
-	if ents, _ := os.ReadDir(f.host(sb, tmp)); len(ents) != 0 {
-		t.Errorf("files left: %v", ents)
+	if left, _ := filepath.Glob(f.host(sb, tmp+"/ngx-feedc0de*")); len(left) != 0 {
+		t.Errorf("files of the cancelled exec left: %v", left)
 	}
 }
 

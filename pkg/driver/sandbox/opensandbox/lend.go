@@ -18,8 +18,9 @@ const MetadataName = "name"
 // implements localowner.Sandboxes).
 
 // Create makes a sandbox from Options.Image, named name in its metadata,
-// waits until it runs, and makes its root and workdir folders. The id is
-// the server's. On failure the sandbox is deleted.
+// waits until it runs and its execd answers (the server reports Running
+// before execd listens), and makes its root and workdir folders. The id
+// is the server's. On failure the sandbox is deleted.
 func (b *Backend) Create(ctx context.Context, name string) (sandbox.Sandbox, error) {
 	if b.opt.Image == "" {
 		return nil, errors.New("opensandbox: no image configured for new sandboxes")
@@ -28,7 +29,8 @@ func (b *Backend) Create(ctx context.Context, name string) (sandbox.Sandbox, err
 }
 
 // Fork makes a sandbox from a snapshot (the same files at the same paths),
-// named name in its metadata, and waits until it runs.
+// named name in its metadata, and waits until it runs and its execd
+// answers.
 func (b *Backend) Fork(ctx context.Context, snapshotID, name string) (sandbox.Sandbox, error) {
 	if snapshotID == "" {
 		return nil, errors.New("opensandbox: fork: empty snapshot id")
@@ -64,6 +66,9 @@ func (b *Backend) create(ctx context.Context, name string, req CreateRequest) (s
 		return nil, undo(fmt.Errorf("opensandbox: sandbox %s (%s): %w", info.ID, name, err))
 	}
 	s := b.open(info.ID, "")
+	if err := s.ready(ctx); err != nil {
+		return nil, undo(fmt.Errorf("opensandbox: sandbox %s (%s): %w", info.ID, name, err))
+	}
 	res, err := s.Exec(ctx, sandbox.ExecRequest{Argv: []string{"mkdir", "-p", "--", b.opt.Root, b.opt.Workdir}, Dir: "/", Timeout: time.Minute})
 	if err == nil && res.ExitCode != 0 {
 		err = fmt.Errorf("mkdir exited %d: %s", res.ExitCode, res.Stderr)
@@ -75,32 +80,42 @@ func (b *Backend) create(ctx context.Context, name string, req CreateRequest) (s
 }
 
 // Open returns the sandbox with that id; one the server does not know, or
-// that is failed, stopping or terminated, is sandbox.ErrGone.
+// whose state is gone for good (GoneState), is sandbox.ErrGone.
 func (b *Backend) Open(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	info, err := b.lc.Get(ctx, id)
-	if err != nil {
+	if _, err := b.lc.Alive(ctx, id); err != nil {
 		return nil, err
-	}
-	switch info.Status.State {
-	case StateFailed, StateStopping, StateTerminated:
-		return nil, fmt.Errorf("opensandbox: sandbox %s is %s: %w", id, info.Status, sandbox.ErrGone)
 	}
 	return b.open(id, ""), nil
 }
 
 // Snapshot snapshots the sandbox's files and waits until the snapshot is
 // ready; it returns the snapshot's id. name is the snapshot's name on the
-// server.
+// server (a second snapshot of a name is a new snapshot: the first stays).
+// The sandbox is frozen while the server takes it (the Docker runtime
+// commits the container paused): execs sent meanwhile wait. A sandbox that
+// is gone (a 404, or a state gone for good, whatever the server answered
+// the snapshot with) is sandbox.ErrGone.
 func (b *Backend) Snapshot(ctx context.Context, sandboxID, name string) (string, error) {
+	gone := func(err error) error {
+		if errors.Is(err, sandbox.ErrGone) {
+			return err
+		}
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+		defer cancel()
+		if _, aerr := b.lc.Alive(actx, sandboxID); errors.Is(aerr, sandbox.ErrGone) {
+			return fmt.Errorf("%w (%v)", aerr, err)
+		}
+		return err
+	}
 	info, err := b.lc.CreateSnapshot(ctx, sandboxID, name)
 	if err != nil {
-		return "", err
+		return "", gone(err)
 	}
 	if _, err := b.lc.WaitSnapshot(ctx, info.ID); err != nil {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		_ = b.lc.DeleteSnapshot(dctx, info.ID)
 		cancel()
-		return "", err
+		return "", gone(err)
 	}
 	return info.ID, nil
 }
@@ -108,7 +123,7 @@ func (b *Backend) Snapshot(ctx context.Context, sandboxID, name string) (string,
 // Remove deletes a sandbox (its processes end with it). Removing one that
 // does not exist is not an error.
 func (b *Backend) Remove(ctx context.Context, id string) error {
-	b.forget(id)
+	b.forgetAll(id)
 	if err := b.lc.Delete(ctx, id); err != nil && !errors.Is(err, sandbox.ErrGone) {
 		return err
 	}
@@ -116,7 +131,9 @@ func (b *Backend) Remove(ctx context.Context, id string) error {
 }
 
 // RemoveSnapshot deletes a snapshot. Removing one that does not exist is
-// not an error.
+// not an error; one that a sandbox made from it still uses is
+// sandbox.ErrSnapshotInUse (the server keeps it until that sandbox is
+// gone; remove it again then).
 func (b *Backend) RemoveSnapshot(ctx context.Context, id string) error {
 	if err := b.lc.DeleteSnapshot(ctx, id); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
 		return err

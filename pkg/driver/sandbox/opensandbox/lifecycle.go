@@ -36,7 +36,27 @@ const (
 	SnapshotCreating = "Creating"
 	SnapshotReady    = "Ready"
 	SnapshotFailed   = "Failed"
+	// SnapshotDeleting is a snapshot whose delete was asked for but not
+	// done (on the Docker runtime: a fork of it still exists).
+	SnapshotDeleting = "Deleting"
 )
+
+// CodeSnapshotInUse is the error code of a 409 to the delete of a
+// snapshot that a sandbox made from it still uses.
+const CodeSnapshotInUse = "SNAPSHOT::DELETE_CONFLICT"
+
+// GoneState reports whether a sandbox in this state is gone for good:
+// Failed (a deleted sandbox answers Failed between the kill of its
+// container and its removal, 50 - 250 ms on the real server), Stopping
+// or Terminated. It is the one rule, with a 404, by which every call of
+// the backend decides that a sandbox is gone (sandbox.ErrGone).
+func GoneState(state string) bool {
+	switch state {
+	case StateFailed, StateStopping, StateTerminated:
+		return true
+	}
+	return false
+}
 
 // Lifecycle is a client of the OpenSandbox lifecycle server (default port
 // 8080): sandboxes from an image or a snapshot, snapshots, expiration, and
@@ -268,19 +288,31 @@ func (l *Lifecycle) Get(ctx context.Context, id string) (SandboxInfo, error) {
 	return info, nil
 }
 
-// WaitRunning polls the sandbox until it is Running. Failed, Stopping or
-// Terminated (or gone) ends the wait with an error naming the state.
+// Alive describes a sandbox that is not gone: one the server does not
+// know (404), or whose state is gone for good (GoneState), is
+// sandbox.ErrGone naming its state.
+func (l *Lifecycle) Alive(ctx context.Context, id string) (SandboxInfo, error) {
+	info, err := l.Get(ctx, id)
+	if err != nil {
+		return info, err
+	}
+	if GoneState(info.Status.State) {
+		return info, fmt.Errorf("opensandbox: sandbox %s is %s: %w", id, info.Status, sandbox.ErrGone)
+	}
+	return info, nil
+}
+
+// WaitRunning polls the sandbox until it is Running. A state that is gone
+// for good (GoneState), or a 404, ends the wait with sandbox.ErrGone
+// naming it.
 func (l *Lifecycle) WaitRunning(ctx context.Context, id string) (SandboxInfo, error) {
 	for {
-		info, err := l.Get(ctx, id)
+		info, err := l.Alive(ctx, id)
 		if err != nil {
 			return info, err
 		}
-		switch info.Status.State {
-		case StateRunning:
+		if info.Status.State == StateRunning {
 			return info, nil
-		case StateFailed, StateStopping, StateTerminated:
-			return info, fmt.Errorf("opensandbox: sandbox %s is %s: %w", id, info.Status, sandbox.ErrGone)
 		}
 		if err := sleep(ctx, l.poll()); err != nil {
 			return info, fmt.Errorf("opensandbox: wait for sandbox %s to run (last %s): %w", id, info.Status, err)
@@ -345,12 +377,84 @@ func (l *Lifecycle) WaitSnapshot(ctx context.Context, id string) (SnapshotInfo, 
 }
 
 // DeleteSnapshot deletes a snapshot; one the server does not know is
-// sandbox.ErrNotFound.
+// sandbox.ErrNotFound, and one a sandbox made from it still uses (409
+// SNAPSHOT::DELETE_CONFLICT: it stays, Deleting, until that sandbox is
+// gone and the delete is sent again) is sandbox.ErrSnapshotInUse.
 func (l *Lifecycle) DeleteSnapshot(ctx context.Context, id string) error {
-	if err := l.call(ctx, http.MethodDelete, "/snapshots/"+esc(id), nil, nil, true, sandbox.ErrNotFound, http.StatusNoContent, http.StatusOK, http.StatusAccepted); err != nil {
+	err := l.call(ctx, http.MethodDelete, "/snapshots/"+esc(id), nil, nil, true, sandbox.ErrNotFound, http.StatusNoContent, http.StatusOK, http.StatusAccepted)
+	var se *StatusError
+	if errors.As(err, &se) && se.Status == http.StatusConflict && se.Code == CodeSnapshotInUse {
+		se.class = sandbox.ErrSnapshotInUse
+	}
+	if err != nil {
 		return fmt.Errorf("opensandbox: delete snapshot %s: %w", id, err)
 	}
 	return nil
+}
+
+// ListPageSize is how many items a list asks for per page (the real
+// server allows up to 200).
+const ListPageSize = 100
+
+// listPage is one page of a list reply.
+type listPage[T any] struct {
+	Items      []T `json:"items"`
+	Pagination struct {
+		HasNextPage bool `json:"hasNextPage"`
+	} `json:"pagination"`
+}
+
+// list reads every page of GET path?query, at most 1000 pages.
+func list[T any](ctx context.Context, l *Lifecycle, path string, query url.Values) ([]T, error) {
+	var out []T
+	for pg := 1; pg <= 1000; pg++ {
+		query.Set("page", strconv.Itoa(pg))
+		query.Set("pageSize", strconv.Itoa(ListPageSize))
+		var p listPage[T]
+		if err := l.call(ctx, http.MethodGet, path+"?"+query.Encode(), nil, &p, true, nil, http.StatusOK); err != nil {
+			return out, err
+		}
+		out = append(out, p.Items...)
+		if !p.Pagination.HasNextPage || len(p.Items) == 0 {
+			return out, nil
+		}
+	}
+	return out, fmt.Errorf("GET %s: more than 1000 pages", path)
+}
+
+// ListSandboxes lists the sandboxes whose metadata holds every pair of
+// metadata (nil: all of them).
+func (l *Lifecycle) ListSandboxes(ctx context.Context, metadata map[string]string) ([]SandboxInfo, error) {
+	q := url.Values{}
+	if len(metadata) > 0 {
+		m := url.Values{}
+		for k, v := range metadata {
+			m.Set(k, v)
+		}
+		q.Set("metadata", m.Encode())
+	}
+	out, err := list[SandboxInfo](ctx, l, "/sandboxes", q)
+	if err != nil {
+		return out, fmt.Errorf("opensandbox: list sandboxes: %w", err)
+	}
+	return out, nil
+}
+
+// ListSnapshots lists the snapshots taken of sandboxID (every sandbox's
+// when "") named name (any name when "").
+func (l *Lifecycle) ListSnapshots(ctx context.Context, sandboxID, name string) ([]SnapshotInfo, error) {
+	q := url.Values{}
+	if sandboxID != "" {
+		q.Set("sandboxId", sandboxID)
+	}
+	if name != "" {
+		q.Set("name", name)
+	}
+	out, err := list[SnapshotInfo](ctx, l, "/snapshots", q)
+	if err != nil {
+		return out, fmt.Errorf("opensandbox: list snapshots: %w", err)
+	}
+	return out, nil
 }
 
 // Renew moves the sandbox's expiration to at and returns the expiration
@@ -381,4 +485,90 @@ func (l *Lifecycle) Endpoint(ctx context.Context, id string, port int, useServer
 		return Endpoint{}, fmt.Errorf("opensandbox: the endpoint of sandbox %s: the reply names no URL", id)
 	}
 	return ep, nil
+}
+
+// SweepPatience bounds how long Sweep waits for a snapshot that a sandbox
+// being removed still uses.
+const SweepPatience = time.Minute
+
+// Sweep removes from the server every sandbox whose metadata holds every
+// pair of metadata, and every snapshot taken of those sandboxes or of the
+// sandboxes ids names (ones already removed among them), sandboxes first:
+// a snapshot that a sandbox made from it still uses cannot be removed
+// (sandbox.ErrSnapshotInUse), so one refused so is tried again, up to
+// SweepPatience, while its forks go. It is how the project's tests leave
+// nothing on a real server, their sandboxes carrying a label of their own
+// (snapshots carry no metadata: they are found by the sandbox they were
+// taken of). The error names what could not be removed; the rest is.
+func (l *Lifecycle) Sweep(ctx context.Context, metadata map[string]string, ids []string) error {
+	if len(metadata) == 0 && len(ids) == 0 {
+		return errors.New("opensandbox: sweep: no label and no sandbox named: refusing to remove everything")
+	}
+	seen := map[string]bool{}
+	var sandboxes []string
+	if len(metadata) > 0 {
+		labelled, err := l.ListSandboxes(ctx, metadata)
+		if err != nil {
+			return fmt.Errorf("opensandbox: sweep: %w", err)
+		}
+		for _, sb := range labelled {
+			if !seen[sb.ID] {
+				seen[sb.ID] = true
+				sandboxes = append(sandboxes, sb.ID)
+			}
+		}
+	}
+	for _, id := range ids {
+		if id != "" && !seen[id] {
+			seen[id] = true
+			sandboxes = append(sandboxes, id)
+		}
+	}
+	var errs []error
+	var snaps []string
+	for _, id := range sandboxes {
+		taken, err := l.ListSnapshots(ctx, id, "")
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, sn := range taken {
+			snaps = append(snaps, sn.ID)
+		}
+	}
+	for _, id := range sandboxes {
+		if err := l.Delete(ctx, id); err != nil && !errors.Is(err, sandbox.ErrGone) {
+			errs = append(errs, err)
+		}
+	}
+	deadline := time.Now().Add(SweepPatience)
+	for n := 0; len(snaps) > 0; n++ {
+		var inUse []string
+		var last error
+		for _, id := range snaps {
+			err := l.DeleteSnapshot(ctx, id)
+			switch {
+			case errors.Is(err, sandbox.ErrSnapshotInUse):
+				inUse, last = append(inUse, id), err
+			case err != nil && !errors.Is(err, sandbox.ErrNotFound):
+				errs = append(errs, err)
+			}
+		}
+		snaps = inUse
+		if len(snaps) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			errs = append(errs, fmt.Errorf("%d snapshots still in use after %s, %s among them: %w", len(snaps), SweepPatience, snaps[0], last))
+			break
+		}
+		if err := sleep(ctx, backoff(n)); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("opensandbox: sweep: %w", err)
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -347,7 +348,10 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // made from the image runs with its folders; a snapshot (polled until
 // ready) forks into a new sandbox with the same files at the same paths;
 // renew moves the expiration; a removed sandbox is sandbox.ErrGone for
-// every call, naming it; removing twice is fine.
+// every call, naming it; removing twice is fine; a snapshot a fork still
+// uses is sandbox.ErrSnapshotInUse naming the fork (the server keeps it,
+// Deleting, and makes no fork of it), and the same remove succeeds once
+// the fork is gone.
 func TestLifecycleSnapshotForkRemoveRenew(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -396,14 +400,29 @@ func TestLifecycleSnapshotForkRemoveRenew(t *testing.T) {
 	if _, err := f.b.Connect(ctx, sandbox.Descriptor{Provider: "opensandbox", SandboxID: sb.ID()}); !errors.Is(err, sandbox.ErrGone) {
 		t.Errorf("connect to a removed sandbox: %v", err)
 	}
-	if err := f.b.RemoveSnapshot(ctx, snap); err != nil {
-		t.Fatal(err)
+	// The fork still uses the snapshot: the server keeps it (Deleting)
+	// until the fork is gone.
+	if err := f.b.RemoveSnapshot(ctx, snap); !errors.Is(err, sandbox.ErrSnapshotInUse) || !strings.Contains(err.Error(), fork.ID()) {
+		t.Fatalf("remove the snapshot a fork uses: %v, want ErrSnapshotInUse naming the fork %s", err, fork.ID())
 	}
-	if err := f.b.RemoveSnapshot(ctx, snap); err != nil {
-		t.Errorf("removing a removed snapshot: %v", err)
+	if st := f.srv.SnapshotState(snap); st != opensandbox.SnapshotDeleting {
+		t.Errorf("the snapshot a fork uses is %q after its delete, want Deleting", st)
 	}
 	if _, err := f.b.Fork(ctx, snap, "late"); err == nil {
-		t.Errorf("a fork of a removed snapshot succeeded")
+		t.Errorf("a fork of a snapshot being deleted succeeded")
+	}
+	if res := run(t, fork, sandbox.ExecRequest{Argv: []string{"cat", "/sandbox/work/file"}}); string(res.Stdout) != "kept\n" {
+		t.Errorf("the fork after its snapshot's delete: %q", res.Stdout)
+	}
+	second, err := f.b.Fork(ctx, func() string {
+		s2, err := f.b.Snapshot(ctx, fork.ID(), "of-the-fork")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s2
+	}(), "second")
+	if err != nil {
+		t.Fatal(err)
 	}
 	bad, err := opensandbox.New(opensandbox.Options{Server: f.srv.URL(), Image: "fail-image", Poll: 20 * time.Millisecond})
 	if err != nil {
@@ -418,8 +437,21 @@ func TestLifecycleSnapshotForkRemoveRenew(t *testing.T) {
 	if _, err := failing.Create(ctx, "x"); err == nil || !strings.Contains(err.Error(), "Failed") {
 		t.Errorf("a sandbox that fails to start: %v", err)
 	}
-	if left := f.srv.Sandboxes(); len(left) != 1 || left[0] != fork.ID() {
-		t.Errorf("sandboxes left %v, want only the fork %s", left, fork.ID())
+	if left := f.srv.Sandboxes(); len(left) != 2 || !slices.Contains(left, fork.ID()) || !slices.Contains(left, second.ID()) {
+		t.Errorf("sandboxes left %v, want only the fork %s and its own fork %s", left, fork.ID(), second.ID())
+	}
+	// Once the fork is gone the same delete removes the snapshot.
+	if err := f.b.Remove(ctx, fork.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.b.RemoveSnapshot(ctx, snap); err != nil {
+		t.Errorf("remove the snapshot once its fork is gone: %v", err)
+	}
+	if err := f.b.RemoveSnapshot(ctx, snap); err != nil {
+		t.Errorf("removing a removed snapshot: %v", err)
+	}
+	if left := f.srv.Snapshots(); len(left) != 1 {
+		t.Errorf("snapshots left %v, want only the one the second fork uses", left)
 	}
 }
 

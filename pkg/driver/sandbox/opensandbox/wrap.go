@@ -24,24 +24,31 @@ const DefaultMaxOutput = 16 << 20
 // "-1"), and execd does not end a command whose client went away. So the
 // script, with the files of the exec at tmp/ngx-NONCE.*:
 //
-//   - runs `sh -c LINE` as a job of its own (set -m: its own process
-//     group), stdin from stdinFile (or /dev/null), stdout and stderr to
-//     files, and writes the job's pid to the .pid file, unless the .cancel
-//     file says the client already gave up (KillScript);
+//   - runs `sh -c LINE` as a job of its own (started under set -m: its own
+//     process group), stdin from stdinFile (or /dev/null), stdout and
+//     stderr to files, and writes the job's pid to the .pid file, unless
+//     the .cancel file says the client already gave up (KillScript);
 //   - enforces the timeout itself: a watcher (a job too) marks the .to
 //     file and SIGKILLs the job's group once the timeout has passed, in
 //     whole seconds; it checks every second that the script is still
 //     there, so it never outlives it by more than a second;
-//   - waits for the job (and again, each second, while it is stopped: with
-//     job control wait returns when a job stops; bash 5.2's wait -f can
-//     spin forever on a job killed under it), takes its exit status from
-//     the shell (128+N for signal N), and prints, as single lines of the stream, the stdout and
-//     stderr base64-encoded (hex through od where base64 is missing;
-//     neither holds a line end), or their size when past maxOutput, then
-//     the status and whether the watcher fired; every line starts with the
+//   - waits for the job with job control off again, so that a job stopped
+//     and continued (by itself, or by a snapshot freezing the sandbox) is
+//     waited for to its end, and takes its exit status from the shell
+//     (128+N for signal N);
+//   - writes that status, and whether the watcher fired, to the .x file
+//     (the nonce's exit file), then prints, as single lines of the
+//     stream, the stdout and stderr base64-encoded (hex through od where
+//     base64 is missing; neither holds a line end), or their size when
+//     past maxOutput, then the status line; every line starts with the
 //     nonce's marker, so nothing else can be taken for it;
-//   - removes its files.
-func Script(line string, timeout time.Duration, tmp, nonce, stdinFile string, maxOutput int64) string {
+//   - keeps its report (the .x, .out and .err files): a client whose
+//     stream ended before the report came reads it from there (settle);
+//     it removes its other files, and the reports of the client's earlier
+//     execs that drop names (nonces whose report the client has), and,
+//     for one nonce in 256, reports older than 10 minutes that no client
+//     came back for.
+func Script(line string, timeout time.Duration, tmp, nonce, stdinFile string, maxOutput int64, drop ...string) string {
 	secs := int64(math.Ceil(timeout.Seconds()))
 	if secs < 1 {
 		secs = 1
@@ -52,6 +59,17 @@ func Script(line string, timeout time.Duration, tmp, nonce, stdinFile string, ma
 	rmIn := ""
 	if stdinFile != "" {
 		in, rmIn = q(stdinFile), " "+q(stdinFile)
+	}
+	var old strings.Builder
+	for _, n := range drop {
+		if validNonce(n) {
+			p := q(tmp + "/ngx-" + n)
+			fmt.Fprintf(&old, " %[1]s.out %[1]s.err %[1]s.x", p)
+		}
+	}
+	sweep := ""
+	if strings.HasPrefix(nonce, "00") {
+		sweep = "\n" + sweepStale(tmp)
 	}
 	return fmt.Sprintf(`exec 2>/dev/null </dev/null
 t=%[1]s m='@ngx-%[2]s-'
@@ -64,11 +82,13 @@ echo "$c" >"$t.pid"
 [ -e "$t.cancel" ] && kill -KILL -"$c"
 (i=0; while [ "$i" -lt %[7]d ]; do sleep 1; kill -0 $$ || exit 0; i=$((i+1)); done; : >"$t.to"; kill -KILL -"$c") </dev/null >/dev/null 2>&1 &
 w=$!
+set +m
 wait "$c"; rc=$?
-while [ -n "$(jobs -s -p)" ]; do sleep 1; wait "$c"; rc=$?; done
 rm -f -- "$t.pid"%[3]s
 kill -KILL -"$w"
 to=0; [ -e "$t.to" ] && to=1
+printf -v x '%%sx:%%d:%%d' "$m" "$rc" "$to"
+printf '%%s\n' "$x" >"$t.x"
 for s in o e; do
   f="$t.out"; [ "$s" = e ] && f="$t.err"
   [ -s "$f" ] || continue
@@ -78,9 +98,31 @@ for s in o e; do
   else printf '%%s%%s:x:' "$m" "$s"; od -An -v -tx1 <"$f" | tr -d ' \n'; echo
   fi
 done
-rm -f -- "$t.out" "$t.err" "$t.to" "$t.cancel"
-printf '%%sx:%%d:%%d\n' "$m" "$rc" "$to"
-exit 0`, t, nonce, rmIn, q(tmp), q(line), in, secs, maxOutput)
+printf '%%s\n' "$x"
+rm -f -- "$t.to" "$t.cancel"%[9]s%[10]s
+exit 0`, t, nonce, rmIn, q(tmp), q(line), in, secs, maxOutput, old.String(), sweep)
+}
+
+// validNonce reports whether n is a nonce Exec makes (hex digits), so that
+// a name built from it needs no quoting and reaches no other file.
+func validNonce(n string) bool {
+	if n == "" || len(n) > 64 {
+		return false
+	}
+	for _, r := range n {
+		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// sweepStale is the shell line that removes from tmp the reports (the .x
+// files and the .out and .err beside them) older than 10 minutes: a client
+// that has not come back for a report by then never will (it stopped, or
+// the report came with a fork's files).
+func sweepStale(tmp string) string {
+	return fmt.Sprintf(`find %s -maxdepth 1 -name 'ngx-*.x' -mmin +10 -exec sh -c 'for x; do b=${x%%.x}; rm -f -- "$b.out" "$b.err" "$x"; done' sh {} +`, sandbox.Quote(tmp))
 }
 
 // KillScript is the bash -c text that ends the Script run with nonce from
@@ -91,7 +133,8 @@ exit 0`, t, nonce, rmIn, q(tmp), q(line), in, secs, maxOutput)
 // then removes the exec's files but the .cancel one (the script removes
 // it when it ends, or finds it when it starts). It also removes .cancel
 // files older than 10 minutes (left by a kill that came after its command
-// ended, or whose script died).
+// ended, or whose script died), and the reports older than 10 minutes
+// (sweepStale).
 func KillScript(tmp, nonce string) string {
 	q := sandbox.Quote
 	t := q(tmp + "/ngx-" + nonce)
@@ -100,9 +143,10 @@ t=%[1]s
 [ -d %[2]s ] || mkdir -p -- %[2]s
 : >"$t.cancel"
 [ -f "$t.pid" ] && kill -KILL -"$(cat "$t.pid")"
-rm -f -- "$t.pid" "$t.out" "$t.err" "$t.to" "$t.in"
+rm -f -- "$t.pid" "$t.out" "$t.err" "$t.to" "$t.in" "$t.x"
 find %[2]s -maxdepth 1 -name 'ngx-*.cancel' -mmin +10 -exec rm -f -- {} +
-exit 0`, t, q(tmp))
+%[3]s
+exit 0`, t, q(tmp), sweepStale(tmp))
 }
 
 // report is what a Script printed.

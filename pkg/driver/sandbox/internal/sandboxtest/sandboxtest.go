@@ -340,17 +340,23 @@ func testUpload(t *testing.T, f Fixture) {
 	}
 }
 
+// testLifecycle: create, snapshot, fork, open, remove. Every snapshot it
+// takes is removed again: a second snapshot of a name is a snapshot of its
+// own on some services (OpenSandbox keeps the first), and a snapshot a
+// fork still uses may be refused (sandbox.ErrSnapshotInUse) until the fork
+// is gone.
 func testLifecycle(t *testing.T, f Fixture) {
 	ctx := context.Background()
 	sb := create(t, f, "sbt-origin")
 	run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "echo kept > file && mkdir -p \"$0\" && echo root > \"$0/r\"", sb.Root() + "/state"}})
-	snap, err := f.Lender.Snapshot(ctx, sb.ID(), "sbt-snap-1")
+	first, err := f.Lender.Snapshot(ctx, sb.ID(), "sbt-snap-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A second snapshot of the same name replaces the first.
+	// A second snapshot of the same name: the fork is made from it.
 	run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", "echo kept2 > file"}})
-	if snap, err = f.Lender.Snapshot(ctx, sb.ID(), "sbt-snap-1"); err != nil {
+	snap, err := f.Lender.Snapshot(ctx, sb.ID(), "sbt-snap-1")
+	if err != nil {
 		t.Fatal(err)
 	}
 	fork, err := f.Lender.Fork(ctx, snap, "sbt-fork")
@@ -383,8 +389,26 @@ func testLifecycle(t *testing.T, f Fixture) {
 	if _, err := f.Lender.Open(ctx, sb.ID()); !errors.Is(err, sandbox.ErrGone) {
 		t.Errorf("open a removed sandbox: %v", err)
 	}
-	if err := f.Lender.RemoveSnapshot(ctx, snap); err != nil {
+	// No sandbox uses the first snapshot (where it is not the second
+	// one: a service may replace a snapshot of the same name).
+	if err := f.Lender.RemoveSnapshot(ctx, first); err != nil {
+		t.Fatalf("remove a snapshot no sandbox uses: %v", err)
+	}
+	// The fork's snapshot goes at once, or stays until the fork is gone.
+	err = f.Lender.RemoveSnapshot(ctx, snap)
+	inUse := errors.Is(err, sandbox.ErrSnapshotInUse)
+	if err != nil && !inUse {
 		t.Fatal(err)
+	}
+	// The fork does not depend on its snapshot's removal.
+	run(t, fork, sandbox.ExecRequest{Argv: []string{"test", "-f", "file"}})
+	if inUse {
+		if err := f.Lender.Remove(ctx, fork.ID()); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Lender.RemoveSnapshot(ctx, snap); err != nil {
+			t.Fatalf("remove a snapshot once the fork that used it is gone: %v", err)
+		}
 	}
 	if err := f.Lender.RemoveSnapshot(ctx, snap); err != nil {
 		t.Errorf("removing a removed snapshot: %v", err)
@@ -393,8 +417,6 @@ func testLifecycle(t *testing.T, f Fixture) {
 		_ = f.Lender.Remove(ctx, late.ID())
 		t.Errorf("a fork of a removed snapshot succeeded")
 	}
-	// The fork does not depend on its snapshot.
-	run(t, fork, sandbox.ExecRequest{Argv: []string{"test", "-f", "file"}})
 }
 
 func testDeleted(t *testing.T, f Fixture) {
