@@ -148,10 +148,12 @@ func sandboxFolder(data []byte, sandboxes fsPath) (name string, deleted, ok bool
 }
 
 // binding says which folder of the backend's sandboxes the mount
-// namespace of a process binds: its name, whether it is deleted, and ok
-// false when it binds none (or the process went away). It is asked once
-// per namespace, of one of its processes.
-type binding func(pid int) (folder string, deleted, ok bool)
+// namespace of a process binds, as that process sees it: its name, whether
+// it is deleted, and ok false when it binds none. err is not nil when the
+// process could not be asked (it went away, or is exiting and has let go of
+// its root and mounts). Either way a process that sees none says nothing of
+// the others of its namespace (hostProcs).
+type binding func(pid int) (folder string, deleted, ok bool, err error)
 
 // byMounts is the binding read from the namespace's mounts (mountinfo):
 // any folder of this base's sandboxes, at any mount point, deleted or not.
@@ -161,12 +163,13 @@ func (b *Backend) byMounts() (binding, error) {
 	if err != nil {
 		return nil, err
 	}
-	return func(pid int) (string, bool, bool) {
+	return func(pid int) (string, bool, bool, error) {
 		data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/mountinfo")
 		if err != nil {
-			return "", false, false
+			return "", false, false, err
 		}
-		return sandboxFolder(data, sandboxes)
+		name, deleted, ok := sandboxFolder(data, sandboxes)
+		return name, deleted, ok, nil
 	}, nil
 }
 
@@ -185,21 +188,29 @@ func (b *Backend) byFolders(folders []string) binding {
 			want[key{st.Dev, st.Ino}] = filepath.Base(f)
 		}
 	}
-	return func(pid int) (string, bool, bool) {
+	return func(pid int) (string, bool, bool, error) {
+		if len(want) == 0 {
+			return "", false, false, nil
+		}
 		var st unix.Stat_t
-		if len(want) == 0 || unix.Stat("/proc/"+strconv.Itoa(pid)+"/root"+b.mountPoint, &st) != nil {
-			return "", false, false
+		if err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/root"+b.mountPoint, &st); err != nil {
+			return "", false, false, err
 		}
 		name, ok := want[key{st.Dev, st.Ino}]
-		return name, false, ok
+		return name, false, ok, nil
 	}
 }
 
 // hostProcs lists the live processes on this host that run in a mount
 // namespace bound (see binding) to a folder of the backend's sandboxes. It
-// reads each process's namespace link, and asks bound once a namespace;
+// reads each process's namespace link and groups the processes by it;
 // processes of this process's own namespace (the host's) are none of a
-// sandbox's.
+// sandbox's. A namespace is asked of its processes in turn until one
+// answers that it binds a folder: one process's "none" is not its
+// namespace's, as a process that changed its root (chroot) or is exiting
+// sees less of its namespace than the rest. Once one binds a folder, every
+// process of the namespace runs in that sandbox, those asked before it
+// too.
 func (b *Backend) hostProcs(bound binding) ([]hostProc, error) {
 	self, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {
@@ -209,37 +220,45 @@ func (b *Backend) hostProcs(bound binding) ([]hostProc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list the processes: %w", err)
 	}
-	type found struct {
+	type namespace struct {
+		pids    []int
+		found   bool // a process of it binds folder
 		folder  string
 		deleted bool
 	}
-	namespaces := map[string]*found{}
-	var out []hostProc
+	namespaces := map[string]*namespace{}
+	var order []*namespace
 	for _, pid := range pids {
-		ns, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
-		if err != nil || ns == self {
+		link, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
+		if err != nil || link == self {
 			continue // gone, a zombie, or the host's namespace
 		}
-		f, seen := namespaces[ns]
-		if !seen {
-			folder, deleted, ok := bound(pid)
-			if !ok {
-				if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
-					continue // gone meanwhile: ask the next process of the namespace
-				}
-			} else {
-				f = &found{folder, deleted}
+		ns := namespaces[link]
+		if ns == nil {
+			ns = &namespace{}
+			namespaces[link] = ns
+			order = append(order, ns)
+		}
+		ns.pids = append(ns.pids, pid)
+		if ns.found {
+			continue
+		}
+		if folder, deleted, ok, err := bound(pid); err == nil && ok {
+			ns.found, ns.folder, ns.deleted = true, folder, deleted
+		}
+	}
+	var out []hostProc
+	for _, ns := range order {
+		if !ns.found {
+			continue
+		}
+		for _, pid := range ns.pids {
+			st, err := reaper.ProcFS.ReadStat(pid)
+			if err != nil || st.State == 'Z' || st.State == 'X' {
+				continue
 			}
-			namespaces[ns] = f
+			out = append(out, hostProc{Proc: proto.Proc{PID: pid, StartTicks: st.StartTicks}, folder: ns.folder, deleted: ns.deleted})
 		}
-		if f == nil {
-			continue
-		}
-		st, err := reaper.ProcFS.ReadStat(pid)
-		if err != nil || st.State == 'Z' || st.State == 'X' {
-			continue
-		}
-		out = append(out, hostProc{Proc: proto.Proc{PID: pid, StartTicks: st.StartTicks}, folder: f.folder, deleted: f.deleted})
 	}
 	return out, nil
 }
@@ -264,7 +283,24 @@ func (b *Backend) endProcs(ctx context.Context, bound binding, match func(hostPr
 			}
 		}
 		if len(left) == 0 {
-			return len(killed), nil
+			// A killed process may still be on its way out (a large one
+			// takes a while to let go of its memory) once it no longer
+			// shows as a sandbox's: ended means exited.
+			var exiting []string
+			for p := range killed {
+				if reaper.ProcFS.Live(p) {
+					exiting = append(exiting, strconv.Itoa(p.PID))
+				}
+			}
+			if len(exiting) == 0 {
+				return len(killed), nil
+			}
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				sort.Strings(exiting)
+				return len(killed), fmt.Errorf("%w: killed, still exiting: %s", ErrProcessesLeft, strings.Join(exiting[:min(len(exiting), 8)], ", "))
+			}
+			time.Sleep(5 * time.Millisecond)
+			continue
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			sort.Slice(left, func(i, j int) bool { return left[i].PID < left[j].PID })

@@ -153,3 +153,55 @@ func TestClaimHoldsTheBaseForOneOwner(t *testing.T) {
 		release2()
 	}
 }
+
+// TestEndSandboxesFindsANamespaceWhoseFirstProcessChangedItsRoot proves
+// that a process of a sandbox that changed its root (chroot: it no longer
+// sees the sandbox's folder) neither escapes the end of its sandbox nor
+// hides the rest of its namespace. The chrooted one is the first of its
+// namespace a scan meets (it has the lower pid); the scan once asked only
+// that one, took its "none" for the namespace's, and left both running.
+func TestEndSandboxesFindsANamespaceWhoseFirstProcessChangedItsRoot(t *testing.T) {
+	b := nsBackend(t)
+	sb := create(t, b, "jailed")
+	tag := newTag()
+	// The jail holds sleep and the libraries it loads. The outer sh starts
+	// a plain sleep, then becomes the chrooted one: the lower pid.
+	res := run(t, sb, sandbox.ExecRequest{
+		Argv: []string{"sh", "-c", `J=` + sandbox.Quote(filepath.Join(sb.Workdir(), "jail")) + `
+mkdir -p "$J" && for f in /bin/sleep $(ldd /bin/sleep | grep -o '/[^ ]*'); do cp --parents "$f" "$J" || exit 1; done
+setsid sh -c 'sleep 300 & exec chroot "$0" /bin/sleep 300' "$J" </dev/null >/dev/null 2>&1 & echo $!`},
+		Env: map[string]string{tagVar: tag},
+	})
+	var pid int
+	if _, err := fmt.Sscan(string(res.Stdout), &pid); err != nil {
+		t.Fatalf("pid: %q (stderr %q)", res.Stdout, res.Stderr)
+	}
+	jailed := adopt(t, pid, tag)
+	var plain *proc
+	for deadline := time.Now().Add(10 * time.Second); plain == nil; time.Sleep(10 * time.Millisecond) {
+		data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		var child int
+		if _, err := fmt.Sscan(string(data), &child); err == nil {
+			plain = adopt(t, child, tag)
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the plain sleep under %d never showed", pid)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		root, _ := os.Readlink(fmt.Sprintf("/proc/%d/root", pid))
+		if strings.HasSuffix(root, "/jail") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d never changed its root (root %q)", pid, root)
+		}
+	}
+	if _, err := b.EndSandboxes(context.Background(), []string{"jailed"}); err != nil {
+		t.Fatalf("end the sandbox: %v", err)
+	}
+	for name, p := range map[string]*proc{"chrooted": jailed, "plain": plain} {
+		if !p.waitExit(0) {
+			t.Errorf("the %s process of the ended sandbox (pid %d) still runs", name, p.pid)
+		}
+	}
+}
