@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -370,6 +371,57 @@ func TestStopOfAFolderMadeToLookCopiedStillStops(t *testing.T) {
 	}
 	if res := l.stop("0s"); res.Copied {
 		t.Errorf("a live launch whose origin names another folder was taken for a copy: %+v", res)
+	}
+	wantGone(t, procs)
+}
+
+// TestStopAfterSupervisorKilledFindsUntaggedChildrenThatIgnoreSIGINT
+// proves that a stop with neither the supervisor nor a cgroup to search
+// (the supervisor SIGKILLed, a launch without a cgroup, as in a container)
+// still ends a child of the harness that cleared its environment and
+// ignores SIGINT (a shell's background job does): the harness dies of the
+// stop's SIGINT, and its children are no longer its own for the walks
+// after it, so they are learnt before. The stop once signalled the
+// harness's group first; the untagged child, orphaned, ran on (seen
+// through a real Docker engine).
+func TestStopAfterSupervisorKilledFindsUntaggedChildrenThatIgnoreSIGINT(t *testing.T) {
+	t.Parallel()
+	l := newLaunch(t)
+	// A non-interactive shell starts its background jobs with SIGINT
+	// ignored; the first clears its environment, tag included.
+	l.detach([]string{"--no-cgroup"}, plain("/bin/sh", "-c",
+		`env -i /bin/sh -c 'echo $$ >"$0/untagged.pid"; exec sleep 1000' "$`+recEnv+`" </dev/null >/dev/null 2>&1 &
+sleep 1000 &
+echo $! >"$`+recEnv+`/bg.pid"
+while :; do sleep 0.5; done`))
+	procs := map[string]proc{}
+	for _, role := range []string{"untagged", "bg"} {
+		waitFor(t, role+" to record its pid", func() (bool, string) {
+			data, err := os.ReadFile(filepath.Join(l.Rec, role+".pid"))
+			if err != nil {
+				return false, err.Error()
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+			if err != nil {
+				return false, err.Error()
+			}
+			st, err := readStat(pid)
+			if err != nil || !strings.Contains(st.Comm, "sleep") {
+				return false, fmt.Sprintf("pid %d not a sleep yet (%v)", pid, err)
+			}
+			procs[role] = proc{pid, st.Start}
+			l.own(procs[role])
+			return true, ""
+		})
+	}
+	sup := proc{l.Sup.PID, l.Sup.StartTicks}
+	if err := unix.Kill(sup.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wantGone(t, map[string]proc{"supervisor": sup})
+	res := l.stop("1s")
+	if res.Supervised || !res.Partial {
+		t.Errorf("stop: supervised %v partial %v, want false true", res.Supervised, res.Partial)
 	}
 	wantGone(t, procs)
 }

@@ -162,6 +162,15 @@ func (l *Launch) interruptAll(f *finder, deadline time.Time) (string, int) {
 		frozen = l.Cgroup.Freeze(time.Now().Add(freezeBudget)) == nil
 	}
 	method := f.method(frozen)
+	if f.fallback && !frozen {
+		// No supervisor and no frozen cgroup hold the launch: the
+		// harness's children are found only as its children, and the
+		// group's SIGINT may end it before a walk reads them (a shell's
+		// background jobs ignore SIGINT and, orphaned, would be found no
+		// more). A first walk, touching nothing, learns them.
+		f.deadline = later(deadline, time.Now().Add(minPassBudget))
+		f.learn(f.pass(nil))
+	}
 	if l.signalGroup(unix.SIGINT) {
 		f.used[proto.SourceGroup] = true
 	}
