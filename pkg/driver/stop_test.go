@@ -12,6 +12,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -43,7 +44,11 @@ func TestCheckpointStopsLaunch(t *testing.T) {
 		kinds   []string
 		install bool
 	}{
-		{"install", mergeOpts(only(), map[string]any{"install_s": 2.0}), nil, true},
+		// The install lasts until the test lets it end, after the
+		// checkpoint: the stop must land during it, however long the stop
+		// takes (a 2 s install was outrun by a checkpoint's stop through a
+		// loaded Docker engine in CI).
+		{"install", mergeOpts(only(), map[string]any{"install_until": "install-may-end"}), nil, true},
 		{"own-session", only("own_session"), []string{"harness", "own_session"}, false},
 		{"daemon", only("daemon"), []string{"harness", "daemon"}, false},
 		{"untagged-child", only("untagged"), []string{"harness", "untagged"}, false},
@@ -99,6 +104,13 @@ func TestCheckpointStopsLaunch(t *testing.T) {
 				}
 				if n := len(e.Backend.Verbs("pause")); n != 0 {
 					t.Errorf("ngsup pause ran %d times with pausing off", n)
+				}
+				if c.install {
+					// The relaunch's install may end now.
+					mayEnd := e.HostOf(sbID, filepath.Join(e.Local.MountPoint(), local.WorkFolder, "install-may-end"))
+					if err := os.WriteFile(mayEnd, nil, 0o644); err != nil {
+						t.Fatal(err)
+					}
 				}
 				resume(t, p, "ckpt-1")
 

@@ -27,15 +27,18 @@ var script []byte
 // Options is the fake harness's default behaviour; a task may override it
 // with a "fake" object of the same fields.
 type Options struct {
-	Steps        int     `json:"steps"`
-	StepSeconds  float64 `json:"step_s"`
-	InstallS     float64 `json:"install_s"`
-	IgnoreSIGINT bool    `json:"ignore_sigint"`
-	Child        *bool   `json:"child,omitempty"`
-	OwnSession   *bool   `json:"own_session,omitempty"`
-	Daemon       *bool   `json:"daemon,omitempty"`
-	Untagged     *bool   `json:"untagged,omitempty"`
-	ExitCode     int     `json:"exit_code"`
+	Steps       int     `json:"steps"`
+	StepSeconds float64 `json:"step_s"`
+	InstallS    float64 `json:"install_s"`
+	// InstallUntil, when set, makes the install last until a file of that
+	// name exists in the workdir (after InstallS, if both are set).
+	InstallUntil string `json:"install_until,omitempty"`
+	IgnoreSIGINT bool   `json:"ignore_sigint"`
+	Child        *bool  `json:"child,omitempty"`
+	OwnSession   *bool  `json:"own_session,omitempty"`
+	Daemon       *bool  `json:"daemon,omitempty"`
+	Untagged     *bool  `json:"untagged,omitempty"`
+	ExitCode     int    `json:"exit_code"`
 }
 
 // Adapter is the fake adapter.
@@ -144,6 +147,7 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 		"FAKE_STEPS":         strconv.Itoa(opt.Steps),
 		"FAKE_STEP_S":        strconv.FormatFloat(opt.StepSeconds, 'f', -1, 64),
 		"FAKE_INSTALL_S":     strconv.FormatFloat(opt.InstallS, 'f', -1, 64),
+		"FAKE_INSTALL_UNTIL": opt.InstallUntil,
 		"FAKE_IGNORE_SIGINT": map[bool]string{true: "1", false: "0"}[opt.IgnoreSIGINT],
 		"FAKE_CHILD":         flag(opt.Child),
 		"FAKE_OWN_SESSION":   flag(opt.OwnSession),

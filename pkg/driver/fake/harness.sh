@@ -4,9 +4,9 @@
 # Each "step" stands for a model turn: it is appended once to SESSION_DIR/steps
 # (the saved session) and to WORKDIR/progress. A relaunch on a saved session
 # continues after the last step recorded. Behaviour comes from FAKE_* variables:
-#   FAKE_STEPS (6) FAKE_STEP_S (0.5) FAKE_INSTALL_S (0) FAKE_IGNORE_SIGINT (0)
-#   FAKE_CHILD (1) FAKE_OWN_SESSION (1) FAKE_DAEMON (1) FAKE_UNTAGGED (1)
-#   FAKE_EXIT_CODE (0)
+#   FAKE_STEPS (6) FAKE_STEP_S (0.5) FAKE_INSTALL_S (0) FAKE_INSTALL_UNTIL ()
+#   FAKE_IGNORE_SIGINT (0) FAKE_CHILD (1) FAKE_OWN_SESSION (1) FAKE_DAEMON (1)
+#   FAKE_UNTAGGED (1) FAKE_EXIT_CODE (0)
 set -u
 session=$1
 work=$2
@@ -19,6 +19,12 @@ if [ "${FAKE_INSTALL_S:-0}" != 0 ]; then
 	# "Installing": a child busy writing to the session folder.
 	mkdir -p "$session/install"
 	sleep "$FAKE_INSTALL_S" && touch "$session/install/done"
+fi
+if [ -n "${FAKE_INSTALL_UNTIL:-}" ]; then
+	# "Installing" until the file WORKDIR/FAKE_INSTALL_UNTIL exists.
+	mkdir -p "$session/install"
+	while [ ! -e "$work/$FAKE_INSTALL_UNTIL" ]; do sleep 0.05; done
+	touch "$session/install/done"
 fi
 # Every process started here records its pid in $session/pids, so tests
 # can check that a stop left none of them.
