@@ -190,14 +190,26 @@ func TestStopBoundedWhenSomethingCannotDie(t *testing.T) {
 	l.detach([]string{"--no-cgroup"}, helper("harness", "-bg"))
 	bg := l.role("bg")
 	cg := filepath.Join(root, "ngsup-e2e-unkillable-"+itoa(os.Getpid())+"-"+itoa(bg.PID))
+	// Held by a pidfd from now on, while its identity is known: the
+	// cleanup's kills below go to it and never to a later holder of its pid.
+	bgfd, err := unix.PidfdOpen(bg.PID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := readStat(bg.PID); err != nil || st.Start != bg.Start {
+		unix.Close(bgfd)
+		t.Fatalf("bg %v is gone before the test began", bg)
+	}
 	if err := os.Mkdir(cg, 0o755); err != nil {
+		unix.Close(bgfd)
 		t.Skipf("cannot make a freezer cgroup: %v", err)
 	}
 	t.Cleanup(func() {
+		defer unix.Close(bgfd)
 		// Runs before the launch's cleanup: thaw, so its SIGKILL lands.
 		os.WriteFile(filepath.Join(cg, "freezer.state"), []byte("THAWED"), 0)
 		for try := 0; try < 200 && unix.Rmdir(cg) != nil; try++ {
-			unix.Kill(bg.PID, unix.SIGKILL)
+			unix.PidfdSendSignal(bgfd, unix.SIGKILL, nil, 0)
 			time.Sleep(25 * time.Millisecond)
 		}
 	})
