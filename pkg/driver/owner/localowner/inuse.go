@@ -46,6 +46,9 @@ func keepInUseOf(s Sandboxes, log *slog.Logger) Sandboxes {
 	return k
 }
 
+// Unwrap returns the wrapped lender.
+func (k *keepInUse) Unwrap() Sandboxes { return k.Sandboxes }
+
 type keepInUseRenewer struct {
 	*keepInUse
 	r Renewer

@@ -757,7 +757,7 @@ func (o *Owner) kill(ctx context.Context, ids ...string) map[string]error {
 			todo = append(todo, id)
 		}
 	}
-	if l, ok := o.opt.Sandboxes.(localSandboxes); ok && l.b.Isolation() == local.IsolationNamespace {
+	if l, ok := localOf(o.opt.Sandboxes); ok && l.b.Isolation() == local.IsolationNamespace {
 		if len(todo) == 0 {
 			return failed
 		}

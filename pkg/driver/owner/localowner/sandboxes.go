@@ -56,6 +56,22 @@ func Local(b *local.Backend) Sandboxes { return localSandboxes{b} }
 
 type localSandboxes struct{ b *local.Backend }
 
+// localOf returns the local backend's lender that s is, or wraps (the
+// owner wraps every lender it is given, New): the owner ends a local
+// sandbox's processes through the backend itself.
+func localOf(s Sandboxes) (localSandboxes, bool) {
+	for {
+		switch v := s.(type) {
+		case localSandboxes:
+			return v, true
+		case interface{ Unwrap() Sandboxes }:
+			s = v.Unwrap()
+		default:
+			return localSandboxes{}, false
+		}
+	}
+}
+
 func (l localSandboxes) Name() string { return l.b.Name() }
 
 func (l localSandboxes) Create(ctx context.Context, name string) (sandbox.Sandbox, error) {
@@ -153,7 +169,7 @@ func (o *Owner) KeepAlive(ctx context.Context, every, ttl time.Duration) {
 // carried in is left alone by ngsup. Other backends' sandboxes are not
 // this host's processes: nothing is done.
 func (o *Owner) EndUnowned(ctx context.Context) (int, error) {
-	l, ok := o.opt.Sandboxes.(localSandboxes)
+	l, ok := localOf(o.opt.Sandboxes)
 	if !ok {
 		return 0, nil
 	}
