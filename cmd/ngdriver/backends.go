@@ -1,11 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/config"
 	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
@@ -16,190 +15,232 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 )
 
-// duration reads "30s" in a backend's section.
-type duration time.Duration
-
-func (d *duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("want a duration like 30s, got %s", b)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil || v < 0 {
-		return fmt.Errorf("%q is not a duration like 30s", s)
-	}
-	*d = duration(v)
-	return nil
-}
-
-// openSandboxConfig is backends.opensandbox.
-type openSandboxConfig struct {
-	// Server is the lifecycle server, e.g. http://opensandbox:8080.
-	Server string `json:"server"`
-	// APIKey, or the environment variable APIKeyEnv (default
-	// OPEN_SANDBOX_API_KEY) holding it.
-	APIKey    string `json:"api_key"`
-	APIKeyEnv string `json:"api_key_env"`
-	Root      string `json:"root"`
-	Workdir   string `json:"workdir"`
-	UID       *int   `json:"uid"`
-	GID       *int   `json:"gid"`
-	// UseServerProxy asks for server-proxied execd endpoints.
-	UseServerProxy bool     `json:"use_server_proxy"`
-	RetryFor       duration `json:"retry_for"`
-	// For an owner lending OpenSandbox sandboxes.
-	Image          string            `json:"image"`
-	Entrypoint     []string          `json:"entrypoint"`
-	TTL            duration          `json:"ttl"`
-	ResourceLimits map[string]string `json:"resource_limits"`
-	Env            map[string]string `json:"env"`
-	Metadata       map[string]string `json:"metadata"`
-}
-
-// dockerConfig is backends.docker.
-type dockerConfig struct {
-	Binary  string   `json:"binary"`
-	Args    []string `json:"args"`
-	Env     []string `json:"env"`
-	User    string   `json:"user"`
-	Root    string   `json:"root"`
-	Workdir string   `json:"workdir"`
-	// For an owner lending containers.
-	Image              string   `json:"image"`
-	RunArgs            []string `json:"run_args"`
-	Command            []string `json:"command"`
-	SnapshotRepository string   `json:"snapshot_repository"`
-	// Owner names this owner on the images it commits (label
-	// io.ngharness.snapshot); it removes only unused images of its name.
-	Owner string `json:"owner"`
-}
-
-// kubectlConfig is backends.kubectl.
-type kubectlConfig struct {
-	Binary    string   `json:"binary"`
-	Args      []string `json:"args"`
-	Env       []string `json:"env"`
-	Namespace string   `json:"namespace"`
-	Container string   `json:"container"`
-	Root      string   `json:"root"`
-	Workdir   string   `json:"workdir"`
-	// For an owner lending pods.
-	Image         string   `json:"image"`
-	RunArgs       []string `json:"run_args"`
-	Command       []string `json:"command"`
-	ReadyTimeout  duration `json:"ready_timeout"`
-	SnapshotDir   string   `json:"snapshot_dir"`
-	SnapshotPaths []string `json:"snapshot_paths"`
-}
-
-func newOpenSandbox(section map[string]any) (*opensandbox.Backend, error) {
-	var c openSandboxConfig
-	if err := remarshal(section, &c); err != nil {
-		return nil, usagef("backends.opensandbox: %v", err)
-	}
-	if c.Server == "" {
-		return nil, usagef("backends.opensandbox.server is required (the lifecycle server, e.g. http://opensandbox:8080)")
-	}
-	key := c.APIKey
-	if key == "" {
-		env := c.APIKeyEnv
-		if env == "" {
-			env = "OPEN_SANDBOX_API_KEY"
+// backends is the one table of the sandbox backends built into ngdriver,
+// in the order help text lists them: adding one is a row here (and json
+// tags on its Options). The config's backends section is checked against
+// it (backendKinds), `ngdriver serve` builds every backend the config has
+// a section for (buildBackends), and `ngdriver owner serve --backend NAME`
+// lends sandboxes of one (buildLender).
+var backends = []backendRow{
+	localBackend(),
+	remoteOf(opensandbox.Name, newOpenSandbox, nil, "create, snapshot, renew and delete through the lifecycle server"),
+	remoteOf(docker.Name, docker.New, nil, "docker run, commit, rm"),
+	remoteOf(kubectl.Name, kubectl.New, func(o kubectl.Options) error {
+		if o.SnapshotDir == "" {
+			return usagef("backends.kubectl.snapshot_dir is required to lend pods (snapshots are tar files kept there)")
 		}
-		key = os.Getenv(env)
-	}
-	return opensandbox.New(opensandbox.Options{
-		Server: c.Server, APIKey: key, Root: c.Root, Workdir: c.Workdir, UID: c.UID, GID: c.GID,
-		UseServerProxy: c.UseServerProxy, RetryFor: time.Duration(c.RetryFor),
-		Image: c.Image, Entrypoint: c.Entrypoint, TTL: time.Duration(c.TTL),
-		ResourceLimits: c.ResourceLimits, Env: c.Env, Metadata: c.Metadata,
-	})
+		return nil
+	}, "kubectl run, tar snapshots kept in snapshot_dir, delete"),
 }
 
-func newDocker(section map[string]any) (*docker.Backend, error) {
-	var c dockerConfig
-	if err := remarshal(section, &c); err != nil {
-		return nil, usagef("backends.docker: %v", err)
-	}
-	return docker.New(docker.Options{
-		Binary: c.Binary, Args: c.Args, Env: c.Env, User: c.User, Root: c.Root, Workdir: c.Workdir,
-		Image: c.Image, RunArgs: c.RunArgs, Command: c.Command, SnapshotRepository: c.SnapshotRepository,
-		Owner: c.Owner,
-	})
+// backendRow is one sandbox backend: its name and what ngdriver does with
+// its section.
+type backendRow struct {
+	// name is its provider name: its section's key under backends, and
+	// the provider of the sandboxes an owner's descriptors name.
+	name string
+	// kind is what the config knows of its section.
+	kind config.BackendKind
+	// build makes the backend from its section, for `ngdriver serve`.
+	build func(section map[string]any) (sandbox.Backend, error)
+	// lend makes what `ngdriver owner serve --backend NAME` lends from
+	// its section, and what to call once the owner is done (nil: nothing).
+	lend func(section map[string]any, log *slog.Logger) (localowner.Sandboxes, func(), error)
+	// lends says, in owner serve's help, how an owner lends its sandboxes
+	// ("": the help's own text says it).
+	lends string
 }
 
-func newKubectl(section map[string]any) (*kubectl.Backend, error) {
-	var c kubectlConfig
-	if err := remarshal(section, &c); err != nil {
-		return nil, usagef("backends.kubectl: %v", err)
+// reader reads backend name's section into O, its options, with the one
+// section reader (config.DecodeSection) and kind's checks; an error is a
+// usage error naming the key.
+func reader[O any](name string, kind config.BackendKind) func(map[string]any) (O, error) {
+	return func(section map[string]any) (O, error) {
+		o, err := kind.Read(name, section)
+		if err != nil {
+			var zero O
+			return zero, usageError{err.Error()}
+		}
+		return *o.(*O), nil
 	}
-	return kubectl.New(kubectl.Options{
-		Binary: c.Binary, Args: c.Args, Env: c.Env, Namespace: c.Namespace, Container: c.Container,
-		Root: c.Root, Workdir: c.Workdir, Image: c.Image, RunArgs: c.RunArgs, Command: c.Command,
-		ReadyTimeout: time.Duration(c.ReadyTimeout), SnapshotDir: c.SnapshotDir, SnapshotPaths: c.SnapshotPaths,
-	})
 }
 
-// remoteBackend is a backend configured by a section of its own that can
-// both run the driver's commands and lend sandboxes to an owner.
+// remoteOf is the row of a backend reached through a remote provider,
+// whose section is read into O (its Options, or a struct embedding them)
+// and made into the backend by build. It lends sandboxes it creates from
+// its section's image; lend, when not nil, checks what else lending
+// needs, and lends says how it lends them (for help).
+func remoteOf[O any, B remoteBackend](name string, build func(O) (B, error), lend func(O) error, lends string) backendRow {
+	kind := config.KindOf[O](nil)
+	read := reader[O](name, kind)
+	return backendRow{
+		name:  name,
+		kind:  kind,
+		lends: lends,
+		build: func(section map[string]any) (sandbox.Backend, error) {
+			o, err := read(section)
+			if err != nil {
+				return nil, err
+			}
+			return build(o)
+		},
+		lend: func(section map[string]any, _ *slog.Logger) (localowner.Sandboxes, func(), error) {
+			o, err := read(section)
+			if err != nil {
+				return nil, nil, err
+			}
+			if img, _ := section["image"].(string); strings.TrimSpace(img) == "" {
+				return nil, nil, usagef("backends.%s.image is required to lend sandboxes", name)
+			}
+			if lend != nil {
+				if err := lend(o); err != nil {
+					return nil, nil, err
+				}
+			}
+			be, err := build(o)
+			if err != nil {
+				return nil, nil, err
+			}
+			return be, nil, nil
+		},
+	}
+}
+
+// remoteBackend is a backend that both runs the driver's commands and
+// lends sandboxes to an owner.
 type remoteBackend interface {
 	sandbox.Backend
 	localowner.Sandboxes
 }
 
-// remoteBackends is the one table of the backends beside local, in the
-// order they are listed: adding one touches only here (and its section in
-// config.Backends). lend, when set, checks what lending sandboxes needs
-// beyond running commands in them.
-var remoteBackends = []struct {
-	name    string
-	section func(config.Backends) map[string]any
-	build   func(map[string]any) (remoteBackend, error)
-	lend    func(map[string]any) error
-}{
-	{name: opensandbox.Name, section: func(b config.Backends) map[string]any { return b.OpenSandbox },
-		build: func(s map[string]any) (remoteBackend, error) { return newOpenSandbox(s) }},
-	{name: docker.Name, section: func(b config.Backends) map[string]any { return b.Docker },
-		build: func(s map[string]any) (remoteBackend, error) { return newDocker(s) }},
-	{name: kubectl.Name, section: func(b config.Backends) map[string]any { return b.Kubectl },
-		build: func(s map[string]any) (remoteBackend, error) { return newKubectl(s) },
-		lend: func(s map[string]any) error {
-			if dir, _ := s["snapshot_dir"].(string); dir == "" {
-				return usagef("backends.kubectl.snapshot_dir is required to lend pods (snapshots are tar files kept there)")
-			}
+// localSection is backends.local: the base folder and the backend's
+// Options.
+type localSection struct {
+	// Base is the folder holding the sandboxes and snapshots: the same
+	// one `ngdriver owner serve --base` lends them from.
+	Base string `json:"base"`
+	local.Options
+}
+
+// localBackend is the row of the local backend: folders under a base on
+// this machine. An owner lends them from its --base and --isolation
+// (ownerLocalSection), claiming the base (one owner per base) and
+// sweeping what a killed owner left half done.
+func localBackend() backendRow {
+	kind := config.KindOf(func(s *localSection) error {
+		switch s.Isolation {
+		case "", local.IsolationAuto, local.IsolationNamespace, local.IsolationNone:
 			return nil
-		}},
-}
-
-// backendNames lists local and every remote backend, for errors.
-func backendNames() string {
-	names := []string{"local"}
-	for _, rb := range remoteBackends {
-		names = append(names, rb.name)
+		}
+		return fmt.Errorf("isolation %q: want auto, namespace or none", s.Isolation)
+	})
+	read := reader[localSection](local.Name, kind)
+	return backendRow{
+		name: local.Name,
+		kind: kind,
+		build: func(section map[string]any) (sandbox.Backend, error) {
+			s, err := read(section)
+			if err != nil {
+				return nil, err
+			}
+			if s.Base == "" {
+				return nil, usagef("backends.local.base is required")
+			}
+			return local.New(s.Base, s.Options)
+		},
+		lend: func(section map[string]any, log *slog.Logger) (localowner.Sandboxes, func(), error) {
+			s, err := read(section)
+			if err != nil {
+				return nil, nil, err
+			}
+			backend, err := local.New(s.Base, s.Options)
+			if err != nil {
+				return nil, nil, err
+			}
+			release, err := backend.Claim()
+			if err != nil {
+				return nil, nil, err
+			}
+			sweep(log, backend)
+			return localowner.Local(backend), release, nil
+		},
 	}
-	return strings.Join(names, ", ")
 }
 
-// buildBackends makes every backend the config's backends section names,
-// by provider name.
+// openSandboxSection is backends.opensandbox: the backend's Options and
+// the environment variable holding the key when api_key is not given.
+type openSandboxSection struct {
+	opensandbox.Options
+	// APIKeyEnv names the variable holding the key (default
+	// OPEN_SANDBOX_API_KEY).
+	APIKeyEnv string `json:"api_key_env"`
+}
+
+func newOpenSandbox(s openSandboxSection) (*opensandbox.Backend, error) {
+	if s.Server == "" {
+		return nil, usagef("backends.opensandbox.server is required (the lifecycle server, e.g. http://opensandbox:8080)")
+	}
+	if s.APIKey == "" {
+		env := s.APIKeyEnv
+		if env == "" {
+			env = "OPEN_SANDBOX_API_KEY"
+		}
+		s.APIKey = os.Getenv(env)
+	}
+	return opensandbox.New(s.Options)
+}
+
+// backendKinds is what the config knows of the backends in the table.
+func backendKinds() config.BackendKinds {
+	k := config.BackendKinds{}
+	for _, b := range backends {
+		k[b.name] = b.kind
+	}
+	return k
+}
+
+// backendNames lists the backends of the table in its order, the last
+// after "or", for help text and errors.
+func backendNames() string {
+	names := make([]string, len(backends))
+	for i, b := range backends {
+		names[i] = b.name
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// lendsHelp is a line per backend of the table that says how an owner
+// lends its sandboxes, for owner serve's help.
+func lendsHelp() string {
+	var b strings.Builder
+	for _, row := range backends {
+		if row.lends != "" {
+			fmt.Fprintf(&b, "  %-12s %s\n", row.name, row.lends)
+		}
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+// backendRowOf is the table's row of backend name.
+func backendRowOf(name string) (backendRow, bool) {
+	for _, b := range backends {
+		if b.name == name {
+			return b, true
+		}
+	}
+	return backendRow{}, false
+}
+
+// buildBackends makes every backend the config's backends section has a
+// section for, by provider name.
 func buildBackends(b config.Backends) (map[string]sandbox.Backend, error) {
 	out := map[string]sandbox.Backend{}
-	if l := b.Local; l != nil {
-		if l.Base == "" {
-			return nil, usagef("backends.local.base is required")
-		}
-		lb, err := local.New(l.Base, local.Options{MountPoint: l.MountPoint, Isolation: l.Isolation})
-		if err != nil {
-			return nil, err
-		}
-		out[lb.Name()] = lb
-	}
-	for _, rb := range remoteBackends {
-		section := rb.section(b)
+	for _, row := range backends {
+		section := b[row.name]
 		if section == nil {
 			continue
 		}
-		be, err := rb.build(section)
+		be, err := row.build(section)
 		if err != nil {
 			return nil, err
 		}
@@ -211,30 +252,16 @@ func buildBackends(b config.Backends) (map[string]sandbox.Backend, error) {
 	return out, nil
 }
 
-// buildLender makes the backend an owner lends sandboxes of: the section
-// of the backends config named name (a remote backend).
-func buildLender(b config.Backends, name string) (localowner.Sandboxes, error) {
-	for _, rb := range remoteBackends {
-		if rb.name != name {
-			continue
-		}
-		section := rb.section(b)
-		if section == nil {
-			return nil, usagef("--backend %s: the config has no backends.%s section", name, name)
-		}
-		if img, _ := section["image"].(string); strings.TrimSpace(img) == "" {
-			return nil, usagef("backends.%s.image is required to lend sandboxes", name)
-		}
-		be, err := rb.build(section)
-		if err != nil {
-			return nil, err
-		}
-		if rb.lend != nil {
-			if err := rb.lend(section); err != nil {
-				return nil, err
-			}
-		}
-		return be, nil
+// buildLender makes what an owner lends sandboxes of: backend name, from
+// its section (nil: the config has none), and what to call once the owner
+// is done (nil: nothing).
+func buildLender(name string, section map[string]any, log *slog.Logger) (localowner.Sandboxes, func(), error) {
+	row, ok := backendRowOf(name)
+	if !ok {
+		return nil, nil, usagef("--backend %q: want one of %s", name, backendNames())
 	}
-	return nil, usagef("--backend %q: want one of %s", name, backendNames())
+	if section == nil {
+		return nil, nil, usagef("--backend %s: the config has no backends.%s section", name, name)
+	}
+	return row.lend(section, log)
 }

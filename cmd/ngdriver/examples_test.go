@@ -129,34 +129,19 @@ func loaded(t *testing.T, cfg config.Config) map[string]any {
 // does, by key.
 func decodedBackends(b config.Backends) (map[string]any, error) {
 	out := map[string]any{}
-	if b.Local != nil {
-		out["local"] = byKey(reflect.ValueOf(*b.Local))
-	}
-	for _, rb := range remoteBackends {
-		section := rb.section(b)
-		if section == nil {
-			continue
-		}
-		var c any
-		switch rb.name {
-		case "opensandbox":
-			c = &openSandboxConfig{}
-		case "docker":
-			c = &dockerConfig{}
-		case "kubectl":
-			c = &kubectlConfig{}
-		}
-		if err := remarshal(section, c); err != nil {
+	for name, section := range b {
+		o, err := backendKinds().Read(name, section)
+		if err != nil {
 			return nil, err
 		}
-		out[rb.name] = byKey(reflect.ValueOf(c))
+		out[name] = byKey(reflect.ValueOf(o))
 	}
 	return out, nil
 }
 
 // decodeAdapterSection reads an adapter's section as its build does.
 func decodeAdapterSection(section map[string]any, opt any, name string) error {
-	return remarshal(section, opt)
+	return config.DecodeSection(section, opt, name)
 }
 
 // byKey is v as the keys a file writes name it: a struct's fields by

@@ -84,16 +84,14 @@ committed to still holds the manifest naming it, and goes at the next commit
 once none does. At start, the owner removes what a killed owner left half
 done under --base (partial snapshot or fork copies, half-deleted folders).
 
-With --backend opensandbox, docker or kubectl it lends sandboxes of that
-backend instead, made from the image that section of the --config file's
-backends names (OpenSandbox: create and snapshot through the lifecycle
-server, renewing the expiration of open sessions' sandboxes; docker: run,
-commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).`,
+With another --backend it lends sandboxes of that backend instead, made from
+the image its section of the --config file's backends names:
+` + lendsHelp(),
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usagef("owner serve takes no arguments, got %q", args)
 			}
-			if backendName != "local" {
+			if backendName != local.Name {
 				if cfgPath == "" {
 					return usagef("--backend %s needs --config (its backends.%s section)", backendName, backendName)
 				}
@@ -106,30 +104,25 @@ commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).`,
 		},
 		RunE: func(c *cobra.Command, args []string) error {
 			log := logger(logFormat, false).With("owner", "local")
-			var lender localowner.Sandboxes
-			if backendName == "local" {
-				backend, err := local.New(base, local.Options{Isolation: isolation})
-				if err != nil {
-					return err
-				}
-				release, err := backend.Claim()
-				if err != nil {
-					return err
-				}
-				defer release()
-				sweep(log, backend)
-				lender = localowner.Local(backend)
-			} else {
+			// The local backend's section is the flags: --base and
+			// --isolation; every other backend's is the config's.
+			section := map[string]any{"base": base, "isolation": isolation}
+			if backendName != local.Name {
 				cfg, err := config.Load(cfgPath, builtIn())
 				if err != nil {
 					return usageError{err.Error()}
 				}
-				if lender, err = buildLender(cfg.Backends, backendName); err != nil {
-					return err
-				}
+				section = cfg.Backends[backendName]
+			}
+			lender, release, err := buildLender(backendName, section, log)
+			if err != nil {
+				return err
+			}
+			if release != nil {
+				defer release()
 			}
 			if !c.Flags().Changed("keep-failed-sandboxes") {
-				keepFailed = backendName == "local"
+				keepFailed = backendName == local.Name
 			}
 			if c.Flags().Changed("remove-unused") && !removeUnused {
 				keepSandboxes = true
@@ -198,7 +191,7 @@ commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).`,
 	fl := serveCmd.Flags()
 	fl.StringVar(&listen, "listen", defaultOwnerListen, "address to serve on (host:port; a host of 0.0.0.0 or none serves every interface)")
 	fl.StringVar(&base, "base", "", "folder holding the sandboxes and snapshots (absolute; --backend local)")
-	fl.StringVar(&backendName, "backend", "local", "the backend whose sandboxes are lent: local, opensandbox, docker or kubectl")
+	fl.StringVar(&backendName, "backend", local.Name, "the backend whose sandboxes are lent: "+backendNames())
 	fl.StringVar(&cfgPath, "config", "", "the YAML config whose backends section configures --backend (not local)")
 	fl.BoolVar(&keepSandboxes, "keep-sandboxes", false, "keep every session's sandbox after the session ends (default: removed at its verify or close, once its processes are ended)")
 	fl.BoolVar(&keepFailed, "keep-failed-sandboxes", false, "keep the sandbox of a session closed without a verdict, for inspection (default true with --backend local, false otherwise)")
@@ -244,19 +237,4 @@ func endUnowned(ctx context.Context, own *localowner.Owner, log *slog.Logger) {
 	} else if n > 0 {
 		log.Info("ended what a deployment that died left running in the sandboxes of this base", "ended", n)
 	}
-}
-
-// remarshal copies a decoded YAML map into a typed struct, rejecting
-// unknown fields.
-func remarshal(in map[string]any, out any) error {
-	if len(in) == 0 {
-		return nil
-	}
-	data, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	dec := json.NewDecoder(strings.NewReader(string(data)))
-	dec.DisallowUnknownFields()
-	return dec.Decode(out)
 }

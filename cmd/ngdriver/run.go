@@ -93,7 +93,7 @@ checkpoint, if it was committed, is never opened and is the one restored.`,
 	fl.StringVar(&f.task, "task", "count to the end, one step at a time", "the task text given to the harness")
 	fl.StringVar(&f.check, "check", "", "shell command the owner runs in the workdir to verify (exit 0 = reward 1); default: every step is in ./progress")
 	fl.StringVar(&f.rollout, "rollout-id", "", "the rollout id (default: a new one, run-<time>-<random>, printed in the log)")
-	fl.StringVar(&f.adapter, "adapter", "fake", "the harness adapter: "+builtIn().Names())
+	fl.StringVar(&f.adapter, "adapter", "fake", "the harness adapter: "+builtIn().Adapters.Names())
 	fl.StringVar(&f.harnessBin, "harness-bin", "", "the harness binary as the sandbox sees it (fills the adapter's binary key: "+binaryKeys()+")")
 	fl.StringVar(&f.harnessBin, "opencode", "", "the same as --harness-bin (its name from when opencode was the only harness)")
 	fl.StringVar(&f.modelURL, "model-url", "", "the model server's base URL, without /v1 (the adapter's model_url)")
@@ -131,7 +131,7 @@ func binaryKeys() string {
 func runSection(f runFlags) (map[string]any, error) {
 	a, ok := adapters[f.adapter]
 	if !ok {
-		return nil, usagef("--adapter %q is not built into this ngdriver (it has %s)", f.adapter, builtIn().Names())
+		return nil, usagef("--adapter %q is not built into this ngdriver (it has %s)", f.adapter, builtIn().Adapters.Names())
 	}
 	sec := map[string]any{}
 	if f.harnessBin != "" {

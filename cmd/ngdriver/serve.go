@@ -207,16 +207,16 @@ type adapterEntry struct {
 var adapters = map[string]adapterEntry{
 	"fake": {build: func(section map[string]any, cfg config.Config) (driver.Adapter, error) {
 		a := &fake.Adapter{Pause: true}
-		if err := remarshal(section, &a.Defaults); err != nil {
-			return nil, usagef("fake: %v", err)
+		if err := config.DecodeSection(section, &a.Defaults, "fake"); err != nil {
+			return nil, usageError{err.Error()}
 		}
 		return a, nil
 	}},
 	"opencode": {keys: config.AdapterKeys{Binary: "opencode", Model: true},
 		build: func(section map[string]any, cfg config.Config) (driver.Adapter, error) {
 			var opt opencode.Options
-			if err := remarshal(section, &opt); err != nil {
-				return nil, usagef("opencode: %v", err)
+			if err := config.DecodeSection(section, &opt, "opencode"); err != nil {
+				return nil, usageError{err.Error()}
 			}
 			opt.ResumeBinaries = launch.FindBinaries(cfg.NgsupDir, "ngresume")
 			if len(opt.ResumeBinaries) == 0 {
@@ -229,13 +229,14 @@ var adapters = map[string]adapterEntry{
 }
 
 // fromSection is the build of an adapter whose options are its section:
-// the section is read into O strictly (an unknown key is an error naming
-// it), then newAdapter makes the adapter.
+// the section is read into O by the one section reader
+// (config.DecodeSection: an unknown key is an error naming it), then
+// newAdapter makes the adapter.
 func fromSection[O any, A driver.Adapter](name string, newAdapter func(O) (A, error)) func(map[string]any, config.Config) (driver.Adapter, error) {
 	return func(section map[string]any, _ config.Config) (driver.Adapter, error) {
 		var opt O
-		if err := remarshal(section, &opt); err != nil {
-			return nil, usagef("%s: %v", name, err)
+		if err := config.DecodeSection(section, &opt, name); err != nil {
+			return nil, usageError{err.Error()}
 		}
 		return built(newAdapter(opt))
 	}
@@ -250,11 +251,12 @@ func built[A driver.Adapter](a A, err error) (driver.Adapter, error) {
 	return a, nil
 }
 
-// builtIn is what the config knows of the adapters in the table.
-func builtIn() config.Adapters {
-	k := config.Adapters{}
+// builtIn is what the config knows of the adapters and backends in the
+// tables.
+func builtIn() config.Known {
+	k := config.Known{Adapters: config.Adapters{}, Backends: backendKinds()}
 	for name, a := range adapters {
-		k[name] = a.keys
+		k.Adapters[name] = a.keys
 	}
 	return k
 }
@@ -262,7 +264,7 @@ func builtIn() config.Adapters {
 func buildAdapter(cfg config.Config) (driver.Adapter, error) {
 	a, ok := adapters[cfg.Adapter]
 	if !ok {
-		return nil, usagef("adapter %q is not built into this ngdriver (it has %s)", cfg.Adapter, builtIn().Names())
+		return nil, usagef("adapter %q is not built into this ngdriver (it has %s)", cfg.Adapter, builtIn().Adapters.Names())
 	}
 	return a.build(cfg.Sections[cfg.Adapter], cfg)
 }

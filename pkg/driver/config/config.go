@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -51,7 +52,8 @@ type Config struct {
 	LogFormat string `yaml:"log_format"`
 	// Owner is how to reach the sandbox owner.
 	Owner Owner `yaml:"owner"`
-	// Backends configures the sandbox backends.
+	// Backends configures the sandbox backends: each one's section by
+	// its name.
 	Backends Backends `yaml:"backends"`
 	// Sections holds each adapter's own settings, by the adapter's name:
 	// a top-level key that is none of the fields above (`fake:`,
@@ -130,19 +132,112 @@ type Owner struct {
 	Retries       int      `yaml:"retries"`
 }
 
-// Backends holds each backend's settings.
-type Backends struct {
-	Local       *Local         `yaml:"local"`
-	OpenSandbox map[string]any `yaml:"opensandbox"`
-	Docker      map[string]any `yaml:"docker"`
-	Kubectl     map[string]any `yaml:"kubectl"`
+// Backends holds each sandbox backend's section, by the backend's name
+// (its provider name: `local:`, `docker:`, ...). A name must be one of
+// the backends built in (Known.Backends), and a section is read into that
+// backend's options by DecodeSection. A section that is null is none.
+type Backends map[string]map[string]any
+
+// Known is what the configuration knows of what is built into an
+// ngdriver: the adapters and the sandbox backends, each by name. The
+// tables themselves are cmd/ngdriver's (adapters.go, backends.go); a file
+// is checked against them.
+type Known struct {
+	Adapters Adapters
+	Backends BackendKinds
 }
 
-// Local configures the local backend.
-type Local struct {
-	Base       string `yaml:"base"`
-	MountPoint string `yaml:"mount_point"`
-	Isolation  string `yaml:"isolation"`
+// BackendKinds is what the configuration knows of the sandbox backends
+// built in, by name: the section each takes.
+type BackendKinds map[string]BackendKind
+
+// BackendKind is one backend's section: the options it is read into and
+// the values checked before anything is built. Make one with KindOf.
+type BackendKind struct {
+	// options makes a new pointer to what the section is read into.
+	options func() any
+	// check checks the values of a section read into options.
+	check func(any) error
+}
+
+// KindOf is the kind of a backend whose section is read into O (its
+// Options, or a struct embedding them with the keys only a file has):
+// O's json tags are the section's keys. check, when not nil, refuses the
+// values a file could get wrong beyond their type (a choice among names),
+// before anything is built; its error starts with the key it is about
+// (`isolation "chroot": want ...`), which Read puts after the section's
+// path.
+func KindOf[O any](check func(*O) error) BackendKind {
+	return BackendKind{
+		options: func() any { return new(O) },
+		check: func(o any) error {
+			if check == nil {
+				return nil
+			}
+			return check(o.(*O))
+		},
+	}
+}
+
+// Names lists the backends, sorted and comma-separated, for messages.
+func (k BackendKinds) Names() string {
+	return strings.Join(slices.Sorted(maps.Keys(k)), ", ")
+}
+
+// Read reads section, the section of backend name, into a new value of
+// its options and checks it: a *O when the kind is KindOf[O].
+func (k BackendKinds) Read(name string, section map[string]any) (any, error) {
+	kind, ok := k[name]
+	if !ok {
+		return nil, fmt.Errorf("backends.%s: no backend of that name is built in (it has %s)", name, k.Names())
+	}
+	return kind.Read(name, section)
+}
+
+// Read reads section, the section of backend name (its key under
+// backends), into a new value of the kind's options with DecodeSection
+// and checks it: a *O when the kind is KindOf[O].
+func (k BackendKind) Read(name string, section map[string]any) (any, error) {
+	o := k.options()
+	if err := DecodeSection(section, o, "backends."+name); err != nil {
+		return nil, err
+	}
+	if err := k.check(o); err != nil {
+		return nil, fmt.Errorf("backends.%s.%w", name, err)
+	}
+	return o, nil
+}
+
+// CheckSections checks the backends key of n, the mapping at the top of a
+// config: each key under it must name a backend in k and hold a mapping
+// (or null) of keys its options take. at prefixes the keys named in errors
+// ("" at a file's top).
+func (k BackendKinds) CheckSections(n *yaml.Node, at string) error {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value != "backends" || n.Content[i+1].Kind != yaml.MappingNode {
+			continue
+		}
+		b := n.Content[i+1]
+		for j := 0; j+1 < len(b.Content); j += 2 {
+			key, v := b.Content[j], b.Content[j+1]
+			kind, ok := k[key.Value]
+			switch {
+			case !ok:
+				return fmt.Errorf("line %d: %sbackends.%s: unknown backend (built in: %s)", key.Line, at, key.Value, k.Names())
+			case v.Tag == "!!null":
+			case v.Kind != yaml.MappingNode:
+				return fmt.Errorf("line %d: %sbackends.%s: want a mapping (the %s backend's settings)", v.Line, at, key.Value, key.Value)
+			default:
+				if err := checkSectionKeys(v, reflect.TypeOf(kind.options()).Elem(), at+"backends."+key.Value); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // Duration is a time.Duration written as "10s" in YAML.
@@ -181,9 +276,9 @@ func Default() Config {
 	}
 }
 
-// Load reads path over the defaults; known are the adapters built in.
-// Unknown keys are an error naming them.
-func Load(path string, known Adapters) (Config, error) {
+// Load reads path over the defaults; known is what is built in. Unknown
+// keys are an error naming them.
+func Load(path string, known Known) (Config, error) {
 	cfg := Default()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -196,14 +291,18 @@ func Load(path string, known Adapters) (Config, error) {
 }
 
 // Parse reads YAML into cfg strictly: a key that is neither a setting nor
-// the section of an adapter in known is an error naming it.
-func Parse(data []byte, cfg *Config, known Adapters) error {
+// the section of an adapter in known, a backend not in known or a key its
+// section does not take is an error naming it.
+func Parse(data []byte, cfg *Config, known Known) error {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return oneLine(err)
 	}
 	if len(doc.Content) > 0 {
-		if err := known.CheckSections(doc.Content[0], ""); err != nil {
+		if err := known.Adapters.CheckSections(doc.Content[0], ""); err != nil {
+			return err
+		}
+		if err := known.Backends.CheckSections(doc.Content[0], ""); err != nil {
 			return err
 		}
 	}
@@ -222,15 +321,20 @@ func oneLine(err error) error {
 	return errors.New(strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", "; ")), " "))
 }
 
-// Validate checks values a file could get wrong; known are the adapters
-// built in.
-func (c *Config) Validate(known Adapters) error {
-	if _, ok := known[c.Adapter]; !ok {
-		return fmt.Errorf("adapter %q is not built into this ngdriver (it has %s)", c.Adapter, known.Names())
+// Validate checks values a file could get wrong; known is what is built
+// in. Each backend's section is read into its options and checked.
+func (c *Config) Validate(known Known) error {
+	if _, ok := known.Adapters[c.Adapter]; !ok {
+		return fmt.Errorf("adapter %q is not built into this ngdriver (it has %s)", c.Adapter, known.Adapters.Names())
 	}
 	for name := range c.Sections {
-		if _, ok := known[name]; !ok {
-			return fmt.Errorf("%s: no adapter of that name is built in (it has %s)", name, known.Names())
+		if _, ok := known.Adapters[name]; !ok {
+			return fmt.Errorf("%s: no adapter of that name is built in (it has %s)", name, known.Adapters.Names())
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Backends)) {
+		if _, err := known.Backends.Read(name, c.Backends[name]); err != nil {
+			return err
 		}
 	}
 	switch c.LogFormat {
@@ -240,13 +344,6 @@ func (c *Config) Validate(known Adapters) error {
 	}
 	if c.MaxRuns < 0 {
 		return fmt.Errorf("max_runs %d is negative", c.MaxRuns)
-	}
-	if c.Backends.Local != nil {
-		switch c.Backends.Local.Isolation {
-		case "", "auto", "namespace", "none":
-		default:
-			return fmt.Errorf("backends.local.isolation %q: want auto, namespace or none", c.Backends.Local.Isolation)
-		}
 	}
 	return nil
 }

@@ -7,8 +7,18 @@ import (
 	"time"
 )
 
-// builtIn stands for the adapter table of cmd/ngdriver.
-var builtIn = Adapters{"fake": {}, "opencode": {Binary: "opencode", Model: true}, "codex": {Binary: "codex", Model: true}}
+// builtIn stands for the adapter and backend tables of cmd/ngdriver.
+var builtIn = Known{
+	Adapters: Adapters{"fake": {}, "opencode": {Binary: "opencode", Model: true}, "codex": {Binary: "codex", Model: true}},
+	Backends: BackendKinds{"local": KindOf[localSection](nil)},
+}
+
+// localSection stands for the local backend's section.
+type localSection struct {
+	Base       string `json:"base"`
+	MountPoint string `json:"mount_point"`
+	Isolation  string `json:"isolation"`
+}
 
 // TestExampleLoads: examples/ngdriver.yaml, every key documented there,
 // is a valid config (lease_grace included).
@@ -59,11 +69,11 @@ codex:
 		t.Errorf("adapter %q, sections %v", cfg.Adapter, cfg.Sections)
 	}
 	withClaude := Adapters{"claude": {Binary: "claude", Model: true}}
-	for n, k := range builtIn {
+	for n, k := range builtIn.Adapters {
 		withClaude[n] = k
 	}
 	cfg = Default()
-	if err := Parse([]byte("adapter: claude\nclaude:\n  claude: /opt/claude\n"), &cfg, withClaude); err != nil ||
+	if err := Parse([]byte("adapter: claude\nclaude:\n  claude: /opt/claude\n"), &cfg, Known{Adapters: withClaude}); err != nil ||
 		cfg.Sections["claude"]["claude"] != "/opt/claude" {
 		t.Errorf("a fifth adapter's section: %v, %v", cfg.Sections, err)
 	}

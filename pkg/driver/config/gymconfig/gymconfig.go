@@ -114,9 +114,9 @@ type Settings struct {
 	Ignored []string
 }
 
-// Load reads a Gym config document from a file; known are the adapters
-// built in.
-func Load(path, instance string, known config.Adapters) (*Settings, error) {
+// Load reads a Gym config document from a file; known is what is built
+// in.
+func Load(path, instance string, known config.Known) (*Settings, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read gym config: %w", err)
@@ -130,7 +130,7 @@ func Load(path, instance string, known config.Adapters) (*Settings, error) {
 
 // FromEnv reads the config Gym's launcher passed in NEMO_GYM_CONFIG_DICT;
 // ok is false when the variable is not set.
-func FromEnv(instance string, known config.Adapters) (s *Settings, ok bool, err error) {
+func FromEnv(instance string, known config.Known) (s *Settings, ok bool, err error) {
 	data, ok := os.LookupEnv(EnvConfigDict)
 	if !ok {
 		return nil, false, nil
@@ -144,9 +144,9 @@ func FromEnv(instance string, known config.Adapters) (s *Settings, ok bool, err 
 
 // Parse reads a whole Gym config document and maps this server's entry.
 // instance names the entry; empty means $NEMO_GYM_CONFIG_PATH, else the
-// only agent entry holding an ngdriver block. known are the adapters built
-// in: the names the block's adapter may take and its sections.
-func Parse(data []byte, instance string, known config.Adapters) (*Settings, error) {
+// only agent entry holding an ngdriver block. known is what is built in:
+// the names the block's adapter may take, its sections and its backends.
+func Parse(data []byte, instance string, known config.Known) (*Settings, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, errors.New(oneLine(strings.TrimPrefix(err.Error(), "yaml: ")))
@@ -171,10 +171,10 @@ func Parse(data []byte, instance string, known config.Adapters) (*Settings, erro
 	return g.settings(instance)
 }
 
-// gym is a parsed document, and the adapters built in.
+// gym is a parsed document, and what is built in.
 type gym struct {
 	root  *yaml.Node
-	known config.Adapters
+	known config.Known
 }
 
 // soleNgdriverAgent is the one agent entry that has an ngdriver block.
@@ -300,7 +300,10 @@ func (g *gym) decodeOurs(n *yaml.Node, cfg *config.Config, at string) error {
 	if owner := lookup(n, "owner"); owner != nil && lookup(owner, "url") != nil {
 		return fmt.Errorf("line %d: %s.owner.url: set by resources_server in a Gym config; remove it", owner.Line, at)
 	}
-	if err := g.known.CheckSections(n, at+"."); err != nil {
+	if err := g.known.Adapters.CheckSections(n, at+"."); err != nil {
+		return err
+	}
+	if err := g.known.Backends.CheckSections(n, at+"."); err != nil {
 		return err
 	}
 	if err := checkKeys(n, reflect.TypeFor[config.Config](), at); err != nil {
@@ -450,7 +453,7 @@ func Servers(data []byte) ([]Server, error) {
 // block's section says wins.
 func (g *gym) adapterSection(server *yaml.Node, s *Settings, used map[string]bool, at string) error {
 	cfg := &s.Config
-	keys, ok := g.known[cfg.Adapter]
+	keys, ok := g.known.Adapters[cfg.Adapter]
 	if !ok {
 		return nil // Validate names it
 	}

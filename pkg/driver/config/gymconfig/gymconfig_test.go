@@ -14,8 +14,15 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/config"
 )
 
-// known stands for the adapter table of cmd/ngdriver.
-var known = config.Adapters{"fake": {}, "opencode": {Binary: "opencode", Model: true}, "codex": {Binary: "codex", Model: true}}
+// known stands for the adapter and backend tables of cmd/ngdriver.
+var known = config.Known{
+	Adapters: config.Adapters{"fake": {}, "opencode": {Binary: "opencode", Model: true}, "codex": {Binary: "codex", Model: true}},
+	Backends: config.BackendKinds{"local": config.KindOf[struct {
+		Base       string `json:"base"`
+		MountPoint string `json:"mount_point"`
+		Isolation  string `json:"isolation"`
+	}](nil)},
+}
 
 func fixture(t *testing.T) string {
 	t.Helper()
@@ -58,7 +65,7 @@ func TestParseLauncherDict(t *testing.T) {
 		{"stop grace", c.StopGrace.D(), 5 * time.Second},
 		{"verify timeout", c.Owner.VerifyTimeout.D(), 10 * time.Minute},
 		{"owner timeout (default)", c.Owner.Timeout.D(), 60 * time.Second},
-		{"local base", c.Backends.Local.Base, "/var/tmp/ngharness-local"},
+		{"local base", c.Backends["local"]["base"], "/var/tmp/ngharness-local"},
 		{"opencode model_url", c.Sections["opencode"]["model_url"], "http://127.0.0.1:14012"},
 		{"opencode model (interpolated)", c.Sections["opencode"]["model"], "nemotron-super"},
 		{"opencode binary", c.Sections["opencode"]["opencode"], "/usr/local/bin/opencode"},
@@ -326,7 +333,7 @@ func TestModelServerToSelectedAdapter(t *testing.T) {
 	}
 
 	withClaude := config.Adapters{"claude": {Binary: "claude", Model: true}}
-	s, err = Parse([]byte(withAdapter(t, "claude", "")), "ngdriver_agent", withClaude)
+	s, err = Parse([]byte(withAdapter(t, "claude", "")), "ngdriver_agent", config.Known{Adapters: withClaude, Backends: known.Backends})
 	if err != nil || s.Config.Sections["claude"]["model_url"] != "http://127.0.0.1:14012" {
 		t.Errorf("a fifth adapter: %v, %v", s, err)
 	}

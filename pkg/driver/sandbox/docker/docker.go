@@ -52,39 +52,40 @@ const (
 	SnapshotLabel = "io.ngharness.snapshot"
 )
 
-// Options configure a Backend.
+// Options configure a Backend. The json tags are the keys of its section
+// of ngdriver's config (backends.docker, read by config.DecodeSection).
 type Options struct {
 	// Binary is the docker client (default "docker", found on PATH).
-	Binary string
+	Binary string `json:"binary"`
 	// Args go before every command (e.g. --context remote, -H ssh://host).
-	Args []string
+	Args []string `json:"args"`
 	// Env is added to the client's environment (e.g. DOCKER_HOST=...).
-	Env []string
+	Env []string `json:"env"`
 	// User runs every command as this user (docker exec -u).
-	User string
+	User string `json:"user"`
 	// Root is where ngharness keeps its files in every container (default
 	// /var/lib/ngharness); it must be in the container's filesystem (not
 	// a volume) for a snapshot to keep it.
-	Root string
+	Root string `json:"root"`
 	// Workdir is the task's folder when a descriptor names none (default
 	// /workspace).
-	Workdir string
+	Workdir string `json:"workdir"`
 
 	// What an owner's containers are made of.
 
 	// Image is a new container's image (Create).
-	Image string
+	Image string `json:"image"`
 	// RunArgs are added to `docker run` (e.g. --network none, --memory 4g).
-	RunArgs []string
+	RunArgs []string `json:"run_args"`
 	// Command keeps a container running (default sleep infinity).
-	Command []string
+	Command []string `json:"command"`
 	// SnapshotRepository names the images snapshots are committed to
 	// (default ngharness-snapshot): a snapshot is REPOSITORY:NAME.
-	SnapshotRepository string
+	SnapshotRepository string `json:"snapshot_repository"`
 	// Owner names this owner in the label SnapshotLabel=OWNER of every
 	// image it commits; it removes only unused images of its own name
 	// (default: the SnapshotRepository).
-	Owner string
+	Owner string `json:"owner"`
 }
 
 // Backend reaches containers through the docker client. Its methods are

@@ -53,45 +53,46 @@ const (
 	Label = "app.kubernetes.io/managed-by=ngharness"
 )
 
-// Options configure a Backend.
+// Options configure a Backend. The json tags are the keys of its section
+// of ngdriver's config (backends.kubectl, read by config.DecodeSection).
 type Options struct {
 	// Binary is kubectl (default "kubectl", found on PATH).
-	Binary string
+	Binary string `json:"binary"`
 	// Args go before every command (e.g. --context NAME, --kubeconfig F).
-	Args []string
+	Args []string `json:"args"`
 	// Env is added to kubectl's environment (e.g. KUBECONFIG=...).
-	Env []string
+	Env []string `json:"env"`
 	// Namespace is the namespace of a sandbox id without one (default
 	// "default") and of the pods the backend creates.
-	Namespace string
+	Namespace string `json:"namespace"`
 	// Container is the container of a sandbox id without one ("": the
 	// pod's default container).
-	Container string
+	Container string `json:"container"`
 	// Root is where ngharness keeps its files in every pod (default
 	// /var/lib/ngharness).
-	Root string
+	Root string `json:"root"`
 	// Workdir is the task's folder when a descriptor names none (default
 	// /workspace).
-	Workdir string
+	Workdir string `json:"workdir"`
 
 	// What an owner's pods are made of.
 
 	// Image is a new pod's image (Create).
-	Image string
+	Image string `json:"image"`
 	// RunArgs are added to `kubectl run` (e.g. --overrides=JSON with
 	// resources, --labels=...).
-	RunArgs []string
+	RunArgs []string `json:"run_args"`
 	// Command keeps a pod running (default sleep infinity).
-	Command []string
+	Command []string `json:"command"`
 	// ReadyTimeout bounds the wait for a new pod to be Ready (default 5
 	// min).
-	ReadyTimeout time.Duration
+	ReadyTimeout time.Duration `json:"ready_timeout"`
 	// SnapshotDir is the folder on this machine holding snapshots (tar
 	// files). Required to snapshot.
-	SnapshotDir string
+	SnapshotDir string `json:"snapshot_dir"`
 	// SnapshotPaths are the folders a snapshot keeps (default the root and
 	// the workdir).
-	SnapshotPaths []string
+	SnapshotPaths []string `json:"snapshot_paths"`
 }
 
 // Backend reaches pods through kubectl. Its methods are safe for

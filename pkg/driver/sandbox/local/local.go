@@ -33,6 +33,9 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
+// Name is the backend's provider name.
+const Name = "local"
+
 // Isolation modes of Options.Isolation.
 const (
 	// IsolationAuto uses a mount namespace per exec when running as root and
@@ -78,22 +81,24 @@ var ErrBaseInUse = errors.New("the base folder is in use by another owner")
 // under the file name limit.
 const maxIDLen = 160
 
-// Options configure a Backend.
+// Options configure a Backend. The json tags are the keys of its section
+// of ngdriver's config (backends.local, read by config.DecodeSection),
+// beside base, the folder New takes.
 type Options struct {
 	// MountPoint is the fixed path at which every sandbox's folder appears
 	// inside it (default "/sandbox"). Absolute, not "/", and neither inside
 	// the base folder nor above it. Unused without namespace isolation.
-	MountPoint string
+	MountPoint string `json:"mount_point"`
 	// Isolation: "auto" (default: a mount namespace per sandbox when running
 	// as root and unshare works), "namespace" (required; error if
 	// unavailable), "none" (no namespace: the sandbox's paths are its host
 	// folder's paths).
-	Isolation string
+	Isolation string `json:"isolation"`
 	// Env is the base environment of every command: it is laid over the
 	// defaults (PATH from the host, HOME=<mountpoint>/home, LANG=C.UTF-8),
 	// an entry here replacing the default of the same name. The driver's own
 	// environment is never passed on.
-	Env map[string]string
+	Env map[string]string `json:"-"`
 }
 
 // Backend keeps sandboxes in folders under its base folder. Its methods
@@ -234,7 +239,7 @@ func within(p, dir string) bool {
 }
 
 // Name is the provider name descriptors use: "local".
-func (b *Backend) Name() string { return "local" }
+func (b *Backend) Name() string { return Name }
 
 // Isolation is the isolation in effect: "namespace" or "none".
 func (b *Backend) Isolation() string { return b.isolation }

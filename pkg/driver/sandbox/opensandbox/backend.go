@@ -64,50 +64,55 @@ const (
 	DefaultTTL = time.Hour
 )
 
-// Options configure a Backend.
+// Options configure a Backend. The json tags are the keys of its section
+// of ngdriver's config (backends.opensandbox, read by
+// config.DecodeSection), beside api_key_env, the variable holding the key
+// when api_key is not given; what only a program sets (HTTP, Poll,
+// MaxOutput) is no key.
 type Options struct {
 	// Server is the lifecycle server's URL (e.g. http://opensandbox:8080).
-	Server string
+	Server string `json:"server"`
 	// APIKey is sent in OPEN-SANDBOX-API-KEY.
-	APIKey string
+	APIKey string `json:"api_key"`
 	// Root is where ngharness keeps its files in every sandbox (default
 	// /var/lib/ngharness); it must be on the filesystem a snapshot keeps.
-	Root string
+	Root string `json:"root"`
 	// Workdir is the task's working folder when a descriptor names none
 	// (default /workspace).
-	Workdir string
+	Workdir string `json:"workdir"`
 	// UID and GID, if set, run every command as that user.
-	UID, GID *int
+	UID *int `json:"uid"`
+	GID *int `json:"gid"`
 	// RetryFor bounds the retries of a request that could not be sent
 	// (default 30 s).
-	RetryFor time.Duration
+	RetryFor time.Duration `json:"retry_for"`
 	// UseServerProxy asks the endpoint lookup for a server-proxied URL.
-	UseServerProxy bool
+	UseServerProxy bool `json:"use_server_proxy"`
 	// HTTP is the client of both the lifecycle server and execd (nil: a
 	// client of its own).
-	HTTP *http.Client
+	HTTP *http.Client `json:"-"`
 	// Poll is the interval of the lifecycle polls (default 500 ms).
-	Poll time.Duration
+	Poll time.Duration `json:"-"`
 	// MaxOutput bounds the stdout, and the stderr, an Exec reads back
 	// (default DefaultMaxOutput); a command that wrote more is an error
 	// naming the size.
-	MaxOutput int64
+	MaxOutput int64 `json:"-"`
 
 	// What an owner's new sandboxes are made of.
 
 	// Image is the image of a new sandbox (Create).
-	Image string
+	Image string `json:"image"`
 	// Entrypoint is a new sandbox's entry process (default tail -f
 	// /dev/null).
-	Entrypoint []string
+	Entrypoint []string `json:"entrypoint"`
 	// TTL is a new sandbox's lifetime, renewed by Renew (default 1 h).
-	TTL time.Duration
+	TTL time.Duration `json:"ttl"`
 	// ResourceLimits of a new sandbox (default cpu 1, memory 2Gi).
-	ResourceLimits map[string]string
+	ResourceLimits map[string]string `json:"resource_limits"`
 	// Env is a new sandbox's environment.
-	Env map[string]string
+	Env map[string]string `json:"env"`
 	// Metadata is added to every sandbox the backend creates.
-	Metadata map[string]string
+	Metadata map[string]string `json:"metadata"`
 }
 
 // Backend reaches OpenSandbox sandboxes. Its methods are safe for
