@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -51,5 +52,37 @@ func TestCodexConfigFile(t *testing.T) {
 	}
 	if a, err := buildAdapter(cfg); err != nil || a.Name() != "codex" {
 		t.Errorf("built %v, %v; want the codex adapter", a, err)
+	}
+}
+
+// TestDocsListTheAdapters: examples/ngdriver.yaml holds a section
+// (commented) for each adapter of the table, and examples/gym/README.md
+// has a line for each key an adapter maps from Gym's own agent, naming
+// the section's key it fills.
+func TestDocsListTheAdapters(t *testing.T) {
+	example, err := os.ReadFile(filepath.Join("..", "..", "examples", "ngdriver.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(t, uncommentKeys.ReplaceAllString(string(example), "$1$2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join("..", "..", "examples", "gym", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(readme), "\n")
+	for name, a := range adapters {
+		if _, ok := cfg.Sections[name]; !ok {
+			t.Errorf("examples/ngdriver.yaml has no section for the %s adapter", name)
+		}
+		for _, k := range a.keys.Gym {
+			if !slices.ContainsFunc(lines, func(l string) bool {
+				return strings.HasPrefix(l, "| `"+k.Gym+"`") && strings.Contains(l, "`"+name+"."+k.Ours+"`")
+			}) {
+				t.Errorf("examples/gym/README.md has no line mapping %s to %s.%s", k.Gym, name, k.Ours)
+			}
+		}
 	}
 }

@@ -114,18 +114,6 @@ checkpoint, if it was committed, is never opened and is the one restored.`,
 	return c, &f
 }
 
-// binaryKeys lists each adapter's binary key, for --harness-bin's help.
-func binaryKeys() string {
-	var keys []string
-	for name, a := range adapters {
-		if a.keys.Binary != "" {
-			keys = append(keys, name+"."+a.keys.Binary)
-		}
-	}
-	slices.Sort(keys)
-	return strings.Join(keys, ", ")
-}
-
 // runSection is the chosen adapter's config section from the flags:
 // --harness-bin, --model-url and --model in its common keys, then --set.
 func runSection(f runFlags) (map[string]any, error) {

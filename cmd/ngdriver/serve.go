@@ -15,16 +15,12 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
-	"github.com/ngharness/ngharness/pkg/claude"
-	"github.com/ngharness/ngharness/pkg/codex"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/config"
 	"github.com/ngharness/ngharness/pkg/driver/config/gymconfig"
-	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
 	"github.com/ngharness/ngharness/pkg/driver/serve"
-	"github.com/ngharness/ngharness/pkg/opencode"
 )
 
 func newServeCmd() *cobra.Command {
@@ -188,85 +184,6 @@ func buildRunner(cfg config.Config, log *slog.Logger) (*driver.Runner, error) {
 		PauseAtCheckpoints: cfg.PauseAtCheckpoints,
 		StopGrace:          cfg.StopGrace.D(),
 	}, nil
-}
-
-// adapterEntry is one harness adapter built into ngdriver: what the config
-// knows of its section, and how to build it.
-type adapterEntry struct {
-	// keys are the common keys its section takes (the harness binary's,
-	// model_url and model): `ngdriver run` and a Gym config fill them.
-	keys config.AdapterKeys
-	// build makes the adapter from its section of the config (nil when
-	// the config has none) and the rest of the config.
-	build func(section map[string]any, cfg config.Config) (driver.Adapter, error)
-}
-
-// adapters is the one table of harness adapters, by the name the config's
-// `adapter` (and `ngdriver run --adapter`) gives and its section's key:
-// adding one touches only here.
-var adapters = map[string]adapterEntry{
-	"fake": {build: func(section map[string]any, cfg config.Config) (driver.Adapter, error) {
-		a := &fake.Adapter{Pause: true}
-		if err := config.DecodeSection(section, &a.Defaults, "fake"); err != nil {
-			return nil, usageError{err.Error()}
-		}
-		return a, nil
-	}},
-	"opencode": {keys: config.AdapterKeys{Binary: "opencode", Model: true},
-		build: func(section map[string]any, cfg config.Config) (driver.Adapter, error) {
-			var opt opencode.Options
-			if err := config.DecodeSection(section, &opt, "opencode"); err != nil {
-				return nil, usageError{err.Error()}
-			}
-			opt.ResumeBinaries = launch.FindBinaries(cfg.NgsupDir, "ngresume")
-			if len(opt.ResumeBinaries) == 0 {
-				return nil, fmt.Errorf("no ngresume binary found in %q (build with `make build`, or set ngsup_dir)", cfg.NgsupDir)
-			}
-			return built(opencode.New(opt))
-		}},
-	"codex":  {keys: config.AdapterKeys{Binary: "codex", Model: true}, build: fromSection("codex", codex.New)},
-	"claude": {keys: config.AdapterKeys{Binary: "claude", Model: true}, build: fromSection("claude", claude.New)},
-}
-
-// fromSection is the build of an adapter whose options are its section:
-// the section is read into O by the one section reader
-// (config.DecodeSection: an unknown key is an error naming it), then
-// newAdapter makes the adapter.
-func fromSection[O any, A driver.Adapter](name string, newAdapter func(O) (A, error)) func(map[string]any, config.Config) (driver.Adapter, error) {
-	return func(section map[string]any, _ config.Config) (driver.Adapter, error) {
-		var opt O
-		if err := config.DecodeSection(section, &opt, name); err != nil {
-			return nil, usageError{err.Error()}
-		}
-		return built(newAdapter(opt))
-	}
-}
-
-// built is what an adapter's New returned, its error (bad options) a
-// usage error.
-func built[A driver.Adapter](a A, err error) (driver.Adapter, error) {
-	if err != nil {
-		return nil, usageError{err.Error()}
-	}
-	return a, nil
-}
-
-// builtIn is what the config knows of the adapters and backends in the
-// tables.
-func builtIn() config.Known {
-	k := config.Known{Adapters: config.Adapters{}, Backends: backendKinds()}
-	for name, a := range adapters {
-		k.Adapters[name] = a.keys
-	}
-	return k
-}
-
-func buildAdapter(cfg config.Config) (driver.Adapter, error) {
-	a, ok := adapters[cfg.Adapter]
-	if !ok {
-		return nil, usagef("adapter %q is not built into this ngdriver (it has %s)", cfg.Adapter, builtIn().Adapters.Names())
-	}
-	return a.build(cfg.Sections[cfg.Adapter], cfg)
 }
 
 func runServe(ctx context.Context, cfg config.Config, gs *gymconfig.Settings) error {

@@ -76,7 +76,40 @@ type AdapterKeys struct {
 	// Model: the harness calls a model server, and the section takes
 	// model_url (the server's base URL) and model (the served model).
 	Model bool
+	// Gym maps keys of Gym's own agent for the harness (its OpenCode
+	// agent's, for opencode), when they stand in the stanza of the agent
+	// a Gym config runs ngdriver as, onto keys of the section
+	// (gymconfig); other adapters ignore them.
+	Gym []GymKey
 }
+
+// GymKey maps one key of a Gym agent's stanza onto a key of an adapter's
+// section: a Gym config fills the section's key from it unless the
+// ngdriver block's section sets that key.
+type GymKey struct {
+	// Gym is the key in the stanza; a dotted path (a.b) is key b of the
+	// mapping a, whose other keys are then reported as ignored.
+	Gym string
+	// Ours is the section's key it fills.
+	Ours string
+	// As is how the value is read.
+	As GymValue
+}
+
+// GymValue is how a GymKey's value is read.
+type GymValue int
+
+const (
+	// GymString is a single value, taken as written.
+	GymString GymValue = iota
+	// GymCount is a positive whole number (a token count).
+	GymCount
+	// GymSeconds is a positive number of seconds, written into the
+	// section as a duration ("3h0m0s").
+	GymSeconds
+	// GymAny is any value (a mapping too), taken as it is.
+	GymAny
+)
 
 // Names lists the adapters, sorted and comma-separated, for messages.
 func (k Adapters) Names() string {

@@ -21,8 +21,10 @@
 // resources_server, the name from the instance, the control token and
 // lease grace from the global checkpoint block, and model_server's URL
 // becomes the model_url of the selected adapter's section (when its
-// harness calls a model server); with the opencode adapter, the keys of
-// Gym's OpenCode agent that have an equivalent fill the opencode section.
+// harness calls a model server), and the keys of Gym's own agent for the
+// selected adapter's harness that have an equivalent (its row's
+// config.AdapterKeys.Gym: Gym's OpenCode agent's for opencode) fill that
+// section.
 // The `ngdriver` block is strict (an unknown key is an error naming it);
 // Gym's own keys that ngdriver does not use are ignored and reported in
 // Settings.Ignored.
@@ -448,9 +450,10 @@ func Servers(data []byte) ([]Server, error) {
 
 // adapterSection fills the section of the adapter the config selects:
 // model_url from the model server (for an adapter whose harness calls
-// one) and, for opencode, the keys of Gym's OpenCode agent that have an
-// equivalent (with another adapter they are ignored). What the ngdriver
-// block's section says wins.
+// one) and the keys the adapter maps from Gym's own agent for its harness
+// (config.AdapterKeys.Gym: Gym's OpenCode agent's for opencode; with
+// another adapter they are ignored). What the ngdriver block's section
+// says wins.
 func (g *gym) adapterSection(server *yaml.Node, s *Settings, used map[string]bool, at string) error {
 	cfg := &s.Config
 	keys, ok := g.known.Adapters[cfg.Adapter]
@@ -469,10 +472,8 @@ func (g *gym) adapterSection(server *yaml.Node, s *Settings, used map[string]boo
 	if s.ModelServer != nil && keys.Model {
 		set("model_url", s.ModelServer.URL)
 	}
-	if cfg.Adapter == "opencode" {
-		if err := g.openCodeKeys(server, s, used, at, set); err != nil {
-			return err
-		}
+	if err := g.gymKeys(server, s, used, at, keys.Gym, set); err != nil {
+		return err
 	}
 	if len(sec) > 0 {
 		if cfg.Sections == nil {
@@ -483,58 +484,80 @@ func (g *gym) adapterSection(server *yaml.Node, s *Settings, used map[string]boo
 	return nil
 }
 
-// openCodeKeys sets (through set) the opencode section's keys that Gym's
-// OpenCode agent's keys have an equivalent for.
-func (g *gym) openCodeKeys(server *yaml.Node, s *Settings, used map[string]bool, at string, set func(string, any)) error {
-	scalars := []struct{ gym, ours string }{
-		{"remote_opencode_binary_path", "opencode"},
-		{"opencode_max_context_window", "context_window"},
-		{"sandbox_timeout", "timeout"},
+// gymKeys sets (through set) the section's keys that keys map from the
+// stanza's. A mapping a dotted key reaches into is used; its keys that
+// none maps are reported as ignored.
+func (g *gym) gymKeys(server *yaml.Node, s *Settings, used map[string]bool, at string, keys []config.GymKey, set func(string, any)) error {
+	mapped := map[string][]string{} // a mapping reached into -> its keys mapped
+	for _, k := range keys {
+		if parent, leaf, ok := strings.Cut(k.Gym, "."); ok {
+			mapped[parent] = append(mapped[parent], leaf)
+		}
 	}
-	for _, m := range scalars {
-		v, err := g.scalar(server, m.gym, at)
+	reached := map[string]bool{}
+	for _, k := range keys {
+		n, key, where := server, k.Gym, at
+		parent, leaf, nested := strings.Cut(k.Gym, ".")
+		if nested {
+			n, key, where = lookup(server, parent), leaf, at+"."+parent
+		}
+		v, found, err := g.gymValue(n, key, where, k.As)
 		if err != nil {
 			return err
 		}
-		if v == "" {
+		if !found {
 			continue
 		}
-		used[m.gym] = true
-		switch m.ours {
-		case "context_window":
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return fmt.Errorf("%s.%s: %q is not a positive token count", at, m.gym, v)
-			}
-			set(m.ours, n)
-		case "timeout":
-			sec, err := strconv.ParseFloat(v, 64)
-			if err != nil || sec <= 0 {
-				return fmt.Errorf("%s.%s: %q is not a positive number of seconds", at, m.gym, v)
-			}
-			set(m.ours, (time.Duration(sec * float64(time.Second))).String())
-		default:
-			set(m.ours, v)
-		}
-	}
-	if perm := lookup(lookup(server, "opencode_config"), "permission"); perm != nil {
-		if err := g.interpolate(perm, at+".opencode_config.permission"); err != nil {
-			return err
-		}
-		var v any
-		if err := perm.Decode(&v); err != nil {
-			return fmt.Errorf("%s.opencode_config.permission: %v", at, err)
-		}
-		set("permission", v)
-		// The rest of opencode_config (tools, ...) has no equivalent.
-		used["opencode_config"] = true
-		for key := range pairs(lookup(server, "opencode_config")) {
-			if key != "permission" {
-				s.Ignored = append(s.Ignored, at+".opencode_config."+key)
+		set(k.Ours, v)
+		if !nested {
+			used[key] = true
+		} else if !reached[parent] {
+			reached[parent], used[parent] = true, true
+			for other := range pairs(n) {
+				if !slices.Contains(mapped[parent], other) {
+					s.Ignored = append(s.Ignored, at+"."+parent+"."+other)
+				}
 			}
 		}
 	}
 	return nil
+}
+
+// gymValue reads key of mapping n as as says; found is false when the
+// key is absent (or, but for GymAny, null or empty).
+func (g *gym) gymValue(n *yaml.Node, key, at string, as config.GymValue) (v any, found bool, err error) {
+	if as == config.GymAny {
+		node := lookup(n, key)
+		if node == nil {
+			return nil, false, nil
+		}
+		if err := g.interpolate(node, at+"."+key); err != nil {
+			return nil, false, err
+		}
+		if err := node.Decode(&v); err != nil {
+			return nil, false, fmt.Errorf("%s.%s: %v", at, key, err)
+		}
+		return v, true, nil
+	}
+	str, err := g.scalar(n, key, at)
+	if err != nil || str == "" {
+		return nil, false, err
+	}
+	switch as {
+	case config.GymCount:
+		c, err := strconv.Atoi(str)
+		if err != nil || c <= 0 {
+			return nil, false, fmt.Errorf("%s.%s: %q is not a positive token count", at, key, str)
+		}
+		return c, true, nil
+	case config.GymSeconds:
+		sec, err := strconv.ParseFloat(str, 64)
+		if err != nil || sec <= 0 {
+			return nil, false, fmt.Errorf("%s.%s: %q is not a positive number of seconds", at, key, str)
+		}
+		return time.Duration(sec * float64(time.Second)).String(), true, nil
+	}
+	return str, true, nil
 }
 
 // checkpoint reads the global checkpoint block as Gym's

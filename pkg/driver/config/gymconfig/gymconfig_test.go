@@ -14,9 +14,15 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/config"
 )
 
-// known stands for the adapter and backend tables of cmd/ngdriver.
+// known stands for the adapter and backend tables of cmd/ngdriver
+// (adapters.go holds opencode's Gym keys).
 var known = config.Known{
-	Adapters: config.Adapters{"fake": {}, "opencode": {Binary: "opencode", Model: true}, "codex": {Binary: "codex", Model: true}},
+	Adapters: config.Adapters{"fake": {}, "opencode": {Binary: "opencode", Model: true, Gym: []config.GymKey{
+		{Gym: "remote_opencode_binary_path", Ours: "opencode", As: config.GymString},
+		{Gym: "opencode_max_context_window", Ours: "context_window", As: config.GymCount},
+		{Gym: "sandbox_timeout", Ours: "timeout", As: config.GymSeconds},
+		{Gym: "opencode_config.permission", Ours: "permission", As: config.GymAny},
+	}}, "codex": {Binary: "codex", Model: true}},
 	Backends: config.BackendKinds{"local": config.KindOf[struct {
 		Base       string `json:"base"`
 		MountPoint string `json:"mount_point"`
@@ -398,5 +404,44 @@ default_host: 0.0.0.0
 	}
 	if _, err := Servers([]byte("- a list")); err == nil {
 		t.Errorf("a list was taken for a config")
+	}
+}
+
+// TestGymKeysOfAnyAdapter: the keys an adapter maps from Gym's own agent
+// for its harness come from its row (config.AdapterKeys.Gym), for any
+// adapter: a Gym agent's keys for codex fill the codex section (a mapping
+// reached into reports its other keys as ignored), a value that is not
+// what its mapping reads is refused naming it, and opencode's keys are
+// ignored then.
+func TestGymKeysOfAnyAdapter(t *testing.T) {
+	withCodexKeys := config.Known{Adapters: config.Adapters{"codex": {Binary: "codex", Model: true, Gym: []config.GymKey{
+		{Gym: "codex_binary", Ours: "codex"},
+		{Gym: "codex_config.turns", Ours: "max_turns", As: config.GymCount},
+		{Gym: "codex_wait", Ours: "timeout", As: config.GymSeconds},
+	}}}, Backends: known.Backends}
+	stanza := "      codex_binary: /opt/codex\n      codex_wait: 90\n      codex_config: {turns: 12, model: x}\n      skip_verification: false\n"
+	doc := strings.Replace(withAdapter(t, "codex", ""), "      skip_verification: false\n", stanza, 1)
+	s, err := Parse([]byte(doc), "ngdriver_agent", withCodexKeys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec := s.Config.Sections["codex"]
+	if sec["codex"] != "/opt/codex" || sec["max_turns"] != 12 || sec["timeout"] != "1m30s" || sec["model_url"] != "http://127.0.0.1:14012" {
+		t.Errorf("codex section %v", sec)
+	}
+	at := "ngdriver_agent.responses_api_agents.ngdriver_agent."
+	for _, key := range []string{"codex_config.model", "opencode_max_context_window", "sandbox_timeout"} {
+		if !slices.Contains(s.Ignored, at+key) {
+			t.Errorf("%s is not reported as ignored: %q", key, s.Ignored)
+		}
+	}
+	for _, key := range []string{"codex_binary", "codex_config", "codex_wait", "codex_config.turns"} {
+		if slices.Contains(s.Ignored, at+key) {
+			t.Errorf("%s is reported as ignored: %q", key, s.Ignored)
+		}
+	}
+	bad := strings.Replace(doc, "turns: 12", "turns: many", 1)
+	if _, err := Parse([]byte(bad), "ngdriver_agent", withCodexKeys); err == nil || !strings.Contains(err.Error(), "codex_config.turns") || !strings.Contains(err.Error(), "many") {
+		t.Errorf("a count that is none: %v", err)
 	}
 }
