@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log"
-	"slices"
 	"sync"
 	"time"
 )
@@ -20,28 +19,6 @@ const (
 	PhaseCommitted Phase = "committed"
 	PhaseRestored  Phase = "restored"
 )
-
-// notIdle is every phase a checkpoint is open in.
-var notIdle = []Phase{PhasePreparing, PhasePrepared, PhaseCommitted, PhaseRestored}
-
-// allowed lists, for each operation, the phases it is accepted in. With the
-// move each one makes, this is the whole machine (control.py's docstring):
-//
-//	prepare         idle|preparing -> preparing -> prepared (once ready)
-//	commit          prepared -> committed
-//	restore         idle -> restored
-//	resume          preparing|prepared|committed|restored -> idle (also on lease expiry)
-//	renew           any open phase, no move
-//	retire, forget  idle|restored, no move
-var allowed = map[string][]Phase{
-	OpPrepare: {PhaseIdle, PhasePreparing},
-	OpCommit:  {PhasePrepared},
-	OpRestore: {PhaseIdle},
-	OpResume:  notIdle,
-	OpRenew:   notIdle,
-	OpRetire:  {PhaseIdle, PhaseRestored},
-	OpForget:  {PhaseIdle, PhaseRestored},
-}
 
 // ResumedIDsKept is how many resumed checkpoint ids the Control remembers
 // to refuse with ErrStaleCheckpoint; a stale controller retries within
@@ -65,7 +42,8 @@ type Config struct {
 // phase machine, idempotent replay of completed operations, the lease,
 // retire marks and manifest-last storage, driving one Participant. Its
 // methods are the routes (prepare.go, commit.go, restore.go, retire.go,
-// lease.go); NewHandler puts them on HTTP. Operations are
+// lease.go); the routes table (routes.go) says what each takes and in
+// which phases, and NewHandler puts them on HTTP. Operations are
 // serialized by one lock, except that prepare waits for readiness outside
 // it, so a controller can resume while a prepare waits. Status never waits
 // for an operation.
@@ -168,7 +146,7 @@ func (c *Control) admitLocked(checkpointID, op string) error {
 	if c.checkpointID != "" && c.checkpointID != checkpointID {
 		return Refuse(ErrCheckpointConflict, "checkpoint %q is active in phase %s", c.checkpointID, c.phase)
 	}
-	if !slices.Contains(allowed[op], c.phase) {
+	if !routeOf[op].allows(c.phase) {
 		return Refuse(ErrInvalidPhase, "not valid in phase %s", c.phase)
 	}
 	return nil

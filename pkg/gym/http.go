@@ -1,11 +1,9 @@
 package gym
 
 import (
-	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -16,14 +14,14 @@ import (
 const MaxBodyBytes = 32 << 20
 
 // NewHandler serves c's routes under RoutePrefix as Gym's FastAPI router
-// does: GET status and POST prepare, renew, retire, forget, commit,
-// restore, resume, each requiring "Authorization: Bearer <token>"
-// (compared in constant time). The route is matched first (404, 405), then
-// the token is checked (401), and only then is the body read and validated
-// (422, FastAPI's {"detail": [...]} shape): a caller without the token
-// gets nothing parsed and nothing of its input echoed. Refusals use the
-// error envelope, every text capped by CapDetail. An empty token is
-// refused: the routes would be open to anyone.
+// does: each route of the routes table (routes.go) at its method, each
+// requiring "Authorization: Bearer <token>" (compared in constant time).
+// The route is matched first (404, 405), then the token is checked (401),
+// and only then is the body read and validated (422, FastAPI's
+// {"detail": [...]} shape): a caller without the token gets nothing
+// parsed and nothing of its input echoed. Refusals use the error
+// envelope, every text capped by CapDetail. An empty token is refused: the
+// routes would be open to anyone.
 func NewHandler(c *Control, token string) (http.Handler, error) {
 	if token == "" {
 		return nil, errors.New("checkpoint control routes require a non-empty bearer token")
@@ -38,16 +36,13 @@ type handler struct {
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	op, ok := strings.CutPrefix(r.URL.Path, RoutePrefix+"/")
-	if !ok || !isRoute(op) {
+	route := routeOf[op]
+	if !ok || route == nil {
 		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
 		return
 	}
-	method := http.MethodPost
-	if op == OpStatus {
-		method = http.MethodGet
-	}
-	if r.Method != method {
-		w.Header().Set("Allow", method)
+	if r.Method != route.method {
+		w.Header().Set("Allow", route.method)
 		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"detail": "Method Not Allowed"})
 		return
 	}
@@ -57,7 +52,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req any
-	if op != OpStatus {
+	if route.method == http.MethodPost {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 		if err != nil {
 			writeJSON(w, http.StatusRequestEntityTooLarge, map[string]string{"detail": CapDetail(err.Error())})
@@ -68,43 +63,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	reply, err := h.dispatch(r.Context(), op, req)
+	reply, err := route.serve(h.c, r.Context(), req)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, reply)
-}
-
-func isRoute(op string) bool {
-	switch op {
-	case OpStatus, OpPrepare, OpRenew, OpRetire, OpForget, OpCommit, OpRestore, OpResume:
-		return true
-	}
-	return false
-}
-
-// dispatch calls the control plane for one decoded request.
-func (h *handler) dispatch(ctx context.Context, op string, req any) (any, error) {
-	switch op {
-	case OpStatus:
-		return h.c.Status(), nil
-	case OpPrepare:
-		return h.c.Prepare(ctx, *req.(*Request))
-	case OpRenew:
-		return h.c.Renew(ctx, *req.(*Request))
-	case OpResume:
-		return h.c.Resume(ctx, *req.(*Request))
-	case OpCommit:
-		return h.c.Commit(ctx, req.(*CommitRequest))
-	case OpRestore:
-		return h.c.Restore(ctx, req.(*RestoreRequest))
-	case OpRetire:
-		return h.c.Retire(ctx, req.(*RetireRequest))
-	case OpForget:
-		return h.c.Forget(ctx, req.(*ForgetRequest))
-	}
-	return nil, fmt.Errorf("no checkpoint operation %q", op)
 }
 
 // writeError answers err: FastAPI's validation shape for a bad body, the

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"net/http"
 	"slices"
 	"time"
 )
 
 // Route names and the prefix Gym's control routes live under
-// (control.py CHECKPOINT_ROUTE_PREFIX): GET status, POST the others.
+// (control.py CHECKPOINT_ROUTE_PREFIX); the routes table (routes.go) says
+// what each one takes.
 const (
 	RoutePrefix = "/ng-control/v1/checkpoint"
 	OpStatus    = "status"
@@ -80,29 +82,20 @@ type ForgetRequest struct {
 	RolloutIDs []string `json:"rollout_ids"`
 }
 
-// DecodeRequest reads the body of operation op (one of the Op* names but
-// status) as Gym's request models do: a JSON object, no unknown fields,
-// every rule checked. It returns *Request, *CommitRequest, *RestoreRequest,
-// *RetireRequest or *ForgetRequest; a bad body is an ErrInvalidRequest.
+// DecodeRequest reads the body of operation op (a POST route of the
+// routes table) as Gym's request models do: a JSON object, no fields but
+// the route's, every rule checked. It returns *Request, *CommitRequest,
+// *RestoreRequest, *RetireRequest or *ForgetRequest; a bad body is an
+// ErrInvalidRequest.
 func DecodeRequest(op string, body []byte) (any, error) {
-	allowed := []string{"checkpoint_id", "deadline_ts"}
-	switch op {
-	case OpCommit:
-		allowed = append(allowed, "checkpoint_dir", "episode_ids", "stop")
-	case OpRestore:
-		allowed = append(allowed, "checkpoint_dir", "episode_ids")
-	case OpRetire:
-		allowed = append(allowed, "episode_ids")
-	case OpForget:
-		allowed = append(allowed, "rollout_ids")
-	case OpPrepare, OpRenew, OpResume:
-	default:
+	r, ok := routeOf[op]
+	if !ok || r.method != http.MethodPost {
 		return nil, Refuse(ErrInvalidRequest, "unknown operation %q", op)
 	}
 	if err := singleValue(body); err != nil {
 		return nil, err
 	}
-	f, err := strictObject(body, op+" body", allowed...)
+	f, err := strictObject(body, op+" body", append([]string{"checkpoint_id", "deadline_ts"}, r.fields...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -110,72 +103,87 @@ func DecodeRequest(op string, body []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch op {
-	case OpCommit:
-		r := &CommitRequest{Request: base}
-		if r.CheckpointDir, err = requiredDir(f); err != nil {
-			return nil, err
-		}
-		if raw, ok := f["episode_ids"]; ok && !isNull(raw) {
-			if r.EpisodeIDs, err = decodeEpisodeIDs(raw); err != nil {
-				return nil, err
-			}
-		}
-		if raw, ok := f["stop"]; ok {
-			if err := decodeBool(raw, "stop", &r.Stop); err != nil {
-				return nil, err
-			}
-		}
-		return r, nil
-	case OpRestore:
-		r := &RestoreRequest{Request: base}
-		if r.CheckpointDir, err = requiredDir(f); err != nil {
-			return nil, err
-		}
-		raw, ok := f["episode_ids"]
-		if !ok {
-			return nil, Refuse(ErrInvalidRequest, "episode_ids is required")
-		}
-		if r.EpisodeIDs, err = decodeEpisodeIDs(raw); err != nil {
-			return nil, err
-		}
-		return r, nil
-	case OpRetire:
-		r := &RetireRequest{Request: base}
-		raw, ok := f["episode_ids"]
-		if !ok {
-			return nil, Refuse(ErrInvalidRequest, "episode_ids is required")
-		}
-		if r.EpisodeIDs, err = decodeEpisodeIDs(raw); err != nil {
-			return nil, err
-		}
-		if len(r.EpisodeIDs) == 0 {
-			return nil, Refuse(ErrInvalidRequest, "episode_ids must name at least one episode")
-		}
-		return r, nil
-	case OpForget:
-		r := &ForgetRequest{Request: base}
-		raw, ok := f["rollout_ids"]
-		if !ok {
-			return nil, Refuse(ErrInvalidRequest, "rollout_ids is required")
-		}
-		var items []json.RawMessage
-		if err := json.Unmarshal(raw, &items); err != nil || isNull(raw) {
-			return nil, Refuse(ErrInvalidRequest, "rollout_ids must be a list of strings")
-		}
-		if len(items) == 0 {
-			return nil, Refuse(ErrInvalidRequest, "rollout_ids must name at least one rollout")
-		}
-		r.RolloutIDs = make([]string, len(items))
-		for i, item := range items {
-			if err := decodeString(item, "rollout_ids item", &r.RolloutIDs[i]); err != nil {
-				return nil, err
-			}
-		}
-		return r, nil
-	default:
+	if r.decode == nil {
 		return &base, nil
 	}
+	return r.decode(base, f)
+}
+
+// decodeCommit reads the rest of a commit body.
+func decodeCommit(base Request, f map[string]json.RawMessage) (any, error) {
+	r := &CommitRequest{Request: base}
+	var err error
+	if r.CheckpointDir, err = requiredDir(f); err != nil {
+		return nil, err
+	}
+	if raw, ok := f["episode_ids"]; ok && !isNull(raw) {
+		if r.EpisodeIDs, err = decodeEpisodeIDs(raw); err != nil {
+			return nil, err
+		}
+	}
+	if raw, ok := f["stop"]; ok {
+		if err := decodeBool(raw, "stop", &r.Stop); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// decodeRestore reads the rest of a restore body.
+func decodeRestore(base Request, f map[string]json.RawMessage) (any, error) {
+	r := &RestoreRequest{Request: base}
+	var err error
+	if r.CheckpointDir, err = requiredDir(f); err != nil {
+		return nil, err
+	}
+	raw, ok := f["episode_ids"]
+	if !ok {
+		return nil, Refuse(ErrInvalidRequest, "episode_ids is required")
+	}
+	if r.EpisodeIDs, err = decodeEpisodeIDs(raw); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// decodeRetire reads the rest of a retire body.
+func decodeRetire(base Request, f map[string]json.RawMessage) (any, error) {
+	r := &RetireRequest{Request: base}
+	raw, ok := f["episode_ids"]
+	if !ok {
+		return nil, Refuse(ErrInvalidRequest, "episode_ids is required")
+	}
+	var err error
+	if r.EpisodeIDs, err = decodeEpisodeIDs(raw); err != nil {
+		return nil, err
+	}
+	if len(r.EpisodeIDs) == 0 {
+		return nil, Refuse(ErrInvalidRequest, "episode_ids must name at least one episode")
+	}
+	return r, nil
+}
+
+// decodeForget reads the rest of a forget body.
+func decodeForget(base Request, f map[string]json.RawMessage) (any, error) {
+	r := &ForgetRequest{Request: base}
+	raw, ok := f["rollout_ids"]
+	if !ok {
+		return nil, Refuse(ErrInvalidRequest, "rollout_ids is required")
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil || isNull(raw) {
+		return nil, Refuse(ErrInvalidRequest, "rollout_ids must be a list of strings")
+	}
+	if len(items) == 0 {
+		return nil, Refuse(ErrInvalidRequest, "rollout_ids must name at least one rollout")
+	}
+	r.RolloutIDs = make([]string, len(items))
+	for i, item := range items {
+		if err := decodeString(item, "rollout_ids item", &r.RolloutIDs[i]); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
 }
 
 // singleValue refuses a body that is not exactly one JSON value.

@@ -96,7 +96,7 @@ func (c *Control) Forget(ctx context.Context, req *ForgetRequest) (*ForgetReply,
 func (c *Control) admitOutsideCheckpoint(req Request, op string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !slices.Contains(allowed[op], c.phase) {
+	if !routeOf[op].allows(c.phase) {
 		return Refuse(ErrInvalidPhase, "not valid in phase %s; resume first", c.phase)
 	}
 	if c.checkpointID != "" && c.checkpointID != req.CheckpointID {

@@ -16,6 +16,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -81,9 +82,7 @@ func (s *Server) Handler() (http.Handler, error) {
 func (s *Server) timed(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		op := strings.TrimPrefix(r.URL.Path, gym.RoutePrefix+"/")
-		switch op {
-		case gym.OpStatus, gym.OpPrepare, gym.OpRenew, gym.OpRetire, gym.OpForget, gym.OpCommit, gym.OpRestore, gym.OpResume:
-		default:
+		if !slices.Contains(gym.Ops(), op) {
 			op = "other" // no label for whatever a caller puts in a path
 		}
 		begin := time.Now()
