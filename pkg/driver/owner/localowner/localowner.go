@@ -158,6 +158,10 @@ type Options struct {
 type Owner struct {
 	opt Options
 	log *slog.Logger
+	// local is the local backend when the owner lends its sandboxes
+	// (taken before New wraps the lender, which hides it): its processes
+	// are ended by their mount namespace (kill, EndUnowned).
+	local *local.Backend
 
 	mu       sync.Mutex // guards sessions, byKey and the admission state below
 	sessions map[string]*session
@@ -255,11 +259,15 @@ func New(opt Options) *Owner {
 	if log == nil {
 		log = slog.Default()
 	}
+	var lb *local.Backend
+	if l, ok := opt.Sandboxes.(localSandboxes); ok {
+		lb = l.b
+	}
 	// A snapshot a fork still uses is kept and removed later (inuse.go).
 	opt.Sandboxes = keepInUseOf(opt.Sandboxes, log.With("owner", "local"))
 	opened := make(chan struct{})
 	close(opened)
-	return &Owner{opt: opt, log: log.With("owner", "local"),
+	return &Owner{opt: opt, log: log.With("owner", "local"), local: lb,
 		sessions: map[string]*session{}, byKey: map[string]*session{},
 		accepting: true, opened: opened, requests: map[gym.EpisodeID]int{}, changed: make(chan struct{}),
 		checkpoints: map[string]map[string]string{}, exports: map[string]*export{}}
@@ -757,11 +765,11 @@ func (o *Owner) kill(ctx context.Context, ids ...string) map[string]error {
 			todo = append(todo, id)
 		}
 	}
-	if l, ok := o.opt.Sandboxes.(localSandboxes); ok && l.b.Isolation() == local.IsolationNamespace {
+	if o.local != nil && o.local.Isolation() == local.IsolationNamespace {
 		if len(todo) == 0 {
 			return failed
 		}
-		if _, err := l.b.EndSandboxes(ctx, todo); err != nil {
+		if _, err := o.local.EndSandboxes(ctx, todo); err != nil {
 			for _, id := range todo {
 				failed[id] = err
 			}

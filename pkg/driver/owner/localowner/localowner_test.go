@@ -599,9 +599,18 @@ func TestSnapshotRestoreRetire(t *testing.T) {
 	// Without namespaces the replaced sandboxes are ended through
 	// StopSandbox (their launch folders); with them, by the backend, by the
 	// mount namespace their processes run in (the process above is gone).
-	if stopped := strings.Join(f.stoppedIDs(), " "); f.b.Isolation() == local.IsolationNone &&
-		(!strings.Contains(stopped, old1) || !strings.Contains(stopped, sb2.ID())) {
-		t.Errorf("StopSandbox calls %s", stopped)
+	stopped := strings.Join(f.stoppedIDs(), " ")
+	switch f.b.Isolation() {
+	case local.IsolationNone:
+		if !strings.Contains(stopped, old1) || !strings.Contains(stopped, sb2.ID()) {
+			t.Errorf("StopSandbox calls %s", stopped)
+		}
+	case local.IsolationNamespace:
+		// Session 2's sandbox was neither verified nor closed: only the
+		// restore ended its processes.
+		if strings.Contains(stopped, sb2.ID()) {
+			t.Errorf("the replaced sandbox %s was ended through StopSandbox (calls %s), not by its mount namespace", sb2.ID(), stopped)
+		}
 	}
 	fork1 := f.connect(r1.Cookies)
 	if fork1.ID() != info1.SandboxID {
@@ -652,6 +661,29 @@ func TestSnapshotRestoreRetire(t *testing.T) {
 	}
 	if _, err := f.o.Snapshot(ctx, ""); err == nil {
 		t.Error("empty checkpoint id accepted")
+	}
+}
+
+// TestEndUnownedEndsWhatNoSessionUses proves what an owner started again
+// on a base ends before it serves: with namespace isolation, a process
+// still running in a sandbox no session of this owner uses (its session
+// was the dead owner's) is ended by the mount namespace it runs in, with
+// no StopSandbox or KillSandbox to do it; the owner says how many it
+// ended.
+func TestEndUnownedEndsWhatNoSessionUses(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("namespace isolation needs root")
+	}
+	f := newFixture(t, Options{})
+	r := f.seed(map[string]any{"task": "left running by a dead owner"})
+	fd := f.startBackground(f.connect(r.Cookies))
+	fresh := New(Options{Backend: f.b, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	n, err := fresh.EndUnowned(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 || !waitExit(fd, 10*time.Second) {
+		t.Fatalf("EndUnowned ended %d processes and the sandbox's process lives on", n)
 	}
 }
 

@@ -153,8 +153,8 @@ func (o *Owner) KeepAlive(ctx context.Context, every, ttl time.Duration) {
 // carried in is left alone by ngsup. Other backends' sandboxes are not
 // this host's processes: nothing is done.
 func (o *Owner) EndUnowned(ctx context.Context) (int, error) {
-	l, ok := o.opt.Sandboxes.(localSandboxes)
-	if !ok {
+	lb := o.local
+	if lb == nil {
 		return 0, nil
 	}
 	used := map[string]bool{}
@@ -165,8 +165,8 @@ func (o *Owner) EndUnowned(ctx context.Context) (int, error) {
 		}
 		s.mu.Unlock()
 	}
-	if l.b.Isolation() == local.IsolationNamespace {
-		n, err := l.b.EndStrays(ctx, func(id string) bool { return used[id] })
+	if lb.Isolation() == local.IsolationNamespace {
+		n, err := lb.EndStrays(ctx, func(id string) bool { return used[id] })
 		if err != nil {
 			return n, fmt.Errorf("localowner: %w", err)
 		}
@@ -175,7 +175,7 @@ func (o *Owner) EndUnowned(ctx context.Context) (int, error) {
 	if o.opt.KillSandbox == nil && o.opt.StopSandbox == nil {
 		return 0, nil
 	}
-	ids, err := l.b.List()
+	ids, err := lb.List()
 	if err != nil {
 		return 0, fmt.Errorf("localowner: %w", err)
 	}
