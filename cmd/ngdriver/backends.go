@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/config"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/kubectl"
@@ -144,7 +143,7 @@ func newKubectl(section map[string]any) (*kubectl.Backend, error) {
 // both run the driver's commands and lend sandboxes to an owner.
 type remoteBackend interface {
 	sandbox.Backend
-	localowner.Sandboxes
+	sandbox.Lender
 }
 
 // remoteBackends is the one table of the backends beside local, in the
@@ -213,7 +212,7 @@ func buildBackends(b config.Backends) (map[string]sandbox.Backend, error) {
 
 // buildLender makes the backend an owner lends sandboxes of: the section
 // of the backends config named name (a remote backend).
-func buildLender(b config.Backends, name string) (localowner.Sandboxes, error) {
+func buildLender(b config.Backends, name string) (sandbox.Lender, error) {
 	for _, rb := range remoteBackends {
 		if rb.name != name {
 			continue

@@ -106,7 +106,7 @@ commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).`,
 		},
 		RunE: func(c *cobra.Command, args []string) error {
 			log := logger(logFormat, false).With("owner", "local")
-			var lender localowner.Sandboxes
+			var lender sandbox.Lender
 			if backendName == "local" {
 				backend, err := local.New(base, local.Options{Isolation: isolation})
 				if err != nil {
@@ -118,7 +118,7 @@ commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).`,
 				}
 				defer release()
 				sweep(log, backend)
-				lender = localowner.Local(backend)
+				lender = backend.Lender()
 			} else {
 				cfg, err := config.Load(cfgPath, builtIn())
 				if err != nil {

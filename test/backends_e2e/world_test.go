@@ -62,7 +62,7 @@ type world struct {
 	// raw is the backend; rec wraps it for the runner.
 	raw    sandbox.Backend
 	rec    *recorder
-	lender localowner.Sandboxes
+	lender sandbox.Lender
 	owner  *trackingOwner
 	// ownerNgsup is the owner's ngsup (the owner is another process).
 	ownerNgsup *launch.Ngsup
@@ -98,7 +98,7 @@ func newWorld(t *testing.T, name string) *world {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w.store, w.raw, w.lender = base, lb, localowner.Local(lb)
+		w.store, w.raw, w.lender = base, lb, lb.Lender()
 		w.del = func(id string) error {
 			// As a machine losing it: its processes die with its folder.
 			fakeexecd.KillIn(lb.HostPath(id), lb.MountPoint())

@@ -57,7 +57,7 @@ type Record struct {
 // body it was seeded with (its flags and files), and where its sandbox
 // was.
 type SessionState struct {
-	// Provider is the lender's name (Sandboxes.Name); a restore refuses a
+	// Provider is the lender's name (sandbox.Lender.Name); a restore refuses a
 	// record of another provider.
 	Provider string `json:"provider"`
 	// Snapshot is the id of the snapshot taken at the commit.

@@ -119,9 +119,9 @@ type Options struct {
 	// Sandboxes is set.
 	Backend *local.Backend
 	// Sandboxes lends the sandboxes of any backend that can create,
-	// snapshot, fork and remove them (OpenSandbox, docker, kubectl); nil:
-	// Local(Backend).
-	Sandboxes Sandboxes
+	// snapshot, fork and remove them (local, OpenSandbox, docker, kubectl);
+	// nil: Backend.Lender().
+	Sandboxes sandbox.Lender
 	// StopSandbox ends every process of a sandbox (the driver passes a
 	// function that runs `ngsup stop` on each launch folder); nil: no
 	// process is stopped.
@@ -250,7 +250,7 @@ func New(opt Options) *Owner {
 		if opt.Backend == nil {
 			panic("localowner: Options.Backend and Options.Sandboxes are nil")
 		}
-		opt.Sandboxes = Local(opt.Backend)
+		opt.Sandboxes = opt.Backend.Lender()
 	}
 	if opt.CheckTimeout <= 0 {
 		opt.CheckTimeout = DefaultCheckTimeout
@@ -259,12 +259,9 @@ func New(opt Options) *Owner {
 	if log == nil {
 		log = slog.Default()
 	}
-	var lb *local.Backend
-	if l, ok := opt.Sandboxes.(localSandboxes); ok {
-		lb = l.b
-	}
-	// A snapshot a fork still uses is kept and removed later (inuse.go).
-	opt.Sandboxes = keepInUseOf(opt.Sandboxes, log.With("owner", "local"))
+	lb := local.LenderBackend(opt.Sandboxes)
+	// A snapshot a fork still uses is kept and removed later.
+	opt.Sandboxes = sandbox.KeepSnapshotsInUse(opt.Sandboxes, log.With("owner", "local"))
 	opened := make(chan struct{})
 	close(opened)
 	return &Owner{opt: opt, log: log.With("owner", "local"), local: lb,

@@ -799,13 +799,13 @@ func TestConcurrentSeedsOfOneKeyMakeOneSession(t *testing.T) {
 // behaves: a snapshot a sandbox forked from it still uses is refused with
 // sandbox.ErrSnapshotInUse (and stays) until that sandbox is removed.
 type forkUser struct {
-	Sandboxes
+	sandbox.Lender
 	mu    sync.Mutex
 	users map[string]string // fork id -> snapshot
 }
 
 func (u *forkUser) Fork(ctx context.Context, snap, name string) (sandbox.Sandbox, error) {
-	sb, err := u.Sandboxes.Fork(ctx, snap, name)
+	sb, err := u.Lender.Fork(ctx, snap, name)
 	if err == nil {
 		u.mu.Lock()
 		u.users[sb.ID()] = snap
@@ -818,7 +818,7 @@ func (u *forkUser) Remove(ctx context.Context, id string) error {
 	u.mu.Lock()
 	delete(u.users, id)
 	u.mu.Unlock()
-	return u.Sandboxes.Remove(ctx, id)
+	return u.Lender.Remove(ctx, id)
 }
 
 func (u *forkUser) RemoveSnapshot(ctx context.Context, id string) error {
@@ -829,7 +829,7 @@ func (u *forkUser) RemoveSnapshot(ctx context.Context, id string) error {
 			return fmt.Errorf("delete snapshot %s: used by sandbox %s: %w", id, fork, sandbox.ErrSnapshotInUse)
 		}
 	}
-	return u.Sandboxes.RemoveSnapshot(ctx, id)
+	return u.Lender.RemoveSnapshot(ctx, id)
 }
 
 // TestSnapshotAForkUsesIsRemovedOnceTheForkIsGone proves a snapshot the
@@ -842,7 +842,7 @@ func TestSnapshotAForkUsesIsRemovedOnceTheForkIsGone(t *testing.T) {
 	f := newFixture(t, Options{})
 	var logs syncbuf.Buffer
 	f.o = New(Options{
-		Sandboxes:    &forkUser{Sandboxes: Local(f.b), users: map[string]string{}},
+		Sandboxes:    &forkUser{Lender: f.b.Lender(), users: map[string]string{}},
 		StopSandbox:  f.stop,
 		RemoveUnused: true,
 		Logger:       slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testWriter{t}), nil)),

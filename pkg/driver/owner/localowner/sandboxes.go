@@ -10,90 +10,11 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 )
 
-// Sandboxes is what the owner needs of a backend to lend its sandboxes:
-// make one, find one, snapshot one, fork a snapshot, and remove them. The
-// local backend (Local), OpenSandbox, docker and kubectl implement it, so
-// one owner lends sandboxes of any of them.
-//
-// Names are the owner's (sb-<session>-<n>); a backend may give the sandbox
-// or snapshot an id of its own, which the owner then uses. A fork must
-// look the same from inside as the sandbox snapshotted: the same files at
-// the same paths.
-type Sandboxes interface {
-	// Name is the provider name descriptors use.
-	Name() string
-	// Create makes a new sandbox called name, with its Root and Workdir
-	// folders.
-	Create(ctx context.Context, name string) (sandbox.Sandbox, error)
-	// Open returns the sandbox with that id; one that does not exist is
-	// sandbox.ErrGone.
-	Open(ctx context.Context, id string) (sandbox.Sandbox, error)
-	// Snapshot copies the sandbox's files (the caller holds it still) into
-	// a snapshot called name, replacing any snapshot of that name, and
-	// returns the snapshot's id.
-	Snapshot(ctx context.Context, sandboxID, name string) (string, error)
-	// Fork makes a new sandbox called name from a snapshot.
-	Fork(ctx context.Context, snapshotID, name string) (sandbox.Sandbox, error)
-	// Remove deletes a sandbox; removing one that does not exist is not an
-	// error.
-	Remove(ctx context.Context, id string) error
-	// RemoveSnapshot deletes a snapshot; removing one that does not exist
-	// is not an error. One that a sandbox forked from it still uses may be
-	// refused with sandbox.ErrSnapshotInUse: it stays, and the owner
-	// removes it once that sandbox is gone.
-	RemoveSnapshot(ctx context.Context, id string) error
-}
-
-// Renewer is implemented by backends whose sandboxes expire unless
-// renewed (OpenSandbox): the owner's KeepAlive renews the sandboxes of
-// open sessions.
-type Renewer interface {
-	Renew(ctx context.Context, id string, ttl time.Duration) error
-}
-
-// Local lends the local backend's sandboxes.
-func Local(b *local.Backend) Sandboxes { return localSandboxes{b} }
-
-type localSandboxes struct{ b *local.Backend }
-
-func (l localSandboxes) Name() string { return l.b.Name() }
-
-func (l localSandboxes) Create(ctx context.Context, name string) (sandbox.Sandbox, error) {
-	return l.b.Create(ctx, name)
-}
-
-func (l localSandboxes) Open(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	return l.b.Open(id)
-}
-
-func (l localSandboxes) Snapshot(ctx context.Context, sandboxID, name string) (string, error) {
-	if l.b.HasSnapshot(name) {
-		// Left by a call that failed after copying: take it again.
-		if err := l.b.RemoveSnapshot(ctx, name); err != nil {
-			return "", err
-		}
-	}
-	if err := l.b.Snapshot(ctx, sandboxID, name); err != nil {
-		return "", err
-	}
-	return name, nil
-}
-
-func (l localSandboxes) Fork(ctx context.Context, snapshotID, name string) (sandbox.Sandbox, error) {
-	return l.b.Fork(ctx, snapshotID, name)
-}
-
-func (l localSandboxes) Remove(ctx context.Context, id string) error { return l.b.Remove(ctx, id) }
-
-func (l localSandboxes) RemoveSnapshot(ctx context.Context, id string) error {
-	return l.b.RemoveSnapshot(ctx, id)
-}
-
 // RenewOpen renews, by ttl from now, the sandbox of every open session
-// when the backend's sandboxes expire (it implements Renewer); otherwise
+// when the backend's sandboxes expire (its lender is a sandbox.Renewer); otherwise
 // it does nothing. The error names the sessions whose renewal failed.
 func (o *Owner) RenewOpen(ctx context.Context, ttl time.Duration) error {
-	r, ok := o.opt.Sandboxes.(Renewer)
+	r, ok := o.opt.Sandboxes.(sandbox.Renewer)
 	if !ok {
 		return nil
 	}
@@ -118,7 +39,7 @@ func (o *Owner) RenewOpen(ctx context.Context, ttl time.Duration) error {
 // KeepAlive calls RenewOpen(ttl) every interval until ctx ends, logging
 // failures. It returns at once when the backend's sandboxes do not expire.
 func (o *Owner) KeepAlive(ctx context.Context, every, ttl time.Duration) {
-	if _, ok := o.opt.Sandboxes.(Renewer); !ok || every <= 0 {
+	if _, ok := o.opt.Sandboxes.(sandbox.Renewer); !ok || every <= 0 {
 		return
 	}
 	t := time.NewTicker(every)
@@ -196,3 +117,8 @@ func (o *Owner) EndUnowned(ctx context.Context) (int, error) {
 	}
 	return n, nil
 }
+
+// KeptInUse lists the snapshots the owner dropped that are kept because a
+// sandbox made from them still uses them (removed once it is gone:
+// sandbox.KeepSnapshotsInUse).
+func (o *Owner) KeptInUse() []string { return sandbox.SnapshotsKeptInUse(o.opt.Sandboxes) }
