@@ -23,7 +23,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -32,7 +32,7 @@ import (
 )
 
 // World is one test's whole setup: its own fake model server, a local
-// backend in a folder of its own (namespace isolation), a local owner whose
+// backend in a folder of its own (namespace isolation), a lending owner whose
 // StopSandbox is ngsup's, and ngsup. Runners and participants are made per
 // attempt, as a driver process would after a crash. A package's own world
 // embeds it and adds its adapter.
@@ -51,8 +51,8 @@ type World struct {
 	Base string
 	// Local is the world's local backend.
 	Local *local.Backend
-	// Owner is the world's local owner.
-	Owner *localowner.Owner
+	// Owner is the world's lending owner.
+	Owner *lending.Owner
 	// OwnerCk is the owner's control plane (kind resources).
 	OwnerCk *gym.Control
 	// Ng launches through ngsup.
@@ -129,7 +129,7 @@ func (s *Suite) NewWorld(t *testing.T, opt WorldOptions) *World {
 		t.Fatalf("no ngsup in %s", s.BinDir)
 	}
 	w.Ng = &launch.Ngsup{Binaries: binaries, Log: w.Log}
-	w.Owner = localowner.New(localowner.Options{
+	w.Owner = lending.New(lending.Options{
 		Backend:     w.Local,
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return w.Ng.StopSandbox(ctx, sb) },
 		Logger:      w.Log,

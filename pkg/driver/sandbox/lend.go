@@ -13,7 +13,7 @@ import (
 // sandboxes: make one, find one, snapshot one, fork a snapshot, and remove
 // them. The backends implement it (local through local.Backend.Lender,
 // OpenSandbox, docker and kubectl directly), so one owner
-// (pkg/driver/owner/localowner) lends sandboxes of any of them, and the
+// (pkg/driver/owner/lending) lends sandboxes of any of them, and the
 // conformance suite checks every one the same way.
 //
 // Names are the owner's (sb-<session>-<n>); a backend may give the sandbox

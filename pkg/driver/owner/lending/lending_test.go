@@ -1,4 +1,4 @@
-package localowner
+package lending
 
 import (
 	"bytes"

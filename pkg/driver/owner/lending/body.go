@@ -1,4 +1,4 @@
-package localowner
+package lending
 
 import (
 	"encoding/json"
@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// runBody is what the local owner reads from a run body; the body's other
+// runBody is what the lending owner reads from a run body; the body's other
 // fields are the framework's and are left as they are.
 type runBody struct {
 	RolloutID  string
@@ -29,7 +29,7 @@ func parseObject(what string, body json.RawMessage) (map[string]json.RawMessage,
 		} else if t := strings.TrimSpace(string(body)); t != "" && t[0] != '{' {
 			kind = "not a JSON object"
 		}
-		return nil, fmt.Errorf("localowner: the %s is %s (%.80q)", what, kind, body)
+		return nil, fmt.Errorf("owner: the %s is %s (%.80q)", what, kind, body)
 	}
 	return m, nil
 }
@@ -42,7 +42,7 @@ func field(m map[string]json.RawMessage, key, want string, out any) error {
 		return nil
 	}
 	if err := json.Unmarshal(raw, out); err != nil {
-		return fmt.Errorf("localowner: run body field %q must be %s, got %.80s", key, want, raw)
+		return fmt.Errorf("owner: run body field %q must be %s, got %.80s", key, want, raw)
 	}
 	return nil
 }
@@ -70,7 +70,7 @@ func parseRunBody(body json.RawMessage) (runBody, error) {
 		}
 	}
 	if rb.VerifyMode != "" && rb.VerifyMode != "replay" {
-		return runBody{}, fmt.Errorf(`localowner: run body field "verify_mode" must be "replay" or "", got %q`, rb.VerifyMode)
+		return runBody{}, fmt.Errorf(`owner: run body field "verify_mode" must be "replay" or "", got %q`, rb.VerifyMode)
 	}
 	for p := range rb.Files {
 		if err := checkFilePath(p); err != nil {
@@ -83,7 +83,7 @@ func parseRunBody(body json.RawMessage) (runBody, error) {
 // checkFilePath accepts a relative path that stays inside the workdir.
 func checkFilePath(p string) error {
 	if strings.IndexByte(p, 0) >= 0 || !filepath.IsLocal(p) || filepath.Clean(p) == "." {
-		return fmt.Errorf("localowner: run body file %q is not a relative path inside the workdir", p)
+		return fmt.Errorf("owner: run body file %q is not a relative path inside the workdir", p)
 	}
 	return nil
 }

@@ -1,8 +1,8 @@
-// Package localowner is the embedded local sandbox owner: owner.Owner on
-// top of the local sandbox backend, so `ngdriver run` works with no other
-// server. With Options.Sandboxes it lends the sandboxes of any backend that
-// can create, snapshot, fork and remove them (OpenSandbox, docker,
-// kubectl) the same way.
+// Package lending is the sandbox owner ngharness brings: owner.Owner
+// lending the sandboxes of any backend through its lending contract
+// (sandbox.Lender: local, OpenSandbox, docker, kubectl), so `ngdriver run`
+// works with no other server and `ngdriver owner serve` is Gym's resources
+// server for them.
 //
 // Sessions are bound to the attempt a call names by its capture key (the
 // /ng-rollout/<key>/ prefix of Gym's resources servers), and belong to
@@ -14,8 +14,9 @@
 // restore (in a fresh process too) it forks each snapshot into a new
 // sandbox bound to the next attempt's key, and retire frees an attempt's
 // sessions. While a checkpoint has admission closed, session calls wait
-// for it to reopen (CloseAdmission). The older in-process checkpoint side (Snapshot, Restore,
-// RetireCheckpoint by checkpoint id) remains for `ngdriver run`.
+// for it to reopen (CloseAdmission). The older in-process checkpoint side
+// (Snapshot, Restore, RetireCheckpoint by checkpoint id) is called by no
+// command, only by tests.
 //
 // The run body of its tasks (JSON; fields it does not know are kept):
 //
@@ -29,7 +30,7 @@
 //
 // Sessions live in memory: an Owner forgets them when its process ends; a
 // checkpoint's records and snapshots are what a restore brings back.
-package localowner
+package lending
 
 import (
 	"context"
@@ -153,7 +154,7 @@ type Options struct {
 	KeepFailed bool
 }
 
-// Owner is the embedded local owner. Its methods are safe for concurrent
+// Owner is the lending owner. Its methods are safe for concurrent
 // use by many runs.
 type Owner struct {
 	opt Options
@@ -248,7 +249,7 @@ type SessionInfo struct {
 func New(opt Options) *Owner {
 	if opt.Sandboxes == nil {
 		if opt.Backend == nil {
-			panic("localowner: Options.Backend and Options.Sandboxes are nil")
+			panic("owner: Options.Backend and Options.Sandboxes are nil")
 		}
 		opt.Sandboxes = opt.Backend.Lender()
 	}
@@ -319,7 +320,7 @@ func refuseCookie(call, key string) error {
 	if key != "" {
 		where = fmt.Sprintf("the session of attempt %q", key)
 	}
-	return fmt.Errorf("localowner: %w: %w", ErrSessionCookie,
+	return fmt.Errorf("owner: %w: %w", ErrSessionCookie,
 		gym.Refuse(gym.ErrUnauthorized, "%s on %s needs the %s cookie its seed set", call, where, CookieName))
 }
 
@@ -414,7 +415,7 @@ func (o *Owner) SeedSessionWith(ctx context.Context, key string, c owner.Cookies
 		sb, err := o.newSandbox(ctx, sandboxID(s.id, 0), rb.Files)
 		if err != nil {
 			o.unregister(s)
-			return owner.SeedReply{}, fmt.Errorf("localowner: seed session %s: %w", s.id, err)
+			return owner.SeedReply{}, fmt.Errorf("owner: seed session %s: %w", s.id, err)
 		}
 		s.sandboxID, s.workdir = sb.ID(), sb.Workdir()
 	}
@@ -432,10 +433,10 @@ func (o *Owner) seedAgain(s *session, cookie string) (owner.SeedReply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.failed {
-		return owner.SeedReply{}, fmt.Errorf("localowner: seed for session %s: a concurrent seed of the same attempt failed", s.id)
+		return owner.SeedReply{}, fmt.Errorf("owner: seed for session %s: a concurrent seed of the same attempt failed", s.id)
 	}
 	if s.closed {
-		return owner.SeedReply{}, fmt.Errorf("localowner: seed for session %s: %w", s.id, owner.ErrClosed)
+		return owner.SeedReply{}, fmt.Errorf("owner: seed for session %s: %w", s.id, owner.ErrClosed)
 	}
 	o.mu.Lock()
 	retired := s.retired
@@ -567,10 +568,10 @@ func (o *Owner) SandboxAccess(ctx context.Context, key string, c owner.Cookies) 
 		return owner.Access{}, err
 	}
 	if s.closed {
-		return owner.Access{}, fmt.Errorf("localowner: session %s: %w", s.id, owner.ErrClosed)
+		return owner.Access{}, fmt.Errorf("owner: session %s: %w", s.id, owner.ErrClosed)
 	}
 	if s.sandboxID == "" {
-		return owner.Access{}, fmt.Errorf("localowner: session %s: %w", s.id, owner.ErrNoSandbox)
+		return owner.Access{}, fmt.Errorf("owner: session %s: %w", s.id, owner.ErrNoSandbox)
 	}
 	var a owner.Access
 	a.Connection.Kind = "direct"
@@ -611,7 +612,7 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 		return owner.VerifyReply{}, err
 	}
 	if s.closed {
-		return owner.VerifyReply{}, fmt.Errorf("localowner: verify session %s: %w", s.id, owner.ErrClosed)
+		return owner.VerifyReply{}, fmt.Errorf("owner: verify session %s: %w", s.id, owner.ErrClosed)
 	}
 
 	reply := owner.VerifyReply{Reward: 1}
@@ -636,7 +637,7 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 			reply.FailureKind = FailureCheckTimeout
 			reply.FailureReason = fmt.Sprintf("the check %s did not finish within %s: %s", abbrev(s.body.Check), o.opt.CheckTimeout, outputTail(res))
 		case err != nil:
-			return owner.VerifyReply{}, fmt.Errorf("localowner: verify session %s: run the check: %w", s.id, err)
+			return owner.VerifyReply{}, fmt.Errorf("owner: verify session %s: run the check: %w", s.id, err)
 		case res.ExitCode != 0:
 			reply.Reward = 0
 			reply.FailureKind = FailureCheckFailed
@@ -657,7 +658,7 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 		out["failure_reason"] = reply.FailureReason
 	}
 	if reply.Body, err = json.Marshal(out); err != nil {
-		return owner.VerifyReply{}, fmt.Errorf("localowner: verify session %s: %w", s.id, err)
+		return owner.VerifyReply{}, fmt.Errorf("owner: verify session %s: %w", s.id, err)
 	}
 
 	o.log.Info("session verified", "session", s.id, "reward", reply.Reward, "failure_kind", reply.FailureKind)
@@ -841,7 +842,7 @@ func (o *Owner) CloseSession(ctx context.Context, key string, c owner.Cookies) e
 		return nil
 	}
 	if err := o.stop(ctx, s.sandboxID); err != nil {
-		return fmt.Errorf("localowner: close session %s: stop sandbox %s: %w", s.id, s.sandboxID, err)
+		return fmt.Errorf("owner: close session %s: stop sandbox %s: %w", s.id, s.sandboxID, err)
 	}
 	s.closed = true
 	o.log.Info("session closed", "session", s.id)
@@ -936,7 +937,7 @@ func (o *Owner) allSessions() []*session {
 // sessions that failed.
 func (o *Owner) Snapshot(ctx context.Context, checkpointID string) (map[string]string, error) {
 	if checkpointID == "" {
-		return nil, errors.New("localowner: snapshot: empty checkpoint id")
+		return nil, errors.New("owner: snapshot: empty checkpoint id")
 	}
 	o.ckMu.Lock()
 	defer o.ckMu.Unlock()
@@ -980,7 +981,7 @@ func (o *Owner) Snapshot(ctx context.Context, checkpointID string) (map[string]s
 		out[k] = v
 	}
 	if err != nil {
-		return out, fmt.Errorf("localowner: snapshot for checkpoint %s: %w", checkpointID, err)
+		return out, fmt.Errorf("owner: snapshot for checkpoint %s: %w", checkpointID, err)
 	}
 	return out, nil
 }
@@ -997,7 +998,7 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 	defer o.ckMu.Unlock()
 	taken := o.checkpoints[checkpointID]
 	if len(taken) == 0 {
-		return fmt.Errorf("localowner: restore %q: %w", checkpointID, ErrUnknownCheckpoint)
+		return fmt.Errorf("owner: restore %q: %w", checkpointID, ErrUnknownCheckpoint)
 	}
 	var sessions []*session
 	o.mu.Lock()
@@ -1030,7 +1031,7 @@ func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("localowner: restore %s: %w", checkpointID, err)
+		return fmt.Errorf("owner: restore %s: %w", checkpointID, err)
 	}
 	return nil
 }
@@ -1069,7 +1070,7 @@ func (o *Owner) RetireCheckpoint(ctx context.Context, checkpointID string) error
 		delete(o.checkpoints, checkpointID)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("localowner: retire %s: %w", checkpointID, err)
+		return fmt.Errorf("owner: retire %s: %w", checkpointID, err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package localowner
+package lending
 
 import (
 	"context"
@@ -31,7 +31,7 @@ func (o *Owner) RenewOpen(ctx context.Context, ttl time.Duration) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("localowner: renew: %w", err)
+		return fmt.Errorf("owner: renew: %w", err)
 	}
 	return nil
 }
@@ -89,7 +89,7 @@ func (o *Owner) EndUnowned(ctx context.Context) (int, error) {
 	if lb.Isolation() == local.IsolationNamespace {
 		n, err := lb.EndStrays(ctx, func(id string) bool { return used[id] })
 		if err != nil {
-			return n, fmt.Errorf("localowner: %w", err)
+			return n, fmt.Errorf("owner: %w", err)
 		}
 		return n, nil
 	}
@@ -98,7 +98,7 @@ func (o *Owner) EndUnowned(ctx context.Context) (int, error) {
 	}
 	ids, err := lb.List()
 	if err != nil {
-		return 0, fmt.Errorf("localowner: %w", err)
+		return 0, fmt.Errorf("owner: %w", err)
 	}
 	n := 0
 	var errs []error
@@ -113,7 +113,7 @@ func (o *Owner) EndUnowned(ctx context.Context) (int, error) {
 		n++
 	}
 	if err := errors.Join(errs...); err != nil {
-		return n, fmt.Errorf("localowner: end what runs in sandboxes no session uses: %w", err)
+		return n, fmt.Errorf("owner: end what runs in sandboxes no session uses: %w", err)
 	}
 	return n, nil
 }
