@@ -162,7 +162,7 @@ commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).`,
 			srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log, Metrics: serve.NewRegistry(),
 				ClientError: func(err error) bool {
 					var se *json.SyntaxError
-					return errors.Is(err, lending.ErrUnknownSession) || errors.Is(err, lending.ErrUnknownCheckpoint) ||
+					return errors.Is(err, lending.ErrUnknownSession) ||
 						errors.As(err, &se) || strings.Contains(err.Error(), "run body")
 				}}
 			if listen == "" {

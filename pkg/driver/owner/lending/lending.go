@@ -14,9 +14,7 @@
 // restore (in a fresh process too) it forks each snapshot into a new
 // sandbox bound to the next attempt's key, and retire frees an attempt's
 // sessions. While a checkpoint has admission closed, session calls wait
-// for it to reopen (CloseAdmission). The older in-process checkpoint side
-// (Snapshot, Restore, RetireCheckpoint by checkpoint id) is called by no
-// command, only by tests.
+// for it to reopen (CloseAdmission).
 //
 // The run body of its tasks (JSON; fields it does not know are kept):
 //
@@ -103,16 +101,12 @@ const (
 	FailureCheckTimeout = "check_timeout"
 )
 
-// parallelism bounds the sandboxes copied at once by Snapshot and Restore.
+// parallelism bounds the sandboxes copied at once by Export and Install.
 const parallelism = 8
 
 // ErrUnknownSession means the cookies name no session of this owner (or no
 // session at all).
 var ErrUnknownSession = errors.New("unknown session")
-
-// ErrUnknownCheckpoint means the owner took no snapshot under that
-// checkpoint id (or retired it).
-var ErrUnknownCheckpoint = errors.New("unknown checkpoint")
 
 // Options configure an Owner.
 type Options struct {
@@ -177,11 +171,10 @@ type Owner struct {
 	ending       []*session            // verified during a checkpoint; they end when admission reopens
 	control      *gym.Control
 
-	// ckMu serializes the checkpoint side (Snapshot, Restore, Retire) and
-	// guards checkpoints. Lock order: ckMu, then a session's mu, then mu.
-	ckMu        sync.Mutex
-	checkpoints map[string]map[string]string // checkpoint id -> session id -> snapshot id
-	exports     map[string]*export           // Gym checkpoint id -> what its Export took (checkpoint.go)
+	// ckMu serializes the checkpoint side (Export, Install, Retire, ...)
+	// and guards exports. Lock order: ckMu, then a session's mu, then mu.
+	ckMu    sync.Mutex
+	exports map[string]*export // Gym checkpoint id -> what its Export took (checkpoint.go)
 }
 
 var _ owner.Owner = (*Owner)(nil)
@@ -268,7 +261,7 @@ func New(opt Options) *Owner {
 	return &Owner{opt: opt, log: log.With("owner", "local"), local: lb,
 		sessions: map[string]*session{}, byKey: map[string]*session{},
 		accepting: true, opened: opened, requests: map[gym.EpisodeID]int{}, changed: make(chan struct{}),
-		checkpoints: map[string]map[string]string{}, exports: map[string]*export{}}
+		exports: map[string]*export{}}
 }
 
 func newSessionID() string {
@@ -927,152 +920,6 @@ func (o *Owner) allSessions() []*session {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
 	return out
-}
-
-// Snapshot snapshots the sandbox of every open session under the
-// checkpoint (the caller has paused them) and returns session id ->
-// snapshot id. Sessions snapshotted by an earlier call for the same
-// checkpoint are not copied again, so a failed call can be retried; the
-// map then holds every snapshot of the checkpoint, and the error names the
-// sessions that failed.
-func (o *Owner) Snapshot(ctx context.Context, checkpointID string) (map[string]string, error) {
-	if checkpointID == "" {
-		return nil, errors.New("owner: snapshot: empty checkpoint id")
-	}
-	o.ckMu.Lock()
-	defer o.ckMu.Unlock()
-	taken := o.checkpoints[checkpointID]
-	if taken == nil {
-		taken = map[string]string{}
-	}
-	var mu sync.Mutex // guards taken while sessions are copied at once
-	err := forEach(o.allSessions(), func(s *session) error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.closed || s.sandboxID == "" {
-			return nil
-		}
-		mu.Lock()
-		_, done := taken[s.id]
-		mu.Unlock()
-		if done {
-			return nil
-		}
-		start := time.Now()
-		// A snapshot of that name left by a call that failed after
-		// copying is taken again.
-		snap, err := o.opt.Sandboxes.Snapshot(ctx, s.sandboxID, snapshotID(checkpointID, s.id))
-		if err != nil {
-			return fmt.Errorf("session %s: %w", s.id, err)
-		}
-		s.snapshots[checkpointID] = snap
-		mu.Lock()
-		taken[s.id] = snap
-		mu.Unlock()
-		o.log.Info("sandbox snapshotted", "checkpoint", checkpointID, "session", s.id,
-			"sandbox", s.sandboxID, "snapshot", snap, "took", time.Since(start))
-		return nil
-	})
-	if len(taken) > 0 {
-		o.checkpoints[checkpointID] = taken
-	}
-	out := make(map[string]string, len(taken))
-	for k, v := range taken {
-		out[k] = v
-	}
-	if err != nil {
-		return out, fmt.Errorf("owner: snapshot for checkpoint %s: %w", checkpointID, err)
-	}
-	return out, nil
-}
-
-// Restore rewinds every session of the checkpoint to its snapshot: it
-// stops the session's current sandbox (StopSandbox; a failure is logged,
-// the old sandbox is abandoned either way), forks the snapshot under a NEW
-// sandbox id (sb-<session>-<n+1>), makes the session current on the fork
-// and reopens it (not closed, not verified). A checkpoint with no snapshots
-// is ErrUnknownCheckpoint. The error names the sessions that could not be
-// restored; the others are.
-func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
-	o.ckMu.Lock()
-	defer o.ckMu.Unlock()
-	taken := o.checkpoints[checkpointID]
-	if len(taken) == 0 {
-		return fmt.Errorf("owner: restore %q: %w", checkpointID, ErrUnknownCheckpoint)
-	}
-	var sessions []*session
-	o.mu.Lock()
-	for id := range taken {
-		if s := o.sessions[id]; s != nil {
-			sessions = append(sessions, s)
-		}
-	}
-	o.mu.Unlock()
-	err := forEach(sessions, func(s *session) error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		snap := taken[s.id]
-		old := s.sandboxID
-		killErr := o.kill(ctx, old)[old]
-		if killErr != nil {
-			o.log.Warn("stop the sandbox a restore replaces; it is kept", "session", s.id, "sandbox", old, "err", killErr)
-		}
-		fork, gen, err := o.forkNext(ctx, snap, s.id, s.generation)
-		if err != nil {
-			return fmt.Errorf("session %s: %w", s.id, err)
-		}
-		s.sandboxID, s.workdir, s.generation = fork.ID(), fork.Workdir(), gen
-		s.closed, s.verified = false, false
-		o.log.Info("session restored", "checkpoint", checkpointID, "session", s.id,
-			"snapshot", snap, "old_sandbox", old, "sandbox", fork.ID())
-		if old != fork.ID() && killErr == nil {
-			o.removeUnused(ctx, s, old)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("owner: restore %s: %w", checkpointID, err)
-	}
-	return nil
-}
-
-// RetireCheckpoint removes the checkpoint's snapshots (the in-process
-// side; gym's Retire frees an attempt). Retiring a checkpoint with no
-// snapshots (or one retired already) does nothing. A snapshot that could
-// not be removed stays recorded, so a later call tries again.
-func (o *Owner) RetireCheckpoint(ctx context.Context, checkpointID string) error {
-	o.ckMu.Lock()
-	defer o.ckMu.Unlock()
-	taken := o.checkpoints[checkpointID]
-	var errs []error
-	ids := make([]string, 0, len(taken))
-	for id := range taken {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	for _, id := range ids {
-		snap := taken[id]
-		if err := o.opt.Sandboxes.RemoveSnapshot(ctx, snap); err != nil {
-			errs = append(errs, fmt.Errorf("session %s: %w", id, err))
-			continue
-		}
-		delete(taken, id)
-		o.mu.Lock()
-		s := o.sessions[id]
-		o.mu.Unlock()
-		if s != nil {
-			s.mu.Lock()
-			delete(s.snapshots, checkpointID)
-			s.mu.Unlock()
-		}
-	}
-	if len(taken) == 0 {
-		delete(o.checkpoints, checkpointID)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("owner: retire %s: %w", checkpointID, err)
-	}
-	return nil
 }
 
 // forkNext forks the snapshot into the first free sandbox name
