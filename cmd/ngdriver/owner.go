@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -160,11 +159,7 @@ commit, rm; kubectl: run, tar snapshots kept in snapshot_dir, delete).`,
 				log.Info("checkpoint participant", "kind", own.Kind(), "instance", instance, "lease_grace", leaseGrace.String())
 			}
 			srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log, Metrics: serve.NewRegistry(),
-				ClientError: func(err error) bool {
-					var se *json.SyntaxError
-					return errors.Is(err, lending.ErrUnknownSession) ||
-						errors.As(err, &se) || strings.Contains(err.Error(), "run body")
-				}}
+				ClientError: lending.ClientError}
 			if listen == "" {
 				listen = defaultOwnerListen // nothing configured: loopback only
 			}

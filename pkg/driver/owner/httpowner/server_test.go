@@ -59,8 +59,7 @@ func newServer(t *testing.T, base string) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log,
-		ClientError: func(err error) bool { return errors.Is(err, lending.ErrUnknownSession) }}
+	srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log, ClientError: lending.ClientError}
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	return &server{t: t, b: b, own: own, url: hs.URL}
@@ -1014,6 +1013,39 @@ func TestARestoredSessionSoughtWithoutItsCookieIsReplacedNotHandedOut(t *testing
 		t.Fatalf("sessions after the replacement: %v", got)
 	}
 	ok(t, "the fresh session's verify", fresh.post("/ng-rollout/r-a1/verify", again.cookies, map[string]any{}))
+}
+
+// TestABadBodyIsTheCallersFault: a seed whose run body the owner cannot
+// read (not a JSON object, a field of the wrong type, a file outside the
+// workdir) is refused 400 bad_request naming what is wrong, as `ngdriver
+// owner serve` wires the owner (lending.ClientError), and makes no
+// sandbox; a verify body that is not an object is refused 400 too (it was
+// 500 before ErrBadVerifyBody).
+func TestABadBodyIsTheCallersFault(t *testing.T) {
+	base := t.TempDir()
+	s := newServer(t, base)
+	for body, names := range map[string]string{
+		`[1]`:                          "not a JSON object",
+		`{"files": 3}`:                 "files",
+		`{"files": {"../escape": ""}}`: "../escape",
+		`{"verify_mode": "fast"}`:      "verify_mode",
+	} {
+		r := s.post(httpowner.RolloutPath("bad", "seed_session"), nil, body)
+		want(t, "seed of "+body, r, http.StatusBadRequest, httpowner.CodeBadRequest)
+		if !strings.Contains(r.raw, names) {
+			t.Errorf("seed of %s: %s does not name %s", body, r.raw, names)
+		}
+	}
+	if got := sandboxes(t, base); len(got) != 0 {
+		t.Errorf("bad seeds made sandboxes %v", got)
+	}
+	// So is a verify body that is not a JSON object (docs/gym.md: 400 for a
+	// malformed run or verify body); the session stays open.
+	seeded := s.mustSeed("good", map[string]any{})
+	want(t, "verify of [1]", s.post("/ng-rollout/good/verify", seeded.cookies, `[1]`), http.StatusBadRequest, httpowner.CodeBadRequest)
+	if info, err := s.own.Session(seeded.cookies); err != nil || info.Closed {
+		t.Errorf("a refused verify ended the session: %+v %v", info, err)
+	}
 }
 
 // TestOwnerErrorRepliesAreCapped (issue 18, finding 2): whatever a caller

@@ -85,11 +85,6 @@ import (
 // time, whose secret was its id.
 const CookieName = "session_id"
 
-// ErrSessionCookie is a call on a session without that session's cookie
-// (none, a wrong secret, or another session's). It is refused as
-// gym.ErrUnauthorized (401 unauthorized); it names no session.
-var ErrSessionCookie = errors.New("no valid session cookie")
-
 // DefaultCheckTimeout bounds a verify's check when Options.CheckTimeout is 0.
 const DefaultCheckTimeout = 10 * time.Minute
 
@@ -103,10 +98,6 @@ const (
 
 // parallelism bounds the sandboxes copied at once by Export and Install.
 const parallelism = 8
-
-// ErrUnknownSession means the cookies name no session of this owner (or no
-// session at all).
-var ErrUnknownSession = errors.New("unknown session")
 
 // Options configure an Owner.
 type Options struct {
@@ -590,9 +581,9 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 	if err := o.Authenticate(callVerify, key, c); err != nil {
 		return owner.VerifyReply{}, err
 	}
-	req, err := parseObject("verify body", body)
+	req, err := jsonObject(body)
 	if err != nil {
-		return owner.VerifyReply{}, err
+		return owner.VerifyReply{}, fmt.Errorf("owner: %w: %v", ErrBadVerifyBody, err)
 	}
 	s, done, err := o.enter(ctx, callVerify, key, c)
 	if err != nil {

@@ -596,6 +596,8 @@ func TestBadBodiesAndCookies(t *testing.T) {
 	} {
 		if _, err := f.o.SeedSession(ctx, "", json.RawMessage(body)); err == nil {
 			t.Errorf("seed accepted %s", body)
+		} else if !errors.Is(err, ErrBadRunBody) || !ClientError(err) {
+			t.Errorf("seed of %s: %v, want ErrBadRunBody (the caller's fault)", body, err)
 		} else {
 			t.Logf("%s: %v", body, err)
 		}
@@ -621,6 +623,8 @@ func TestBadBodiesAndCookies(t *testing.T) {
 	r := f.seed(map[string]any{"task": "t"})
 	if _, err := f.o.Verify(ctx, "", r.Cookies, json.RawMessage(`[1]`)); err == nil {
 		t.Error("verify accepted a body that is not an object")
+	} else if !errors.Is(err, ErrBadVerifyBody) || !ClientError(err) {
+		t.Errorf("verify of a body that is not an object: %v, want ErrBadVerifyBody (the caller's fault)", err)
 	}
 	if info, _ := f.o.Session(r.Cookies); info.Closed {
 		t.Error("a rejected verify closed the session")
