@@ -24,6 +24,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
 	"github.com/ngharness/ngharness/pkg/driver/serve"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/opencode"
 )
 
@@ -198,14 +199,14 @@ type adapterEntry struct {
 	keys config.AdapterKeys
 	// build makes the adapter from its section of the config (nil when
 	// the config has none) and the rest of the config.
-	build func(section map[string]any, cfg config.Config) (driver.Adapter, error)
+	build func(section map[string]any, cfg config.Config) (harness.Adapter, error)
 }
 
 // adapters is the one table of harness adapters, by the name the config's
 // `adapter` (and `ngdriver run --adapter`) gives and its section's key:
 // adding one touches only here.
 var adapters = map[string]adapterEntry{
-	"fake": {build: func(section map[string]any, cfg config.Config) (driver.Adapter, error) {
+	"fake": {build: func(section map[string]any, cfg config.Config) (harness.Adapter, error) {
 		a := &fake.Adapter{Pause: true}
 		if err := remarshal(section, &a.Defaults); err != nil {
 			return nil, usagef("fake: %v", err)
@@ -213,7 +214,7 @@ var adapters = map[string]adapterEntry{
 		return a, nil
 	}},
 	"opencode": {keys: config.AdapterKeys{Binary: "opencode", Model: true},
-		build: func(section map[string]any, cfg config.Config) (driver.Adapter, error) {
+		build: func(section map[string]any, cfg config.Config) (harness.Adapter, error) {
 			var opt opencode.Options
 			if err := remarshal(section, &opt); err != nil {
 				return nil, usagef("opencode: %v", err)
@@ -231,8 +232,8 @@ var adapters = map[string]adapterEntry{
 // fromSection is the build of an adapter whose options are its section:
 // the section is read into O strictly (an unknown key is an error naming
 // it), then newAdapter makes the adapter.
-func fromSection[O any, A driver.Adapter](name string, newAdapter func(O) (A, error)) func(map[string]any, config.Config) (driver.Adapter, error) {
-	return func(section map[string]any, _ config.Config) (driver.Adapter, error) {
+func fromSection[O any, A harness.Adapter](name string, newAdapter func(O) (A, error)) func(map[string]any, config.Config) (harness.Adapter, error) {
+	return func(section map[string]any, _ config.Config) (harness.Adapter, error) {
 		var opt O
 		if err := remarshal(section, &opt); err != nil {
 			return nil, usagef("%s: %v", name, err)
@@ -243,7 +244,7 @@ func fromSection[O any, A driver.Adapter](name string, newAdapter func(O) (A, er
 
 // built is what an adapter's New returned, its error (bad options) a
 // usage error.
-func built[A driver.Adapter](a A, err error) (driver.Adapter, error) {
+func built[A harness.Adapter](a A, err error) (harness.Adapter, error) {
 	if err != nil {
 		return nil, usageError{err.Error()}
 	}
@@ -259,7 +260,7 @@ func builtIn() config.Adapters {
 	return k
 }
 
-func buildAdapter(cfg config.Config) (driver.Adapter, error) {
+func buildAdapter(cfg config.Config) (harness.Adapter, error) {
 	a, ok := adapters[cfg.Adapter]
 	if !ok {
 		return nil, usagef("adapter %q is not built into this ngdriver (it has %s)", cfg.Adapter, builtIn().Names())

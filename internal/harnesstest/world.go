@@ -27,6 +27,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
@@ -145,7 +146,7 @@ func (s *Suite) NewWorld(t *testing.T, opt WorldOptions) *World {
 
 // Runner wires a Runner as `ngdriver run` does, with a wrapped in
 // RawResponses.
-func (w *World) Runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
+func (w *World) Runner(a harness.Adapter, p *driver.Participant) *driver.Runner {
 	return &driver.Runner{
 		Adapter:     RawResponses{a},
 		Owner:       w.Owner,
@@ -164,35 +165,35 @@ func (w *World) Runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
 // and checks the Gym reply too.
 type RawResponses struct {
 	// A is the adapter.
-	A driver.Adapter
+	A harness.Adapter
 }
 
 // Name is the adapter's.
 func (r RawResponses) Name() string { return r.A.Name() }
 
 // NewState is the adapter's.
-func (r RawResponses) NewState(ro string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
+func (r RawResponses) NewState(ro string, attempt int, sb harness.LentSandbox) (json.RawMessage, error) {
 	return r.A.NewState(ro, attempt, sb)
 }
 
 // ResumeDecision is the adapter's.
-func (r RawResponses) ResumeDecision(ctx context.Context, sb driver.LentSandbox, st json.RawMessage, ro string, attempt int) (driver.Decision, error) {
+func (r RawResponses) ResumeDecision(ctx context.Context, sb harness.LentSandbox, st json.RawMessage, ro string, attempt int) (harness.Decision, error) {
 	return r.A.ResumeDecision(ctx, sb, st, ro, attempt)
 }
 
 // Launch is the adapter's.
-func (r RawResponses) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+func (r RawResponses) Launch(ctx context.Context, lc harness.LaunchContext) (harness.LaunchSpec, error) {
 	return r.A.Launch(ctx, lc)
 }
 
 // Response is the adapter's own, unshaped.
-func (r RawResponses) Response(ctx context.Context, sb driver.LentSandbox, st json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+func (r RawResponses) Response(ctx context.Context, sb harness.LentSandbox, st json.RawMessage, res harness.HarnessResult) (json.RawMessage, error) {
 	return r.A.Response(ctx, sb, st, res)
 }
 
 // PausesAtCheckpoints is the adapter's (false if it does not say).
 func (r RawResponses) PausesAtCheckpoints() bool {
-	p, ok := r.A.(driver.PausesAtCheckpoints)
+	p, ok := r.A.(harness.PausesAtCheckpoints)
 	return ok && p.PausesAtCheckpoints()
 }
 

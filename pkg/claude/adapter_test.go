@@ -9,13 +9,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/hosttest"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // newAdapter is an adapter on a model URL with a path, and a sandbox on
 // a host folder.
-func newAdapter(t *testing.T, opt Options) (*Adapter, *hosttest.Sandbox, driver.LentSandbox) {
+func newAdapter(t *testing.T, opt Options) (*Adapter, *hosttest.Sandbox, harness.LentSandbox) {
 	t.Helper()
 	if opt.Claude == "" {
 		opt.Claude = "/opt/claude"
@@ -28,7 +28,7 @@ func newAdapter(t *testing.T, opt Options) (*Adapter, *hosttest.Sandbox, driver.
 		t.Fatal(err)
 	}
 	sb := hosttest.New(t)
-	return a, sb, driver.LentSandbox{Sandbox: sb}
+	return a, sb, harness.LentSandbox{Sandbox: sb}
 }
 
 func stateOf(t *testing.T, raw json.RawMessage) State {
@@ -55,7 +55,7 @@ func TestLaunch(t *testing.T) {
 	}
 	task := "-x 'q' \"dq\" $(touch pwned) `id`\nline2\\n"
 	body, _ := json.Marshal(map[string]string{"task": task})
-	spec, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r/1?", Attempt: 2, Input: body, Sandbox: lent, State: st})
+	spec, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r/1?", Attempt: 2, Input: body, Sandbox: lent, State: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestLaunchResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r1", Attempt: 2, LaunchID: "L7", Sandbox: lent, State: st, Resume: true})
+	spec, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r1", Attempt: 2, LaunchID: "L7", Sandbox: lent, State: st, Resume: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,17 +177,17 @@ func TestLaunchRefuses(t *testing.T) {
 		resume bool
 		want   string
 	}{
-		{strings.Repeat("x", driver.MaxArg), false, "claude: the task is 131072 bytes; Linux passes at most 131071 bytes in one argument"},
+		{strings.Repeat("x", harness.MaxArg), false, "claude: the task is 131072 bytes; Linux passes at most 131071 bytes in one argument"},
 		{"a\x00b", false, "claude: the task holds a NUL byte"},
 		{"ok", true, "claude: no saved session with an id to continue in"},
 	} {
 		body, _ := json.Marshal(map[string]string{"task": c.task})
-		_, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r1", Attempt: 1, Input: body, Sandbox: lent, State: st, Resume: c.resume})
+		_, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r1", Attempt: 1, Input: body, Sandbox: lent, State: st, Resume: c.resume})
 		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
 			t.Errorf("task of %d bytes, resume %v: %v, want %q", len(c.task), c.resume, err, c.want)
 		}
 	}
-	if _, err := a.Launch(context.Background(), driver.LaunchContext{Sandbox: lent, State: json.RawMessage(`{"home":"rel"}`)}); err == nil || !strings.Contains(err.Error(), "names no absolute folder") {
+	if _, err := a.Launch(context.Background(), harness.LaunchContext{Sandbox: lent, State: json.RawMessage(`{"home":"rel"}`)}); err == nil || !strings.Contains(err.Error(), "names no absolute folder") {
 		t.Errorf("a relative state: %v", err)
 	}
 	for _, c := range []struct {

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // uploads is a sandbox that records uploads and runs nothing.
@@ -37,14 +37,14 @@ func TestLaunch(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb := &uploads{files: map[string][]byte{}}
-	lent := driver.LentSandbox{Sandbox: sb}
+	lent := harness.LentSandbox{Sandbox: sb}
 	st, err := a.NewState("r/1?", 2, lent)
 	if err != nil {
 		t.Fatal(err)
 	}
 	task := "-x 'q' \"dq\" $(touch /tmp/pwned) `id`\nline2\\n"
 	body, _ := json.Marshal(map[string]string{"task": task})
-	spec, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r/1?", Attempt: 2, Input: body, Sandbox: lent, State: st})
+	spec, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r/1?", Attempt: 2, Input: body, Sandbox: lent, State: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,19 +82,19 @@ func TestLaunchRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lent := driver.LentSandbox{Sandbox: &uploads{files: map[string][]byte{}}}
+	lent := harness.LentSandbox{Sandbox: &uploads{files: map[string][]byte{}}}
 	st, _ := a.NewState("r1", 1, lent)
 	for _, c := range []struct {
 		task   string
 		resume bool
 		want   string
 	}{
-		{strings.Repeat("x", driver.MaxArg), false, "at most 131071 bytes"},
+		{strings.Repeat("x", harness.MaxArg), false, "at most 131071 bytes"},
 		{"a\x00b", false, "NUL"},
 		{"ok", true, "without resume_prompt set"},
 	} {
 		body, _ := json.Marshal(map[string]string{"task": c.task})
-		_, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r1", Attempt: 1, Input: body, Sandbox: lent, State: st, Resume: c.resume})
+		_, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r1", Attempt: 1, Input: body, Sandbox: lent, State: st, Resume: c.resume})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("task of %d bytes, resume %v: %v, want %q", len(c.task), c.resume, err, c.want)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/opencode"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
@@ -192,7 +193,7 @@ func kit(oc openCode) harnesstest.Harness {
 func (w *world) rig() harnesstest.Rig {
 	return harnesstest.Rig{
 		World:   w.World,
-		Adapter: func() driver.Adapter { return w.adapter(nil) },
+		Adapter: func() harness.Adapter { return w.adapter(nil) },
 		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
 			w.T.Helper()
 			r := w.mustSucceed(h)

@@ -33,6 +33,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -178,7 +179,7 @@ func Fake(steps int, stepS float64) *fake.Adapter {
 // Runner returns a Runner wired as `ngdriver run` wires it: the adapter,
 // the owner, the recording backend, ngsup and the participant, with the
 // tests' short stop grace.
-func (e *Env) Runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
+func (e *Env) Runner(a harness.Adapter, p *driver.Participant) *driver.Runner {
 	return &driver.Runner{
 		Adapter:     a,
 		Owner:       e.Owner,
@@ -195,13 +196,13 @@ func (e *Env) Runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
 
 // OwnSandbox is a Runner.OwnSandbox that makes a local sandbox (recorded
 // like the lent ones) named own-<rollout>.
-func (e *Env) OwnSandbox(ctx context.Context, rollout string) (driver.LentSandbox, error) {
+func (e *Env) OwnSandbox(ctx context.Context, rollout string) (harness.LentSandbox, error) {
 	sb, err := e.Local.Create(ctx, "own-"+rollout)
 	if err != nil {
-		return driver.LentSandbox{}, err
+		return harness.LentSandbox{}, err
 	}
 	d := sandbox.Descriptor{Provider: e.Local.Name(), SandboxID: sb.ID(), Workdir: sb.Workdir()}
-	return driver.LentSandbox{Sandbox: e.Backend.Wrap(sb), Descriptor: d}, nil
+	return harness.LentSandbox{Sandbox: e.Backend.Wrap(sb), Descriptor: d}, nil
 }
 
 // Task is a run body for the fake adapter and the lending owner: steps of
