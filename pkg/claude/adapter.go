@@ -23,7 +23,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"path"
 	"strings"
@@ -37,21 +36,10 @@ type Options struct {
 	// Claude is the claude binary inside the sandbox (the native one of
 	// @anthropic-ai/claude-code-linux-<arch>, or the npm wrapper).
 	Claude string `json:"claude"`
-	// ModelURL is the model server's base URL (speaking the Messages API
-	// below /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added,
-	// so every model call is attributed to its rollout attempt.
-	ModelURL string `json:"model_url"`
-	// Model is the served model's name (Claude Code's --model); APIKey is
-	// sent to it as x-api-key.
-	Model  string `json:"model"`
-	APIKey string `json:"api_key"`
-	// PauseAtCheckpoints: false restores stop and relaunch (default true).
-	PauseAtCheckpoints *bool `json:"pause_at_checkpoints"`
-	// Env is added to Claude Code's environment (after the adapter's own,
-	// so it may override them).
-	Env map[string]string `json:"env"`
-	// Timeout bounds one launch's running time (paused time not counted).
-	Timeout string `json:"timeout"`
+	// CLIOptions are the keys every CLI adapter takes. Here model_url is a
+	// server speaking the Messages API below /v1, the model is Claude
+	// Code's --model, and api_key is sent as x-api-key.
+	harness.CLIOptions
 }
 
 // Adapter is the Claude Code adapter.
@@ -60,24 +48,9 @@ type Adapter struct {
 	timeout time.Duration
 }
 
-// New checks the options and returns the adapter.
+// New checks the options (CLIOptions.Check) and returns the adapter.
 func New(opt Options) (*Adapter, error) {
-	if opt.Claude == "" {
-		return nil, errors.New("claude: the claude binary (claude.claude) is required")
-	}
-	if err := harness.CheckModelURL("claude", opt.ModelURL); err != nil {
-		return nil, err
-	}
-	if opt.Model == "" {
-		opt.Model = "policy"
-	}
-	if opt.APIKey == "" {
-		opt.APIKey = "none"
-	}
-	if err := harness.CheckEnvNames("claude", opt.Env); err != nil {
-		return nil, err
-	}
-	timeout, err := harness.ParseTimeout("claude", opt.Timeout)
+	timeout, err := opt.Check("claude", opt.Claude)
 	if err != nil {
 		return nil, err
 	}
@@ -97,9 +70,7 @@ func (a *Adapter) Name() string { return "claude" }
 
 // PausesAtCheckpoints implements harness.PausesAtCheckpoints: on unless the
 // config says pause_at_checkpoints: false.
-func (a *Adapter) PausesAtCheckpoints() bool {
-	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
-}
+func (a *Adapter) PausesAtCheckpoints() bool { return a.opt.Pauses() }
 
 // NewState implements harness.Adapter.
 func (a *Adapter) NewState(rollout string, attempt int, sb harness.LentSandbox) (json.RawMessage, error) {

@@ -47,8 +47,8 @@ func stateOf(t *testing.T, raw json.RawMessage) State {
 // rollout prefix escaped as one segment; no retries, every call home off,
 // IS_SANDBOX; the options' Env overrides the adapter's own.
 func TestLaunch(t *testing.T) {
-	a, sb, lent := newAdapter(t, Options{Model: "m-1", APIKey: "k", Timeout: "90s",
-		Env: map[string]string{"DISABLE_TELEMETRY": "0", "EXTRA": "x y"}})
+	a, sb, lent := newAdapter(t, Options{CLIOptions: harness.CLIOptions{Model: "m-1", APIKey: "k", Timeout: "90s",
+		Env: map[string]string{"DISABLE_TELEMETRY": "0", "EXTRA": "x y"}}})
 	st, err := a.NewState("r/1?", 2, lent)
 	if err != nil {
 		t.Fatal(err)
@@ -194,14 +194,14 @@ func TestLaunchRefuses(t *testing.T) {
 		opt  Options
 		want string
 	}{
-		{Options{ModelURL: "http://h"}, "claude: the claude binary (claude.claude) is required"},
+		{Options{CLIOptions: harness.CLIOptions{ModelURL: "http://h"}}, "claude: the claude binary (claude.claude) is required"},
 		{Options{Claude: "c"}, "claude: the model server (claude.model_url) is required"},
-		{Options{Claude: "c", ModelURL: "127.0.0.1:9"}, `claude: model_url "127.0.0.1:9" is not an http(s) URL`},
-		{Options{Claude: "c", ModelURL: "ftp://h"}, `claude: model_url "ftp://h" is not an http(s) URL`},
-		{Options{Claude: "c", ModelURL: "http://"}, `claude: model_url "http://" is not an http(s) URL`},
-		{Options{Claude: "c", ModelURL: "http://h", Env: map[string]string{"A=B": "1"}}, `claude: env name "A=B" is not a variable name`},
-		{Options{Claude: "c", ModelURL: "http://h", Env: map[string]string{"": "1"}}, `claude: env name "" is not a variable name`},
-		{Options{Claude: "c", ModelURL: "http://h", Timeout: "soon"}, `claude: timeout "soon": time: invalid duration "soon"`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "127.0.0.1:9"}}, `claude: model_url "127.0.0.1:9" is not an http(s) URL`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "ftp://h"}}, `claude: model_url "ftp://h" is not an http(s) URL`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "http://"}}, `claude: model_url "http://" is not an http(s) URL`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "http://h", Env: map[string]string{"A=B": "1"}}}, `claude: env name "A=B" is not a variable name`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "http://h", Env: map[string]string{"": "1"}}}, `claude: env name "" is not a variable name`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "http://h", Timeout: "soon"}}, `claude: timeout "soon": time: invalid duration "soon"`},
 	} {
 		if _, err := New(c.opt); err == nil || err.Error() != c.want {
 			t.Errorf("New(%+v): %v, want %q", c.opt, err, c.want)

@@ -114,7 +114,7 @@ func TestGymUnansweredCalls(t *testing.T) {
 // and GymResult of it no output; a stored response not the adapter's is
 // an error.
 func TestResponseAndGymResult(t *testing.T) {
-	a, _, lent := newAdapter(t, Options{Model: "served"})
+	a, _, lent := newAdapter(t, Options{CLIOptions: harness.CLIOptions{Model: "served"}})
 	st, _ := a.NewState("r1", 1, lent)
 	s := saveSession(t, st, "finished.jsonl", fixtureTask)
 	res := harness.HarnessResult{ExitCode: 0, Stdout: []byte(strings.Repeat("o", 5000) + "END"), Stderr: []byte("err")}

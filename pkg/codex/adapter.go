@@ -31,20 +31,10 @@ type Options struct {
 	// Codex is the codex binary inside the sandbox (the native one of
 	// @openai/codex-linux-<arch>, or the npm wrapper).
 	Codex string `json:"codex"`
-	// ModelURL is the model server's base URL (speaking the Responses API
-	// below /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added,
-	// so every model call is attributed to its rollout attempt.
-	ModelURL string `json:"model_url"`
-	// Model is the served model's name; APIKey is sent to it as a bearer
-	// token.
-	Model  string `json:"model"`
-	APIKey string `json:"api_key"`
-	// PauseAtCheckpoints: false restores stop and relaunch (default true).
-	PauseAtCheckpoints *bool `json:"pause_at_checkpoints"`
-	// Env is added to Codex's environment.
-	Env map[string]string `json:"env"`
-	// Timeout bounds one launch's running time (paused time not counted).
-	Timeout string `json:"timeout"`
+	// CLIOptions are the keys every CLI adapter takes. Here model_url is a
+	// server speaking the Responses API below /v1, and api_key is sent as
+	// a bearer token.
+	harness.CLIOptions
 	// ResumePrompt, when set, is an opt-in to continue a saved session that
 	// could be continued with `codex exec resume`, which sends this text as
 	// a user turn the task did not have (the launch record's reason says
@@ -58,24 +48,9 @@ type Adapter struct {
 	timeout time.Duration
 }
 
-// New checks the options and returns the adapter.
+// New checks the options (CLIOptions.Check) and returns the adapter.
 func New(opt Options) (*Adapter, error) {
-	if opt.Codex == "" {
-		return nil, errors.New("codex: the codex binary (codex.codex) is required")
-	}
-	if err := harness.CheckModelURL("codex", opt.ModelURL); err != nil {
-		return nil, err
-	}
-	if opt.Model == "" {
-		opt.Model = "policy"
-	}
-	if opt.APIKey == "" {
-		opt.APIKey = "none"
-	}
-	if err := harness.CheckEnvNames("codex", opt.Env); err != nil {
-		return nil, err
-	}
-	timeout, err := harness.ParseTimeout("codex", opt.Timeout)
+	timeout, err := opt.Check("codex", opt.Codex)
 	if err != nil {
 		return nil, err
 	}
@@ -94,9 +69,7 @@ func (a *Adapter) Name() string { return "codex" }
 
 // PausesAtCheckpoints implements harness.PausesAtCheckpoints: on unless the
 // config says pause_at_checkpoints: false.
-func (a *Adapter) PausesAtCheckpoints() bool {
-	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
-}
+func (a *Adapter) PausesAtCheckpoints() bool { return a.opt.Pauses() }
 
 // NewState implements harness.Adapter.
 func (a *Adapter) NewState(rollout string, attempt int, sb harness.LentSandbox) (json.RawMessage, error) {

@@ -32,7 +32,7 @@ func (u *uploads) Workdir() string { return "/sandbox/work" }
 // TOML string, no retries, and every call home off; HOME and CODEX_HOME
 // are in the state folder.
 func TestLaunch(t *testing.T) {
-	a, err := New(Options{Codex: "/opt/codex", ModelURL: "http://127.0.0.1:9/", Model: `we"ird\model`})
+	a, err := New(Options{Codex: "/opt/codex", CLIOptions: harness.CLIOptions{ModelURL: "http://127.0.0.1:9/", Model: `we"ird\model`}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestLaunch(t *testing.T) {
 // a resume (never decided) and a bad model URL are errors naming what is
 // wrong.
 func TestLaunchRefuses(t *testing.T) {
-	a, err := New(Options{Codex: "/opt/codex", ModelURL: "http://127.0.0.1:9"})
+	a, err := New(Options{Codex: "/opt/codex", CLIOptions: harness.CLIOptions{ModelURL: "http://127.0.0.1:9"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestLaunchRefuses(t *testing.T) {
 			t.Errorf("task of %d bytes, resume %v: %v, want %q", len(c.task), c.resume, err, c.want)
 		}
 	}
-	if _, err := New(Options{Codex: "/opt/codex", ModelURL: "127.0.0.1:9"}); err == nil || !strings.Contains(err.Error(), "model_url") {
+	if _, err := New(Options{Codex: "/opt/codex", CLIOptions: harness.CLIOptions{ModelURL: "127.0.0.1:9"}}); err == nil || !strings.Contains(err.Error(), "model_url") {
 		t.Errorf("bad model URL: %v", err)
 	}
 }

@@ -9,7 +9,8 @@
 // (LaunchSpec), its resume Decision and the HarnessResult it collects the
 // response from. kit.go holds the helpers of command-line harnesses (the
 // state folder, the task as one argument, the newest session file, the
-// session's JSON lines kept and read back for Gym).
+// session's JSON lines kept and read back for Gym); options.go their
+// shared options (CLIOptions, with one Check).
 //
 // The package imports only pkg/driver/sandbox (what a sandbox is) and
 // pkg/gym (the NeMoGymResponse types), never pkg/driver: the driver's

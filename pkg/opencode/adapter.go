@@ -14,7 +14,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"path"
 	"strings"
@@ -30,26 +29,17 @@ import (
 type Options struct {
 	// OpenCode is the opencode binary inside the sandbox.
 	OpenCode string `json:"opencode"`
-	// ModelURL is the model server's base URL (OpenAI-compatible, without
-	// /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added, as the
-	// framework does, so every model call is attributed to its rollout (the
+	// CLIOptions are the keys every CLI adapter takes. Here model_url is
+	// an OpenAI-compatible server (without /v1); the rollout prefix
+	// /ng-rollout/<id>-a<attempt> is added, as the framework does (the
 	// segment escaped: see harness.RolloutSegment).
-	ModelURL string `json:"model_url"`
-	// Model is the served model's name; APIKey is sent to it.
-	Model  string `json:"model"`
-	APIKey string `json:"api_key"`
+	harness.CLIOptions
 	// ContextWindow and OutputTokens are the model's limits.
 	ContextWindow int `json:"context_window"`
 	OutputTokens  int `json:"output_tokens"`
 	// Permission is OpenCode's permission config ("allow" lets tools run
 	// without a prompt, which an unattended rollout needs).
 	Permission json.RawMessage `json:"permission"`
-	// PauseAtCheckpoints: false restores stop and relaunch (default true).
-	PauseAtCheckpoints *bool `json:"pause_at_checkpoints"`
-	// Env is added to OpenCode's environment.
-	Env map[string]string `json:"env"`
-	// Timeout bounds one launch's running time (paused time not counted).
-	Timeout string `json:"timeout"`
 	// ResumeBinaries maps an architecture to the host path of ngresume.
 	ResumeBinaries map[string]string `json:"-"`
 }
@@ -61,19 +51,12 @@ type Adapter struct {
 	tools   launch.Tools
 }
 
-// New checks the options and returns the adapter.
+// New checks the options (CLIOptions.Check, then OpenCode's own) and
+// returns the adapter.
 func New(opt Options) (*Adapter, error) {
-	if opt.OpenCode == "" {
-		return nil, errors.New("opencode: the opencode binary (opencode.opencode) is required")
-	}
-	if opt.ModelURL == "" {
-		return nil, errors.New("opencode: the model server (opencode.model_url) is required")
-	}
-	if opt.Model == "" {
-		opt.Model = "policy"
-	}
-	if opt.APIKey == "" {
-		opt.APIKey = "none"
+	timeout, err := opt.Check("opencode", opt.OpenCode)
+	if err != nil {
+		return nil, err
 	}
 	if opt.ContextWindow <= 0 {
 		opt.ContextWindow = 128000
@@ -86,10 +69,6 @@ func New(opt Options) (*Adapter, error) {
 	}
 	if !json.Valid(opt.Permission) {
 		return nil, fmt.Errorf("opencode: permission is not valid JSON: %s", opt.Permission)
-	}
-	timeout, err := harness.ParseTimeout("opencode", opt.Timeout)
-	if err != nil {
-		return nil, err
 	}
 	return &Adapter{opt: opt, timeout: timeout}, nil
 }
@@ -105,9 +84,7 @@ func (a *Adapter) Name() string { return "opencode" }
 
 // PausesAtCheckpoints implements harness.PausesAtCheckpoints: on unless the
 // config says pause_at_checkpoints: false.
-func (a *Adapter) PausesAtCheckpoints() bool {
-	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
-}
+func (a *Adapter) PausesAtCheckpoints() bool { return a.opt.Pauses() }
 
 // NewState implements harness.Adapter.
 func (a *Adapter) NewState(rollout string, attempt int, sb harness.LentSandbox) (json.RawMessage, error) {

@@ -116,7 +116,7 @@ func fakeSandbox(t *testing.T, mode string) (*Adapter, harness.LentSandbox, json
 		t.Fatal(err)
 	}
 	calls := path.Join(t.TempDir(), "calls.log")
-	a, err := New(Options{OpenCode: self, ModelURL: "http://127.0.0.1:9", Env: map[string]string{fakeEnv: mode, fakeLogEnv: calls}})
+	a, err := New(Options{OpenCode: self, CLIOptions: harness.CLIOptions{ModelURL: "http://127.0.0.1:9", Env: map[string]string{fakeEnv: mode, fakeLogEnv: calls}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,7 +73,7 @@ func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
 // Claude Code, the fake model's URL, and env added to its environment.
 func (w *world) adapter(env map[string]string) *claude.Adapter {
 	w.T.Helper()
-	return w.adapterWith(claude.Options{Env: env})
+	return w.adapterWith(claude.Options{CLIOptions: harness.CLIOptions{Env: env}})
 }
 
 // adapterWith is the Claude Code adapter of the world with opt (its

@@ -78,7 +78,7 @@ func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
 // fake model's URL, and env added to Codex's environment.
 func (w *world) adapter(env map[string]string) *codex.Adapter {
 	w.T.Helper()
-	return w.adapterWith(codex.Options{Env: env})
+	return w.adapterWith(codex.Options{CLIOptions: harness.CLIOptions{Env: env}})
 }
 
 // adapterWith is the Codex adapter of the world with opt (its binary and

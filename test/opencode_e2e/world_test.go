@@ -86,8 +86,7 @@ func (w *world) adapter(env map[string]string) *opencode.Adapter {
 	w.T.Helper()
 	a, err := opencode.New(opencode.Options{
 		OpenCode:       w.oc,
-		ModelURL:       w.Model.URL(),
-		Env:            env,
+		CLIOptions:     harness.CLIOptions{ModelURL: w.Model.URL(), Env: env},
 		ResumeBinaries: launch.FindBinaries(suite.BinDir, "ngresume"),
 	})
 	if err != nil {
