@@ -7,10 +7,10 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/claude"
 	"github.com/ngharness/ngharness/pkg/codex"
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/config"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/opencode"
 )
 
@@ -20,7 +20,7 @@ import (
 // everything adapter-specific the CLI and the config readers know: adding
 // an adapter is a row here.
 var adapters = map[string]adapterRow{
-	"fake": {build: func(section map[string]any, _ config.Config) (driver.Adapter, error) {
+	"fake": {build: func(section map[string]any, _ config.Config) (harness.Adapter, error) {
 		a := &fake.Adapter{Pause: true}
 		if err := config.DecodeSection(section, &a.Defaults, "fake"); err != nil {
 			return nil, usageError{err.Error()}
@@ -35,7 +35,7 @@ var adapters = map[string]adapterRow{
 			{Gym: "sandbox_timeout", Ours: "timeout", As: config.GymSeconds},
 			{Gym: "opencode_config.permission", Ours: "permission", As: config.GymAny},
 		}},
-		build: func(section map[string]any, cfg config.Config) (driver.Adapter, error) {
+		build: func(section map[string]any, cfg config.Config) (harness.Adapter, error) {
 			var opt opencode.Options
 			if err := config.DecodeSection(section, &opt, "opencode"); err != nil {
 				return nil, usageError{err.Error()}
@@ -61,15 +61,15 @@ type adapterRow struct {
 	keys config.AdapterKeys
 	// build makes the adapter from its section of the config (nil when
 	// the config has none) and the rest of the config.
-	build func(section map[string]any, cfg config.Config) (driver.Adapter, error)
+	build func(section map[string]any, cfg config.Config) (harness.Adapter, error)
 }
 
 // fromSection is the build of an adapter whose options are its section:
 // the section is read into O by the one section reader
 // (config.DecodeSection: an unknown key is an error naming it), then
 // newAdapter makes the adapter.
-func fromSection[O any, A driver.Adapter](name string, newAdapter func(O) (A, error)) func(map[string]any, config.Config) (driver.Adapter, error) {
-	return func(section map[string]any, _ config.Config) (driver.Adapter, error) {
+func fromSection[O any, A harness.Adapter](name string, newAdapter func(O) (A, error)) func(map[string]any, config.Config) (harness.Adapter, error) {
+	return func(section map[string]any, _ config.Config) (harness.Adapter, error) {
 		var opt O
 		if err := config.DecodeSection(section, &opt, name); err != nil {
 			return nil, usageError{err.Error()}
@@ -80,7 +80,7 @@ func fromSection[O any, A driver.Adapter](name string, newAdapter func(O) (A, er
 
 // built is what an adapter's New returned, its error (bad options) a
 // usage error.
-func built[A driver.Adapter](a A, err error) (driver.Adapter, error) {
+func built[A harness.Adapter](a A, err error) (harness.Adapter, error) {
 	if err != nil {
 		return nil, usageError{err.Error()}
 	}
@@ -98,7 +98,7 @@ func builtIn() config.Known {
 }
 
 // buildAdapter makes the adapter the config selects from its section.
-func buildAdapter(cfg config.Config) (driver.Adapter, error) {
+func buildAdapter(cfg config.Config) (harness.Adapter, error) {
 	a, ok := adapters[cfg.Adapter]
 	if !ok {
 		return nil, usagef("adapter %q is not built into this ngdriver (it has %s)", cfg.Adapter, builtIn().Adapters.Names())

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/ngharness/ngharness/pkg/driver/config"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/kubectl"
@@ -45,7 +44,7 @@ type backendRow struct {
 	build func(section map[string]any) (sandbox.Backend, error)
 	// lend makes what `ngdriver owner serve --backend NAME` lends from
 	// its section, and what to call once the owner is done (nil: nothing).
-	lend func(section map[string]any, log *slog.Logger) (localowner.Sandboxes, func(), error)
+	lend func(section map[string]any, log *slog.Logger) (sandbox.Lender, func(), error)
 	// lends says, in owner serve's help, how an owner lends its sandboxes
 	// ("": the help's own text says it).
 	lends string
@@ -84,7 +83,7 @@ func remoteOf[O any, B remoteBackend](name string, build func(O) (B, error), len
 			}
 			return build(o)
 		},
-		lend: func(section map[string]any, _ *slog.Logger) (localowner.Sandboxes, func(), error) {
+		lend: func(section map[string]any, _ *slog.Logger) (sandbox.Lender, func(), error) {
 			o, err := read(section)
 			if err != nil {
 				return nil, nil, err
@@ -110,7 +109,7 @@ func remoteOf[O any, B remoteBackend](name string, build func(O) (B, error), len
 // lends sandboxes to an owner.
 type remoteBackend interface {
 	sandbox.Backend
-	localowner.Sandboxes
+	sandbox.Lender
 }
 
 // localSection is backends.local: the base folder and the backend's
@@ -148,7 +147,7 @@ func localBackend() backendRow {
 			}
 			return local.New(s.Base, s.Options)
 		},
-		lend: func(section map[string]any, log *slog.Logger) (localowner.Sandboxes, func(), error) {
+		lend: func(section map[string]any, log *slog.Logger) (sandbox.Lender, func(), error) {
 			s, err := read(section)
 			if err != nil {
 				return nil, nil, err
@@ -162,7 +161,7 @@ func localBackend() backendRow {
 				return nil, nil, err
 			}
 			sweep(log, backend)
-			return localowner.Local(backend), release, nil
+			return backend.Lender(), release, nil
 		},
 	}
 }
@@ -255,7 +254,7 @@ func buildBackends(b config.Backends) (map[string]sandbox.Backend, error) {
 // buildLender makes what an owner lends sandboxes of: backend name, from
 // its section (nil: the config has none), and what to call once the owner
 // is done (nil: nothing).
-func buildLender(name string, section map[string]any, log *slog.Logger) (localowner.Sandboxes, func(), error) {
+func buildLender(name string, section map[string]any, log *slog.Logger) (sandbox.Lender, func(), error) {
 	row, ok := backendRowOf(name)
 	if !ok {
 		return nil, nil, usagef("--backend %q: want one of %s", name, backendNames())

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -11,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -21,7 +18,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/driver/serve"
@@ -132,7 +129,7 @@ the image its section of the --config file's backends names:
 				return fmt.Errorf("no ngsup binary found in %q (the owner stops sandboxes with it)", ngsupDir)
 			}
 			ng := &launch.Ngsup{Binaries: binaries, Log: log}
-			own := localowner.New(localowner.Options{
+			own := lending.New(lending.Options{
 				Sandboxes:    lender,
 				RemoveUnused: !keepSandboxes,
 				KeepFailed:   keepFailed,
@@ -153,11 +150,7 @@ the image its section of the --config file's backends names:
 				log.Info("checkpoint participant", "kind", own.Kind(), "instance", instance, "lease_grace", leaseGrace.String())
 			}
 			srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log, Metrics: serve.NewRegistry(),
-				ClientError: func(err error) bool {
-					var se *json.SyntaxError
-					return errors.Is(err, localowner.ErrUnknownSession) || errors.Is(err, localowner.ErrUnknownCheckpoint) ||
-						errors.As(err, &se) || strings.Contains(err.Error(), "run body")
-				}}
+				ClientError: lending.ClientError}
 			if listen == "" {
 				listen = defaultOwnerListen // nothing configured: loopback only
 			}
@@ -221,11 +214,11 @@ func sweep(log *slog.Logger, b *local.Backend) {
 }
 
 // endUnowned ends, before an owner serves, what its base's sandboxes still
-// run (localowner.Owner.EndUnowned): a deployment on this base died and
+// run (lending.Owner.EndUnowned): a deployment on this base died and
 // left it. It is bounded; what it could not end is a warning naming it
 // (the owner serves all the same: a process stuck in the kernel must not
 // keep a deployment from coming back).
-func endUnowned(ctx context.Context, own *localowner.Owner, log *slog.Logger) {
+func endUnowned(ctx context.Context, own *lending.Owner, log *slog.Logger) {
 	if ctx == nil {
 		ctx = context.Background()
 	}

@@ -23,7 +23,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/config"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -286,7 +286,7 @@ func runRollout(ctx context.Context, f runFlags) error {
 		return fmt.Errorf("no ngsup binary found (looked for ngsup-linux-amd64/arm64 beside ngdriver; build with `make build` or pass --ngsup-dir)")
 	}
 	ng := &launch.Ngsup{Binaries: binaries, Log: log}
-	own := localowner.New(localowner.Options{
+	own := lending.New(lending.Options{
 		Backend:     backend,
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandbox(ctx, sb) },
 		KillSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return ng.StopSandboxGrace(ctx, sb, 0) },

@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
@@ -35,7 +36,7 @@ type Crash struct {
 // unless there is one snapshot and one record, the record continues the
 // paused launch, the restore forked, and no process of the crashed launch
 // survived.
-func (w *World) CrashAfterSnapshot(a driver.Adapter, p1 *driver.Participant, ready, lasts func(sandboxID, launchID string)) Crash {
+func (w *World) CrashAfterSnapshot(a harness.Adapter, p1 *driver.Participant, ready, lasts func(sandboxID, launchID string)) Crash {
 	t := w.T
 	t.Helper()
 	var c Crash

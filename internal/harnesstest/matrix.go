@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
@@ -67,7 +68,7 @@ type Rig struct {
 	*World
 	// Adapter is the harness's adapter of the world (its binary, the
 	// world's fake model).
-	Adapter func() driver.Adapter
+	Adapter func() harness.Adapter
 	// MustSucceed waits for the run, which must be verified, checks what
 	// the harness's own part of the result holds (its exit code, session,
 	// final text, Gym reply) and returns what the matrix reads of it.

@@ -3,7 +3,7 @@
 // the test process's setup and last look (Suite: the module root, the
 // static ngsup and friends built once, the leak check over the whole
 // process), the world of one test (World: its own fake model server, a
-// local backend in a folder of its own, a local owner, runners, waits,
+// local backend in a folder of its own, a lending owner, runners, waits,
 // checkpoints, looks at a paused launch), the /proc helpers the leak
 // checks use, and the matrix every real harness passes (matrix.go:
 // PauseMidTool, PauseHeldReply, PauseMidStream, TwoRolloutsApart,

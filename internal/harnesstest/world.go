@@ -23,16 +23,17 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // World is one test's whole setup: its own fake model server, a local
-// backend in a folder of its own (namespace isolation), a local owner whose
+// backend in a folder of its own (namespace isolation), a lending owner whose
 // StopSandbox is ngsup's, and ngsup. Runners and participants are made per
 // attempt, as a driver process would after a crash. A package's own world
 // embeds it and adds its adapter.
@@ -51,8 +52,8 @@ type World struct {
 	Base string
 	// Local is the world's local backend.
 	Local *local.Backend
-	// Owner is the world's local owner.
-	Owner *localowner.Owner
+	// Owner is the world's lending owner.
+	Owner *lending.Owner
 	// OwnerCk is the owner's control plane (kind resources).
 	OwnerCk *gym.Control
 	// Ng launches through ngsup.
@@ -129,7 +130,7 @@ func (s *Suite) NewWorld(t *testing.T, opt WorldOptions) *World {
 		t.Fatalf("no ngsup in %s", s.BinDir)
 	}
 	w.Ng = &launch.Ngsup{Binaries: binaries, Log: w.Log}
-	w.Owner = localowner.New(localowner.Options{
+	w.Owner = lending.New(lending.Options{
 		Backend:     w.Local,
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return w.Ng.StopSandbox(ctx, sb) },
 		Logger:      w.Log,
@@ -145,7 +146,7 @@ func (s *Suite) NewWorld(t *testing.T, opt WorldOptions) *World {
 
 // Runner wires a Runner as `ngdriver run` does, with a wrapped in
 // RawResponses.
-func (w *World) Runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
+func (w *World) Runner(a harness.Adapter, p *driver.Participant) *driver.Runner {
 	return &driver.Runner{
 		Adapter:     RawResponses{a},
 		Owner:       w.Owner,
@@ -164,35 +165,35 @@ func (w *World) Runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
 // and checks the Gym reply too.
 type RawResponses struct {
 	// A is the adapter.
-	A driver.Adapter
+	A harness.Adapter
 }
 
 // Name is the adapter's.
 func (r RawResponses) Name() string { return r.A.Name() }
 
 // NewState is the adapter's.
-func (r RawResponses) NewState(ro string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
+func (r RawResponses) NewState(ro string, attempt int, sb harness.LentSandbox) (json.RawMessage, error) {
 	return r.A.NewState(ro, attempt, sb)
 }
 
 // ResumeDecision is the adapter's.
-func (r RawResponses) ResumeDecision(ctx context.Context, sb driver.LentSandbox, st json.RawMessage, ro string, attempt int) (driver.Decision, error) {
+func (r RawResponses) ResumeDecision(ctx context.Context, sb harness.LentSandbox, st json.RawMessage, ro string, attempt int) (harness.Decision, error) {
 	return r.A.ResumeDecision(ctx, sb, st, ro, attempt)
 }
 
 // Launch is the adapter's.
-func (r RawResponses) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+func (r RawResponses) Launch(ctx context.Context, lc harness.LaunchContext) (harness.LaunchSpec, error) {
 	return r.A.Launch(ctx, lc)
 }
 
 // Response is the adapter's own, unshaped.
-func (r RawResponses) Response(ctx context.Context, sb driver.LentSandbox, st json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+func (r RawResponses) Response(ctx context.Context, sb harness.LentSandbox, st json.RawMessage, res harness.HarnessResult) (json.RawMessage, error) {
 	return r.A.Response(ctx, sb, st, res)
 }
 
 // PausesAtCheckpoints is the adapter's (false if it does not say).
 func (r RawResponses) PausesAtCheckpoints() bool {
-	p, ok := r.A.(driver.PausesAtCheckpoints)
+	p, ok := r.A.(harness.PausesAtCheckpoints)
 	return ok && p.PausesAtCheckpoints()
 }
 

@@ -23,13 +23,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"path"
 	"strings"
 	"time"
 
-	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // Options configures the adapter (the `claude:` part of the config).
@@ -37,21 +36,10 @@ type Options struct {
 	// Claude is the claude binary inside the sandbox (the native one of
 	// @anthropic-ai/claude-code-linux-<arch>, or the npm wrapper).
 	Claude string `json:"claude"`
-	// ModelURL is the model server's base URL (speaking the Messages API
-	// below /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added,
-	// so every model call is attributed to its rollout attempt.
-	ModelURL string `json:"model_url"`
-	// Model is the served model's name (Claude Code's --model); APIKey is
-	// sent to it as x-api-key.
-	Model  string `json:"model"`
-	APIKey string `json:"api_key"`
-	// PauseAtCheckpoints: false restores stop and relaunch (default true).
-	PauseAtCheckpoints *bool `json:"pause_at_checkpoints"`
-	// Env is added to Claude Code's environment (after the adapter's own,
-	// so it may override them).
-	Env map[string]string `json:"env"`
-	// Timeout bounds one launch's running time (paused time not counted).
-	Timeout string `json:"timeout"`
+	// CLIOptions are the keys every CLI adapter takes. Here model_url is a
+	// server speaking the Messages API below /v1, the model is Claude
+	// Code's --model, and api_key is sent as x-api-key.
+	harness.CLIOptions
 }
 
 // Adapter is the Claude Code adapter.
@@ -60,24 +48,9 @@ type Adapter struct {
 	timeout time.Duration
 }
 
-// New checks the options and returns the adapter.
+// New checks the options (CLIOptions.Check) and returns the adapter.
 func New(opt Options) (*Adapter, error) {
-	if opt.Claude == "" {
-		return nil, errors.New("claude: the claude binary (claude.claude) is required")
-	}
-	if err := driver.CheckModelURL("claude", opt.ModelURL); err != nil {
-		return nil, err
-	}
-	if opt.Model == "" {
-		opt.Model = "policy"
-	}
-	if opt.APIKey == "" {
-		opt.APIKey = "none"
-	}
-	if err := driver.CheckEnvNames("claude", opt.Env); err != nil {
-		return nil, err
-	}
-	timeout, err := driver.ParseTimeout("claude", opt.Timeout)
+	timeout, err := opt.Check("claude", opt.Claude)
 	if err != nil {
 		return nil, err
 	}
@@ -92,22 +65,20 @@ type State struct {
 	Home string `json:"home"`
 }
 
-// Name implements driver.Adapter.
+// Name implements harness.Adapter.
 func (a *Adapter) Name() string { return "claude" }
 
-// PausesAtCheckpoints implements driver.PausesAtCheckpoints: on unless the
+// PausesAtCheckpoints implements harness.PausesAtCheckpoints: on unless the
 // config says pause_at_checkpoints: false.
-func (a *Adapter) PausesAtCheckpoints() bool {
-	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
-}
+func (a *Adapter) PausesAtCheckpoints() bool { return a.opt.Pauses() }
 
-// NewState implements driver.Adapter.
-func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
-	return json.Marshal(State{Home: driver.StateDir(sb, "claude", rollout, attempt)})
+// NewState implements harness.Adapter.
+func (a *Adapter) NewState(rollout string, attempt int, sb harness.LentSandbox) (json.RawMessage, error) {
+	return json.Marshal(State{Home: harness.StateDir(sb, "claude", rollout, attempt)})
 }
 
 func parseState(raw json.RawMessage) (State, error) {
-	home, err := driver.StateHome("claude", raw)
+	home, err := harness.StateHome("claude", raw)
 	return State{Home: home}, err
 }
 
@@ -120,7 +91,7 @@ const sessionGlob = "projects/*/*.jsonl"
 // baseURL is ANTHROPIC_BASE_URL for a rollout attempt: the model URL and
 // the rollout prefix (Claude Code adds /v1/messages).
 func (a *Adapter) baseURL(rollout string, attempt int) string {
-	return strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + driver.RolloutSegment(rollout, attempt)
+	return strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + harness.RolloutSegment(rollout, attempt)
 }
 
 // env is Claude Code's environment for a state and rollout attempt: HOME,
@@ -162,23 +133,23 @@ func (a *Adapter) flags() []string {
 // decision can check the session starts with it.
 const taskFileName = "task.txt"
 
-// Launch implements driver.Adapter: the state's folders are made, then
+// Launch implements harness.Adapter: the state's folders are made, then
 // `claude -p --output-format stream-json --verbose
 // --dangerously-skip-permissions --model MODEL -- TASK`, the task one argv
 // element (never shell text), stdin /dev/null (ngsup's). A resume
 // continues the saved session instead (continueSession).
-func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+func (a *Adapter) Launch(ctx context.Context, lc harness.LaunchContext) (harness.LaunchSpec, error) {
 	st, err := parseState(lc.State)
 	if err != nil {
-		return driver.LaunchSpec{}, err
+		return harness.LaunchSpec{}, err
 	}
-	spec := driver.LaunchSpec{Env: a.env(st, lc.RolloutID, lc.Attempt), Dir: lc.Sandbox.Workdir(), Timeout: a.timeout}
+	spec := harness.LaunchSpec{Env: a.env(st, lc.RolloutID, lc.Attempt), Dir: lc.Sandbox.Workdir(), Timeout: a.timeout}
 	if lc.Resume {
 		return a.continueSession(ctx, lc, st, spec)
 	}
-	task, err := driver.TaskArg(lc.Input)
+	task, err := harness.TaskArg(lc.Input)
 	if err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("claude: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("claude: %w", err)
 	}
 	// The task beside the session, for the resume decision; the other
 	// files make the folders Claude Code expects to exist.
@@ -192,7 +163,7 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 		{"config/.keep", nil},
 	} {
 		if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, f.name), f.data, 0o600); err != nil {
-			return driver.LaunchSpec{}, fmt.Errorf("claude: write %s: %w", f.name, err)
+			return harness.LaunchSpec{}, fmt.Errorf("claude: write %s: %w", f.name, err)
 		}
 	}
 	spec.Argv = append(append([]string{a.opt.Claude}, a.flags()...), "--", task)
@@ -203,18 +174,18 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 // Continuation, its input written into the state folder, then `claude -p
 // ... --resume ID --resume-session-at AT --input-format stream-json` with
 // that file as its stdin (LaunchSpec.Stdin).
-func (a *Adapter) continueSession(ctx context.Context, lc driver.LaunchContext, st State, spec driver.LaunchSpec) (driver.LaunchSpec, error) {
-	file, data, err := driver.ReadNewestFile(ctx, lc.Sandbox, st.configDir(), sessionGlob)
+func (a *Adapter) continueSession(ctx context.Context, lc harness.LaunchContext, st State, spec harness.LaunchSpec) (harness.LaunchSpec, error) {
+	file, data, err := harness.ReadNewestFile(ctx, lc.Sandbox, st.configDir(), sessionGlob)
 	if err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("claude: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("claude: %w", err)
 	}
 	s, err := ParseSession(data)
 	if file == "" || err != nil || s.ID == "" {
-		return driver.LaunchSpec{}, fmt.Errorf("claude: no saved session with an id to continue in %s (%v)", st.configDir(), err)
+		return harness.LaunchSpec{}, fmt.Errorf("claude: no saved session with an id to continue in %s (%v)", st.configDir(), err)
 	}
 	c, err := s.Continuation()
 	if err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("claude: continue session %s: %w", s.ID, err)
+		return harness.LaunchSpec{}, fmt.Errorf("claude: continue session %s: %w", s.ID, err)
 	}
 	in := path.Join(st.Home, fmt.Sprintf("continue-%s.jsonl", lc.LaunchID))
 	var input []byte
@@ -222,7 +193,7 @@ func (a *Adapter) continueSession(ctx context.Context, lc driver.LaunchContext, 
 		input = append(append(input, c.Input...), '\n')
 	}
 	if err := lc.Sandbox.Upload(ctx, in, input, 0o600); err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("claude: write the continuation's input: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("claude: write the continuation's input: %w", err)
 	}
 	spec.Stdin = in
 	spec.Argv = append(append([]string{a.opt.Claude}, a.flags()...),
@@ -230,23 +201,23 @@ func (a *Adapter) continueSession(ctx context.Context, lc driver.LaunchContext, 
 	return spec, nil
 }
 
-// ResumeDecision implements driver.Adapter: a saved session that starts
+// ResumeDecision implements harness.Adapter: a saved session that starts
 // with the task, holds a completed model response and has a Continuation
 // is continued (the reason says what the model is sent); any other starts
 // over with the task in a fresh folder, the reason saying why. Only a
 // cancelled ctx, or a state that names no folder, is an error.
-func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, rollout string, attempt int) (driver.Decision, error) {
+func (a *Adapter) ResumeDecision(ctx context.Context, sb harness.LentSandbox, raw json.RawMessage, rollout string, attempt int) (harness.Decision, error) {
 	st, err := parseState(raw)
 	if err != nil {
-		return driver.Decision{}, err
+		return harness.Decision{}, err
 	}
-	fresh := func(why string) (driver.Decision, error) {
-		s, _ := json.Marshal(State{Home: driver.StateDir(sb, "claude", rollout, attempt)})
-		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CLAUDE_CONFIG_DIR", State: s}, nil
+	fresh := func(why string) (harness.Decision, error) {
+		s, _ := json.Marshal(State{Home: harness.StateDir(sb, "claude", rollout, attempt)})
+		return harness.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CLAUDE_CONFIG_DIR", State: s}, nil
 	}
-	s, task, why, err := driver.ReadSavedSession(ctx, sb, st.configDir(), sessionGlob, path.Join(st.Home, taskFileName), "CLAUDE_CONFIG_DIR", ParseSession)
+	s, task, why, err := harness.ReadSavedSession(ctx, sb, st.configDir(), sessionGlob, path.Join(st.Home, taskFileName), "CLAUDE_CONFIG_DIR", ParseSession)
 	if err != nil {
-		return driver.Decision{}, err
+		return harness.Decision{}, err
 	}
 	if why != "" {
 		return fresh(why)
@@ -259,18 +230,18 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 	if err != nil {
 		return fresh(fmt.Sprintf("%s, but it cannot be continued (%v)", why, err))
 	}
-	return driver.Decision{Resume: true, Reason: fmt.Sprintf("%s; continuing it at its last entry with claude --resume --resume-session-at, sending %s (no turn added)", why, c.What)}, nil
+	return harness.Decision{Resume: true, Reason: fmt.Sprintf("%s; continuing it at its last entry with claude --resume --resume-session-at, sending %s (no turn added)", why, c.What)}, nil
 }
 
-// Response implements driver.Adapter: the exit code, the session file
+// Response implements harness.Adapter: the exit code, the session file
 // (path, id and its lines), the final assistant text and the output tails.
-func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+func (a *Adapter) Response(ctx context.Context, sb harness.LentSandbox, raw json.RawMessage, res harness.HarnessResult) (json.RawMessage, error) {
 	st, err := parseState(raw)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]any{"exit_code": res.ExitCode}
-	file, data, err := driver.ReadNewestFile(ctx, sb, st.configDir(), sessionGlob)
+	file, data, err := harness.ReadNewestFile(ctx, sb, st.configDir(), sessionGlob)
 	switch {
 	case err != nil:
 		out["session_error"] = "claude: " + err.Error()
@@ -284,13 +255,13 @@ func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.
 		}
 		out["session_path"] = file
 		out["session_id"] = s.ID
-		out["session"] = driver.JSONLinesArray(messageLines(data))
+		out["session"] = harness.JSONLinesArray(messageLines(data))
 		if t := s.FinalText(); t != "" {
 			out["final_text"] = t
 		}
 	}
-	out["stdout_tail"] = driver.Tail(string(res.Stdout), 4000)
-	out["stderr_tail"] = driver.Tail(string(res.Stderr), 4000)
+	out["stdout_tail"] = harness.Tail(string(res.Stdout), 4000)
+	out["stderr_tail"] = harness.Tail(string(res.Stderr), 4000)
 	return json.Marshal(out)
 }
 
@@ -322,6 +293,6 @@ func messageLines(data []byte) []byte {
 	return out
 }
 
-var _ driver.Adapter = (*Adapter)(nil)
-var _ driver.PausesAtCheckpoints = (*Adapter)(nil)
-var _ driver.GymResulter = (*Adapter)(nil)
+var _ harness.Adapter = (*Adapter)(nil)
+var _ harness.PausesAtCheckpoints = (*Adapter)(nil)
+var _ harness.GymResulter = (*Adapter)(nil)

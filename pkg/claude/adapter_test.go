@@ -9,13 +9,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/hosttest"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // newAdapter is an adapter on a model URL with a path, and a sandbox on
 // a host folder.
-func newAdapter(t *testing.T, opt Options) (*Adapter, *hosttest.Sandbox, driver.LentSandbox) {
+func newAdapter(t *testing.T, opt Options) (*Adapter, *hosttest.Sandbox, harness.LentSandbox) {
 	t.Helper()
 	if opt.Claude == "" {
 		opt.Claude = "/opt/claude"
@@ -28,7 +28,7 @@ func newAdapter(t *testing.T, opt Options) (*Adapter, *hosttest.Sandbox, driver.
 		t.Fatal(err)
 	}
 	sb := hosttest.New(t)
-	return a, sb, driver.LentSandbox{Sandbox: sb}
+	return a, sb, harness.LentSandbox{Sandbox: sb}
 }
 
 func stateOf(t *testing.T, raw json.RawMessage) State {
@@ -47,15 +47,15 @@ func stateOf(t *testing.T, raw json.RawMessage) State {
 // rollout prefix escaped as one segment; no retries, every call home off,
 // IS_SANDBOX; the options' Env overrides the adapter's own.
 func TestLaunch(t *testing.T) {
-	a, sb, lent := newAdapter(t, Options{Model: "m-1", APIKey: "k", Timeout: "90s",
-		Env: map[string]string{"DISABLE_TELEMETRY": "0", "EXTRA": "x y"}})
+	a, sb, lent := newAdapter(t, Options{CLIOptions: harness.CLIOptions{Model: "m-1", APIKey: "k", Timeout: "90s",
+		Env: map[string]string{"DISABLE_TELEMETRY": "0", "EXTRA": "x y"}}})
 	st, err := a.NewState("r/1?", 2, lent)
 	if err != nil {
 		t.Fatal(err)
 	}
 	task := "-x 'q' \"dq\" $(touch pwned) `id`\nline2\\n"
 	body, _ := json.Marshal(map[string]string{"task": task})
-	spec, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r/1?", Attempt: 2, Input: body, Sandbox: lent, State: st})
+	spec, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r/1?", Attempt: 2, Input: body, Sandbox: lent, State: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestLaunchResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r1", Attempt: 2, LaunchID: "L7", Sandbox: lent, State: st, Resume: true})
+	spec, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r1", Attempt: 2, LaunchID: "L7", Sandbox: lent, State: st, Resume: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,31 +177,31 @@ func TestLaunchRefuses(t *testing.T) {
 		resume bool
 		want   string
 	}{
-		{strings.Repeat("x", driver.MaxArg), false, "claude: the task is 131072 bytes; Linux passes at most 131071 bytes in one argument"},
+		{strings.Repeat("x", harness.MaxArg), false, "claude: the task is 131072 bytes; Linux passes at most 131071 bytes in one argument"},
 		{"a\x00b", false, "claude: the task holds a NUL byte"},
 		{"ok", true, "claude: no saved session with an id to continue in"},
 	} {
 		body, _ := json.Marshal(map[string]string{"task": c.task})
-		_, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r1", Attempt: 1, Input: body, Sandbox: lent, State: st, Resume: c.resume})
+		_, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r1", Attempt: 1, Input: body, Sandbox: lent, State: st, Resume: c.resume})
 		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
 			t.Errorf("task of %d bytes, resume %v: %v, want %q", len(c.task), c.resume, err, c.want)
 		}
 	}
-	if _, err := a.Launch(context.Background(), driver.LaunchContext{Sandbox: lent, State: json.RawMessage(`{"home":"rel"}`)}); err == nil || !strings.Contains(err.Error(), "names no absolute folder") {
+	if _, err := a.Launch(context.Background(), harness.LaunchContext{Sandbox: lent, State: json.RawMessage(`{"home":"rel"}`)}); err == nil || !strings.Contains(err.Error(), "names no absolute folder") {
 		t.Errorf("a relative state: %v", err)
 	}
 	for _, c := range []struct {
 		opt  Options
 		want string
 	}{
-		{Options{ModelURL: "http://h"}, "claude: the claude binary (claude.claude) is required"},
+		{Options{CLIOptions: harness.CLIOptions{ModelURL: "http://h"}}, "claude: the claude binary (claude.claude) is required"},
 		{Options{Claude: "c"}, "claude: the model server (claude.model_url) is required"},
-		{Options{Claude: "c", ModelURL: "127.0.0.1:9"}, `claude: model_url "127.0.0.1:9" is not an http(s) URL`},
-		{Options{Claude: "c", ModelURL: "ftp://h"}, `claude: model_url "ftp://h" is not an http(s) URL`},
-		{Options{Claude: "c", ModelURL: "http://"}, `claude: model_url "http://" is not an http(s) URL`},
-		{Options{Claude: "c", ModelURL: "http://h", Env: map[string]string{"A=B": "1"}}, `claude: env name "A=B" is not a variable name`},
-		{Options{Claude: "c", ModelURL: "http://h", Env: map[string]string{"": "1"}}, `claude: env name "" is not a variable name`},
-		{Options{Claude: "c", ModelURL: "http://h", Timeout: "soon"}, `claude: timeout "soon": time: invalid duration "soon"`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "127.0.0.1:9"}}, `claude: model_url "127.0.0.1:9" is not an http(s) URL`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "ftp://h"}}, `claude: model_url "ftp://h" is not an http(s) URL`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "http://"}}, `claude: model_url "http://" is not an http(s) URL`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "http://h", Env: map[string]string{"A=B": "1"}}}, `claude: env name "A=B" is not a variable name`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "http://h", Env: map[string]string{"": "1"}}}, `claude: env name "" is not a variable name`},
+		{Options{Claude: "c", CLIOptions: harness.CLIOptions{ModelURL: "http://h", Timeout: "soon"}}, `claude: timeout "soon": time: invalid duration "soon"`},
 	} {
 		if _, err := New(c.opt); err == nil || err.Error() != c.want {
 			t.Errorf("New(%+v): %v, want %q", c.opt, err, c.want)

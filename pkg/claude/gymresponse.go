@@ -8,8 +8,8 @@ import (
 	"bytes"
 	"encoding/json"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // GymRunFields are the fields the adapter adds beside `response` in the
@@ -139,13 +139,13 @@ func compactJSON(raw json.RawMessage) string {
 	return b.String()
 }
 
-// GymResult implements driver.GymResulter: `response` is the
+// GymResult implements harness.GymResulter: `response` is the
 // NeMoGymResponse of the saved session (BuildGymResponse, the request side
 // from the body's responses_create_params, the model from Options.Model),
 // and the claude_* fields go beside it.
 func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, map[string]json.RawMessage, error) {
-	return driver.LinesGymResult("claude", response, body, a.opt.Model, ParseSession, BuildGymResponse,
-		func(r driver.StoredRun, found bool) any {
+	return harness.LinesGymResult("claude", response, body, a.opt.Model, ParseSession, BuildGymResponse,
+		func(r harness.StoredRun, found bool) any {
 			return GymRunFields{SessionPath: r.SessionPath, RunStdout: r.Stdout, RunStderr: r.Stderr, SessionFound: found, Finished: r.ExitCode == 0}
 		})
 }

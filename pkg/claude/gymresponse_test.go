@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // testOptions are Gym options with predictable ids.
@@ -114,10 +114,10 @@ func TestGymUnansweredCalls(t *testing.T) {
 // and GymResult of it no output; a stored response not the adapter's is
 // an error.
 func TestResponseAndGymResult(t *testing.T) {
-	a, _, lent := newAdapter(t, Options{Model: "served"})
+	a, _, lent := newAdapter(t, Options{CLIOptions: harness.CLIOptions{Model: "served"}})
 	st, _ := a.NewState("r1", 1, lent)
 	s := saveSession(t, st, "finished.jsonl", fixtureTask)
-	res := driver.HarnessResult{ExitCode: 0, Stdout: []byte(strings.Repeat("o", 5000) + "END"), Stderr: []byte("err")}
+	res := harness.HarnessResult{ExitCode: 0, Stdout: []byte(strings.Repeat("o", 5000) + "END"), Stderr: []byte("err")}
 	raw, err := a.Response(context.Background(), lent, st, res)
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +139,7 @@ func TestResponseAndGymResult(t *testing.T) {
 		len(stored.Stdout) != 4000 || !strings.HasSuffix(stored.Stdout, "END") {
 		t.Errorf("stored %+v", stored)
 	}
-	data, _ := driver.ArrayJSONLines(mustJSON(t, stored.Session))
+	data, _ := harness.ArrayJSONLines(mustJSON(t, stored.Session))
 	slim, err := ParseSession(data)
 	if err != nil || shape(slim) != shape(whole) || len(raw) > len(readFixture(t, "finished.jsonl"))/5 {
 		t.Errorf("the stored session (%d bytes of %d): %v, shape %s", len(raw), len(readFixture(t, "finished.jsonl")), err, shape(slim))
@@ -178,7 +178,7 @@ func TestResponseAndGymResult(t *testing.T) {
 	}
 
 	st2, _ := a.NewState("r2", 1, lent)
-	raw, err = a.Response(context.Background(), lent, st2, driver.HarnessResult{ExitCode: 1})
+	raw, err = a.Response(context.Background(), lent, st2, harness.HarnessResult{ExitCode: 1})
 	if err != nil || !strings.Contains(string(raw), `"session_error":"claude: no session file in `) {
 		t.Errorf("no session: %s %v", raw, err)
 	}

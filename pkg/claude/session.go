@@ -21,7 +21,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // Session is what the adapter reads of a saved session.
@@ -461,7 +461,7 @@ func (s *Session) Responses() []Message {
 // it starts with the task (if task is set) and holds at least one
 // completed model response. why says which, as a launch record's reason.
 func (s *Session) Continuable(task string) (bool, string) {
-	return driver.Continuable(s.ID, s.UserTurns(), len(s.Responses()), task)
+	return harness.Continuable(s.ID, s.UserTurns(), len(s.Responses()), task)
 }
 
 // FinalText is the text of the session's last assistant message.
@@ -596,11 +596,11 @@ func (s *Session) answerCalls(reply Message, after []Message) (Continuation, err
 	case len(results) == 0:
 		return Continuation{}, errors.New("the saved session's last reply has every tool call answered in its history, and no answer after it")
 	case saved == 0:
-		what = fmt.Sprintf("the interrupted tool call%s with Claude Code's interrupted result", driver.Plural(cut))
+		what = fmt.Sprintf("the interrupted tool call%s with Claude Code's interrupted result", harness.Plural(cut))
 	case cut == 0:
 		what = "the saved tool results whose answer never came"
 	default:
-		what = fmt.Sprintf("the saved tool result%s and, for the %d interrupted call%s, Claude Code's interrupted result", driver.Plural(saved), cut, driver.Plural(cut))
+		what = fmt.Sprintf("the saved tool result%s and, for the %d interrupted call%s, Claude Code's interrupted result", harness.Plural(saved), cut, harness.Plural(cut))
 	}
 	in, err := userInput(results)
 	return Continuation{At: reply.UUID, Input: in, What: what}, err

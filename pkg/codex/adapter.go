@@ -23,7 +23,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // Options configures the adapter (the `codex:` part of the config).
@@ -31,20 +31,10 @@ type Options struct {
 	// Codex is the codex binary inside the sandbox (the native one of
 	// @openai/codex-linux-<arch>, or the npm wrapper).
 	Codex string `json:"codex"`
-	// ModelURL is the model server's base URL (speaking the Responses API
-	// below /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added,
-	// so every model call is attributed to its rollout attempt.
-	ModelURL string `json:"model_url"`
-	// Model is the served model's name; APIKey is sent to it as a bearer
-	// token.
-	Model  string `json:"model"`
-	APIKey string `json:"api_key"`
-	// PauseAtCheckpoints: false restores stop and relaunch (default true).
-	PauseAtCheckpoints *bool `json:"pause_at_checkpoints"`
-	// Env is added to Codex's environment.
-	Env map[string]string `json:"env"`
-	// Timeout bounds one launch's running time (paused time not counted).
-	Timeout string `json:"timeout"`
+	// CLIOptions are the keys every CLI adapter takes. Here model_url is a
+	// server speaking the Responses API below /v1, and api_key is sent as
+	// a bearer token.
+	harness.CLIOptions
 	// ResumePrompt, when set, is an opt-in to continue a saved session that
 	// could be continued with `codex exec resume`, which sends this text as
 	// a user turn the task did not have (the launch record's reason says
@@ -58,24 +48,9 @@ type Adapter struct {
 	timeout time.Duration
 }
 
-// New checks the options and returns the adapter.
+// New checks the options (CLIOptions.Check) and returns the adapter.
 func New(opt Options) (*Adapter, error) {
-	if opt.Codex == "" {
-		return nil, errors.New("codex: the codex binary (codex.codex) is required")
-	}
-	if err := driver.CheckModelURL("codex", opt.ModelURL); err != nil {
-		return nil, err
-	}
-	if opt.Model == "" {
-		opt.Model = "policy"
-	}
-	if opt.APIKey == "" {
-		opt.APIKey = "none"
-	}
-	if err := driver.CheckEnvNames("codex", opt.Env); err != nil {
-		return nil, err
-	}
-	timeout, err := driver.ParseTimeout("codex", opt.Timeout)
+	timeout, err := opt.Check("codex", opt.Codex)
 	if err != nil {
 		return nil, err
 	}
@@ -89,22 +64,20 @@ type State struct {
 	Home string `json:"home"`
 }
 
-// Name implements driver.Adapter.
+// Name implements harness.Adapter.
 func (a *Adapter) Name() string { return "codex" }
 
-// PausesAtCheckpoints implements driver.PausesAtCheckpoints: on unless the
+// PausesAtCheckpoints implements harness.PausesAtCheckpoints: on unless the
 // config says pause_at_checkpoints: false.
-func (a *Adapter) PausesAtCheckpoints() bool {
-	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
-}
+func (a *Adapter) PausesAtCheckpoints() bool { return a.opt.Pauses() }
 
-// NewState implements driver.Adapter.
-func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
-	return json.Marshal(State{Home: driver.StateDir(sb, "codex", rollout, attempt)})
+// NewState implements harness.Adapter.
+func (a *Adapter) NewState(rollout string, attempt int, sb harness.LentSandbox) (json.RawMessage, error) {
+	return json.Marshal(State{Home: harness.StateDir(sb, "codex", rollout, attempt)})
 }
 
 func parseState(raw json.RawMessage) (State, error) {
-	home, err := driver.StateHome("codex", raw)
+	home, err := harness.StateHome("codex", raw)
 	return State{Home: home}, err
 }
 
@@ -129,7 +102,7 @@ func tomlString(s string) string {
 // baseURL is the provider's base URL for a rollout attempt: the model URL,
 // the rollout prefix, /v1.
 func (a *Adapter) baseURL(rollout string, attempt int) string {
-	return strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + driver.RolloutSegment(rollout, attempt) + "/v1"
+	return strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + harness.RolloutSegment(rollout, attempt) + "/v1"
 }
 
 // config is $CODEX_HOME/config.toml: the model provider at base on the
@@ -185,52 +158,52 @@ func (a *Adapter) env(st State) map[string]string {
 // sandbox).
 var flags = []string{"--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"}
 
-// Launch implements driver.Adapter: config.toml is written into the
+// Launch implements harness.Adapter: config.toml is written into the
 // state's CODEX_HOME (pointing at this attempt's model URL), then `codex
 // exec --json --skip-git-repo-check
 // --dangerously-bypass-approvals-and-sandbox -- TASK`, the task one argv
 // element (never shell text), stdin /dev/null (ngsup's). A resume (only
 // with ResumePrompt set) runs `codex exec resume ... -- ID PROMPT` on the
 // saved session instead.
-func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+func (a *Adapter) Launch(ctx context.Context, lc harness.LaunchContext) (harness.LaunchSpec, error) {
 	st, err := parseState(lc.State)
 	if err != nil {
-		return driver.LaunchSpec{}, err
+		return harness.LaunchSpec{}, err
 	}
-	spec := driver.LaunchSpec{Env: a.env(st), Dir: lc.Sandbox.Workdir(), Timeout: a.timeout}
+	spec := harness.LaunchSpec{Env: a.env(st), Dir: lc.Sandbox.Workdir(), Timeout: a.timeout}
 	cfg := a.config(a.baseURL(lc.RolloutID, lc.Attempt))
 	if lc.Resume {
 		if a.opt.ResumePrompt == nil {
-			return driver.LaunchSpec{}, errors.New("codex: asked to continue a saved session without resume_prompt set (the resume decision starts over then)")
+			return harness.LaunchSpec{}, errors.New("codex: asked to continue a saved session without resume_prompt set (the resume decision starts over then)")
 		}
 		file, data, err := readSession(ctx, lc.Sandbox, st)
 		if err != nil {
-			return driver.LaunchSpec{}, err
+			return harness.LaunchSpec{}, err
 		}
 		s, err := ParseSession(data)
 		if file == "" || err != nil || s.ID == "" {
-			return driver.LaunchSpec{}, fmt.Errorf("codex: no saved session with an id to continue in %s (%v)", st.codexHome(), err)
+			return harness.LaunchSpec{}, fmt.Errorf("codex: no saved session with an id to continue in %s (%v)", st.codexHome(), err)
 		}
 		if err := lc.Sandbox.Upload(ctx, path.Join(st.codexHome(), "config.toml"), []byte(cfg), 0o600); err != nil {
-			return driver.LaunchSpec{}, fmt.Errorf("codex: write config.toml: %w", err)
+			return harness.LaunchSpec{}, fmt.Errorf("codex: write config.toml: %w", err)
 		}
 		spec.Argv = append(append([]string{a.opt.Codex, "exec", "resume"}, flags...), "--", s.ID, *a.opt.ResumePrompt)
 		return spec, nil
 	}
-	task, err := driver.TaskArg(lc.Input)
+	task, err := harness.TaskArg(lc.Input)
 	if err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("codex: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("codex: %w", err)
 	}
 	if err := lc.Sandbox.Upload(ctx, path.Join(st.codexHome(), "config.toml"), []byte(cfg), 0o600); err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("codex: write config.toml: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("codex: write config.toml: %w", err)
 	}
 	// The task beside the session, for the resume decision.
 	if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, taskFileName), []byte(task), 0o600); err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("codex: write the task: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("codex: write the task: %w", err)
 	}
 	// HOME must exist: Codex keeps files below it.
 	if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, "home", ".keep"), nil, 0o600); err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("codex: make HOME: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("codex: make HOME: %w", err)
 	}
 	spec.Argv = append(append([]string{a.opt.Codex, "exec"}, flags...), "--", task)
 	return spec, nil
@@ -245,15 +218,15 @@ const sessionGlob = "sessions/*/*/*/rollout-*.jsonl"
 
 // readSession reads the state's newest session file: its path and
 // content, or "" and nil when there is none.
-func readSession(ctx context.Context, sb driver.LentSandbox, st State) (string, []byte, error) {
-	file, data, err := driver.ReadNewestFile(ctx, sb, st.codexHome(), sessionGlob)
+func readSession(ctx context.Context, sb harness.LentSandbox, st State) (string, []byte, error) {
+	file, data, err := harness.ReadNewestFile(ctx, sb, st.codexHome(), sessionGlob)
 	if err != nil {
 		return "", nil, fmt.Errorf("codex: %w", err)
 	}
 	return file, data, nil
 }
 
-// ResumeDecision implements driver.Adapter. Codex has no way to continue a
+// ResumeDecision implements harness.Adapter. Codex has no way to continue a
 // saved session without a new user turn, so a relaunch starts over with
 // the task in a fresh folder; the reason says whether the saved session
 // could otherwise have been continued (it starts with the task and holds a
@@ -261,18 +234,18 @@ func readSession(ctx context.Context, sb driver.LentSandbox, st State) (string, 
 // (opt-in), such a session is continued instead, the reason naming the
 // added turn. Only a cancelled ctx, or a state that names no folder, is an
 // error.
-func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, rollout string, attempt int) (driver.Decision, error) {
+func (a *Adapter) ResumeDecision(ctx context.Context, sb harness.LentSandbox, raw json.RawMessage, rollout string, attempt int) (harness.Decision, error) {
 	st, err := parseState(raw)
 	if err != nil {
-		return driver.Decision{}, err
+		return harness.Decision{}, err
 	}
-	fresh := func(why string) (driver.Decision, error) {
-		s, _ := json.Marshal(State{Home: driver.StateDir(sb, "codex", rollout, attempt)})
-		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CODEX_HOME", State: s}, nil
+	fresh := func(why string) (harness.Decision, error) {
+		s, _ := json.Marshal(State{Home: harness.StateDir(sb, "codex", rollout, attempt)})
+		return harness.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CODEX_HOME", State: s}, nil
 	}
-	s, task, why, err := driver.ReadSavedSession(ctx, sb, st.codexHome(), sessionGlob, path.Join(st.Home, taskFileName), "CODEX_HOME", ParseSession)
+	s, task, why, err := harness.ReadSavedSession(ctx, sb, st.codexHome(), sessionGlob, path.Join(st.Home, taskFileName), "CODEX_HOME", ParseSession)
 	if err != nil {
-		return driver.Decision{}, err
+		return harness.Decision{}, err
 	}
 	if why != "" {
 		return fresh(why)
@@ -282,14 +255,14 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 	case !ok:
 		return fresh(why)
 	case a.opt.ResumePrompt != nil && s.ID != "":
-		return driver.Decision{Resume: true, Reason: fmt.Sprintf("%s; continuing it with codex exec resume, which adds the user turn %q the task did not have (resume_prompt is set)", why, *a.opt.ResumePrompt)}, nil
+		return harness.Decision{Resume: true, Reason: fmt.Sprintf("%s; continuing it with codex exec resume, which adds the user turn %q the task did not have (resume_prompt is set)", why, *a.opt.ResumePrompt)}, nil
 	}
 	return fresh(why + ", but Codex cannot continue it without adding a user turn (codex exec resume always sends a new user message)")
 }
 
-// Response implements driver.Adapter: the exit code, the session file
+// Response implements harness.Adapter: the exit code, the session file
 // (path, id and its lines), the final assistant text and the output tails.
-func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+func (a *Adapter) Response(ctx context.Context, sb harness.LentSandbox, raw json.RawMessage, res harness.HarnessResult) (json.RawMessage, error) {
 	st, err := parseState(raw)
 	if err != nil {
 		return nil, err
@@ -309,16 +282,16 @@ func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.
 		}
 		out["session_path"] = file
 		out["session_id"] = s.ID
-		out["session"] = driver.JSONLinesArray(data)
+		out["session"] = harness.JSONLinesArray(data)
 		if t := s.FinalText(); t != "" {
 			out["final_text"] = t
 		}
 	}
-	out["stdout_tail"] = driver.Tail(string(res.Stdout), 4000)
-	out["stderr_tail"] = driver.Tail(string(res.Stderr), 4000)
+	out["stdout_tail"] = harness.Tail(string(res.Stdout), 4000)
+	out["stderr_tail"] = harness.Tail(string(res.Stderr), 4000)
 	return json.Marshal(out)
 }
 
-var _ driver.Adapter = (*Adapter)(nil)
-var _ driver.PausesAtCheckpoints = (*Adapter)(nil)
-var _ driver.GymResulter = (*Adapter)(nil)
+var _ harness.Adapter = (*Adapter)(nil)
+var _ harness.PausesAtCheckpoints = (*Adapter)(nil)
+var _ harness.GymResulter = (*Adapter)(nil)

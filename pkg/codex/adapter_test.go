@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // uploads is a sandbox that records uploads and runs nothing.
@@ -32,19 +32,19 @@ func (u *uploads) Workdir() string { return "/sandbox/work" }
 // TOML string, no retries, and every call home off; HOME and CODEX_HOME
 // are in the state folder.
 func TestLaunch(t *testing.T) {
-	a, err := New(Options{Codex: "/opt/codex", ModelURL: "http://127.0.0.1:9/", Model: `we"ird\model`})
+	a, err := New(Options{Codex: "/opt/codex", CLIOptions: harness.CLIOptions{ModelURL: "http://127.0.0.1:9/", Model: `we"ird\model`}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sb := &uploads{files: map[string][]byte{}}
-	lent := driver.LentSandbox{Sandbox: sb}
+	lent := harness.LentSandbox{Sandbox: sb}
 	st, err := a.NewState("r/1?", 2, lent)
 	if err != nil {
 		t.Fatal(err)
 	}
 	task := "-x 'q' \"dq\" $(touch /tmp/pwned) `id`\nline2\\n"
 	body, _ := json.Marshal(map[string]string{"task": task})
-	spec, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r/1?", Attempt: 2, Input: body, Sandbox: lent, State: st})
+	spec, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r/1?", Attempt: 2, Input: body, Sandbox: lent, State: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,28 +78,28 @@ func TestLaunch(t *testing.T) {
 // a resume (never decided) and a bad model URL are errors naming what is
 // wrong.
 func TestLaunchRefuses(t *testing.T) {
-	a, err := New(Options{Codex: "/opt/codex", ModelURL: "http://127.0.0.1:9"})
+	a, err := New(Options{Codex: "/opt/codex", CLIOptions: harness.CLIOptions{ModelURL: "http://127.0.0.1:9"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lent := driver.LentSandbox{Sandbox: &uploads{files: map[string][]byte{}}}
+	lent := harness.LentSandbox{Sandbox: &uploads{files: map[string][]byte{}}}
 	st, _ := a.NewState("r1", 1, lent)
 	for _, c := range []struct {
 		task   string
 		resume bool
 		want   string
 	}{
-		{strings.Repeat("x", driver.MaxArg), false, "at most 131071 bytes"},
+		{strings.Repeat("x", harness.MaxArg), false, "at most 131071 bytes"},
 		{"a\x00b", false, "NUL"},
 		{"ok", true, "without resume_prompt set"},
 	} {
 		body, _ := json.Marshal(map[string]string{"task": c.task})
-		_, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r1", Attempt: 1, Input: body, Sandbox: lent, State: st, Resume: c.resume})
+		_, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r1", Attempt: 1, Input: body, Sandbox: lent, State: st, Resume: c.resume})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("task of %d bytes, resume %v: %v, want %q", len(c.task), c.resume, err, c.want)
 		}
 	}
-	if _, err := New(Options{Codex: "/opt/codex", ModelURL: "127.0.0.1:9"}); err == nil || !strings.Contains(err.Error(), "model_url") {
+	if _, err := New(Options{Codex: "/opt/codex", CLIOptions: harness.CLIOptions{ModelURL: "127.0.0.1:9"}}); err == nil || !strings.Contains(err.Error(), "model_url") {
 		t.Errorf("bad model URL: %v", err)
 	}
 }

@@ -18,7 +18,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // Session is what the adapter reads of a saved session.
@@ -201,7 +201,7 @@ func (s *Session) UserTurns() []string {
 // it starts with the task (if task is set) and holds at least one
 // completed model response. why says which, as a launch record's reason.
 func (s *Session) Continuable(task string) (bool, string) {
-	return driver.Continuable(s.ID, s.UserTurns(), len(s.Responses), task)
+	return harness.Continuable(s.ID, s.UserTurns(), len(s.Responses), task)
 }
 
 // FinalText is the text of the session's last assistant message.

@@ -19,8 +19,6 @@ var (
 	// ErrCrashed: the run was abandoned as if its driver had died: nothing
 	// was cleaned up (used to rehearse a crash and restore).
 	ErrCrashed = errors.New("run abandoned by a crash")
-	// ErrPhase: a checkpoint call came out of order ("cannot commit in idle").
-	ErrPhase = errors.New("checkpoint call out of order")
 	// ErrDuplicateRun: a run with the same rollout id and attempt is
 	// already in flight.
 	ErrDuplicateRun = errors.New("run already in flight")
@@ -29,5 +27,3 @@ var (
 	// ErrShuttingDown: the participant takes no new runs.
 	ErrShuttingDown = errors.New("shutting down")
 )
-
-func joinErrs(errs []error) error { return errors.Join(errs...) }

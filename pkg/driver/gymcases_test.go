@@ -321,7 +321,7 @@ func TestGymQueuedRunDoesNotBlockAndIsExportedAtSeed(t *testing.T) {
 // TestGymRestartRunNeverBlocksAndIsRefusedInScope ports Gym's
 // test_an_episode_marked_restart_never_holds_up_prepare_and_is_left_out_of_the_commit
 // (episode steps) and the restart rule of steps.py: a run whose seed reply
-// carried x-ng-checkpoint-restart (the local owner's "restart": true) is
+// carried x-ng-checkpoint-restart (the lending owner's "restart": true) is
 // in its harness step beside an ordinary run; the prepare is ready without
 // waiting for it, lists it in report.restarts (never as a blocker); a
 // commit whose scope names it is refused with restart_in_scope before
@@ -855,7 +855,7 @@ func TestGymRunBecomesRestartOnlyOutsideCheckpoint(t *testing.T) {
 	checkVerified(t, e, ro, h.MustSucceed(t))
 }
 
-// heldCheck is a check for the local owner's verify that waits until the
+// heldCheck is a check for the lending owner's verify that waits until the
 // test lets it go (a file named verify-go in the workdir), then checks the
 // fake harness's n steps.
 func heldCheck(n int) string {
@@ -936,7 +936,7 @@ func TestGymWaitVerifyBlocksPrepare(t *testing.T) {
 // test_a_replay_step_does_not_block_and_its_result_waits_at_the_next_boundary
 // (environment; the first half) and test_disk_restore_matches_uninterrupted_progress
 // at ("verify", 0) (proof agent): an owner whose seed reply said
-// x-ng-checkpoint-verify: replay (the local owner's "verify_mode":
+// x-ng-checkpoint-verify: replay (the lending owner's "verify_mode":
 // "replay") lets a prepare be ready while the run is inside its verify;
 // the run is exported at the bookmark before the step (next verify, the
 // harness's response in it), so a restore would grade again. After the

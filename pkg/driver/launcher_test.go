@@ -18,6 +18,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -97,7 +98,7 @@ func (l fakeLauncher) Supervised() bool { return l.supervised }
 
 func (l fakeLauncher) Prepare(context.Context, sandbox.Sandbox) error { return nil }
 
-func (l fakeLauncher) Start(_ context.Context, _ sandbox.Sandbox, ref launch.Ref, _ launch.Spec) error {
+func (l fakeLauncher) Start(_ context.Context, _ sandbox.Sandbox, ref launch.Ref, _ harness.LaunchSpec) error {
 	f := l.f
 	f.record(l.kind() + " start " + ref.ID)
 	if l.supervised && f.startSupervised != nil {
@@ -186,21 +187,32 @@ func (memBackend) Connect(context.Context, sandbox.Descriptor) (sandbox.Sandbox,
 	return plainSandbox{}, nil
 }
 
+// plainSandbox has no capability beyond Sandbox.
+type plainSandbox struct{}
+
+func (plainSandbox) ID() string { return "plain" }
+func (plainSandbox) Exec(context.Context, sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	return sandbox.ExecResult{}, nil
+}
+func (plainSandbox) Upload(context.Context, string, []byte, uint32) error { return nil }
+func (plainSandbox) Root() string                                         { return "/root" }
+func (plainSandbox) Workdir() string                                      { return "/work" }
+
 // memAdapter is an adapter whose harness pauses at checkpoints and whose
 // saved session can always be continued.
 type memAdapter struct{}
 
 func (memAdapter) Name() string { return "fake" }
-func (memAdapter) NewState(string, int, driver.LentSandbox) (json.RawMessage, error) {
+func (memAdapter) NewState(string, int, harness.LentSandbox) (json.RawMessage, error) {
 	return json.RawMessage(`{}`), nil
 }
-func (memAdapter) ResumeDecision(context.Context, driver.LentSandbox, json.RawMessage, string, int) (driver.Decision, error) {
-	return driver.Decision{Resume: true, Reason: "saved session"}, nil
+func (memAdapter) ResumeDecision(context.Context, harness.LentSandbox, json.RawMessage, string, int) (harness.Decision, error) {
+	return harness.Decision{Resume: true, Reason: "saved session"}, nil
 }
-func (memAdapter) Launch(context.Context, driver.LaunchContext) (driver.LaunchSpec, error) {
-	return driver.LaunchSpec{Argv: []string{"harness"}}, nil
+func (memAdapter) Launch(context.Context, harness.LaunchContext) (harness.LaunchSpec, error) {
+	return harness.LaunchSpec{Argv: []string{"harness"}}, nil
 }
-func (memAdapter) Response(context.Context, driver.LentSandbox, json.RawMessage, driver.HarnessResult) (json.RawMessage, error) {
+func (memAdapter) Response(context.Context, harness.LentSandbox, json.RawMessage, harness.HarnessResult) (json.RawMessage, error) {
 	return json.RawMessage(`{"text":"done"}`), nil
 }
 func (memAdapter) PausesAtCheckpoints() bool { return true }

@@ -16,13 +16,14 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // Runner runs rollouts: the stage machine of the seed's
 // SandboxedHarnessAgent.
 type Runner struct {
 	// Adapter is what is harness-specific.
-	Adapter Adapter
+	Adapter harness.Adapter
 	// Owner lends the sandboxes.
 	Owner owner.Owner
 	// Backends connect to sandboxes, by provider name.
@@ -51,7 +52,7 @@ type Runner struct {
 	Observer Observer
 	// OwnSandbox makes a sandbox of the driver's own for a run the owner
 	// lends none (such a run is a restart). Nil: those runs fail.
-	OwnSandbox func(ctx context.Context, rolloutID string) (LentSandbox, error)
+	OwnSandbox func(ctx context.Context, rolloutID string) (harness.LentSandbox, error)
 }
 
 // RunRequest is one rollout to run (one attempt).
@@ -83,7 +84,7 @@ func (rn *Runner) pauses() bool {
 	if rn.PauseAtCheckpoints != nil && !*rn.PauseAtCheckpoints {
 		return false
 	}
-	p, ok := rn.Adapter.(PausesAtCheckpoints)
+	p, ok := rn.Adapter.(harness.PausesAtCheckpoints)
 	return ok && p.PausesAtCheckpoints()
 }
 
@@ -94,10 +95,10 @@ type attemptState struct {
 	r    *run
 	bm   Bookmark
 	log  *slog.Logger
-	sb   *LentSandbox // the sandbox of the current launch
-	own  *LentSandbox // the driver's own sandbox, when none is lent
-	live *liveLaunch  // the launch running or paused now
-	gone *launch.Ref  // a paused launch the crash took, until the relaunch says what it does
+	sb   *harness.LentSandbox // the sandbox of the current launch
+	own  *harness.LentSandbox // the driver's own sandbox, when none is lent
+	live *liveLaunch          // the launch running or paused now
+	gone *launch.Ref          // a paused launch the crash took, until the relaunch says what it does
 }
 
 type liveLaunch struct {
@@ -247,7 +248,7 @@ func (rn *Runner) seed(ctx context.Context, st *attemptState) error {
 // word (seedAccess), when it named a sandbox. The backend is the one
 // provider_config_ref names, else the descriptor's provider, else the only
 // backend configured.
-func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies, seedAccess *owner.Access) (LentSandbox, error) {
+func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies, seedAccess *owner.Access) (harness.LentSandbox, error) {
 	if st.own != nil {
 		return *st.own, nil
 	}
@@ -256,7 +257,7 @@ func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies
 		acc, err = *seedAccess, nil
 	}
 	if err != nil {
-		return LentSandbox{}, fmt.Errorf("ask the owner for the sandbox of %s: %w", st.req.RolloutID, err)
+		return harness.LentSandbox{}, fmt.Errorf("ask the owner for the sandbox of %s: %w", st.req.RolloutID, err)
 	}
 	d := acc.Connection.Descriptor
 	if d.Workdir == "" {
@@ -273,14 +274,14 @@ func (rn *Runner) connect(ctx context.Context, st *attemptState, c owner.Cookies
 		}
 	}
 	if !ok {
-		return LentSandbox{}, fmt.Errorf("connect to sandbox %s: no backend %q configured", d.SandboxID, name)
+		return harness.LentSandbox{}, fmt.Errorf("connect to sandbox %s: no backend %q configured", d.SandboxID, name)
 	}
 	d.Provider = b.Name()
 	sb, err := b.Connect(ctx, d)
 	if err != nil {
-		return LentSandbox{}, fmt.Errorf("connect to sandbox %s: %w", d.SandboxID, err)
+		return harness.LentSandbox{}, fmt.Errorf("connect to sandbox %s: %w", d.SandboxID, err)
 	}
-	return LentSandbox{Sandbox: sb, Descriptor: d}, nil
+	return harness.LentSandbox{Sandbox: sb, Descriptor: d}, nil
 }
 
 // harness is the one long wait step: launch, follow, park at checkpoints,
@@ -356,7 +357,7 @@ func (rn *Runner) launch(ctx context.Context, st *attemptState) error {
 	if err := l.Prepare(ctx, lent); err != nil {
 		return err
 	}
-	spec, err := rn.Adapter.Launch(ctx, LaunchContext{
+	spec, err := rn.Adapter.Launch(ctx, harness.LaunchContext{
 		RolloutID: st.req.RolloutID, Attempt: st.req.Attempt, Input: st.req.Body,
 		Sandbox: lent, State: st.bm.State, Resume: st.bm.Resume, LaunchID: ref.ID, LaunchDir: ref.Dir,
 	})
@@ -493,7 +494,7 @@ func (rn *Runner) finished(ctx context.Context, st *attemptState, exitCode int) 
 	if err != nil {
 		return err
 	}
-	resp, err := rn.Adapter.Response(ctx, *st.sb, st.bm.State, HarnessResult{ExitCode: exitCode, Stdout: stdout, Stderr: stderr})
+	resp, err := rn.Adapter.Response(ctx, *st.sb, st.bm.State, harness.HarnessResult{ExitCode: exitCode, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		return fmt.Errorf("collect the response of %s: %w", st.req.RolloutID, err)
 	}
@@ -660,7 +661,7 @@ func (rn *Runner) verify(ctx context.Context, st *attemptState) error {
 	}
 	response := st.bm.Response
 	var fields map[string]json.RawMessage
-	if g, ok := rn.Adapter.(GymResulter); ok {
+	if g, ok := rn.Adapter.(harness.GymResulter); ok {
 		var err error
 		if response, fields, err = g.GymResult(st.bm.Response, st.req.Body); err != nil {
 			return fmt.Errorf("build the response of %s: %w", st.req.RolloutID, err)

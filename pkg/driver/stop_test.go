@@ -13,6 +13,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -151,16 +152,16 @@ func mergeOpts(a, b map[string]any) map[string]any {
 type plainAdapter struct{ a *fake.Adapter }
 
 func (p plainAdapter) Name() string { return "plain-fake" }
-func (p plainAdapter) NewState(ro string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
+func (p plainAdapter) NewState(ro string, attempt int, sb harness.LentSandbox) (json.RawMessage, error) {
 	return p.a.NewState(ro, attempt, sb)
 }
-func (p plainAdapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, st json.RawMessage, ro string, attempt int) (driver.Decision, error) {
+func (p plainAdapter) ResumeDecision(ctx context.Context, sb harness.LentSandbox, st json.RawMessage, ro string, attempt int) (harness.Decision, error) {
 	return p.a.ResumeDecision(ctx, sb, st, ro, attempt)
 }
-func (p plainAdapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+func (p plainAdapter) Launch(ctx context.Context, lc harness.LaunchContext) (harness.LaunchSpec, error) {
 	return p.a.Launch(ctx, lc)
 }
-func (p plainAdapter) Response(ctx context.Context, sb driver.LentSandbox, st json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+func (p plainAdapter) Response(ctx context.Context, sb harness.LentSandbox, st json.RawMessage, res harness.HarnessResult) (json.RawMessage, error) {
 	return p.a.Response(ctx, sb, st, res)
 }
 
@@ -174,12 +175,12 @@ func TestAdapterThatDoesNotPauseIsStopped(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name     string
-		adapter  func() driver.Adapter
+		adapter  func() harness.Adapter
 		override bool
 	}{
-		{"runner-override", func() driver.Adapter { return drivertest.Fake(steps, stepS) }, true},
-		{"no-opt-in", func() driver.Adapter { return plainAdapter{drivertest.Fake(steps, stepS)} }, false},
-		{"opt-in-false", func() driver.Adapter { a := drivertest.Fake(steps, stepS); a.Pause = false; return a }, false},
+		{"runner-override", func() harness.Adapter { return drivertest.Fake(steps, stepS) }, true},
+		{"no-opt-in", func() harness.Adapter { return plainAdapter{drivertest.Fake(steps, stepS)} }, false},
+		{"opt-in-false", func() harness.Adapter { a := drivertest.Fake(steps, stepS); a.Pause = false; return a }, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -14,42 +14,32 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"path"
 	"strings"
 	"time"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // Options configures the adapter (the `opencode:` part of the config).
 type Options struct {
 	// OpenCode is the opencode binary inside the sandbox.
 	OpenCode string `json:"opencode"`
-	// ModelURL is the model server's base URL (OpenAI-compatible, without
-	// /v1). The rollout prefix /ng-rollout/<id>-a<attempt> is added, as the
-	// framework does, so every model call is attributed to its rollout (the
-	// segment escaped: see driver.RolloutSegment).
-	ModelURL string `json:"model_url"`
-	// Model is the served model's name; APIKey is sent to it.
-	Model  string `json:"model"`
-	APIKey string `json:"api_key"`
+	// CLIOptions are the keys every CLI adapter takes. Here model_url is
+	// an OpenAI-compatible server (without /v1); the rollout prefix
+	// /ng-rollout/<id>-a<attempt> is added, as the framework does (the
+	// segment escaped: see harness.RolloutSegment).
+	harness.CLIOptions
 	// ContextWindow and OutputTokens are the model's limits.
 	ContextWindow int `json:"context_window"`
 	OutputTokens  int `json:"output_tokens"`
 	// Permission is OpenCode's permission config ("allow" lets tools run
 	// without a prompt, which an unattended rollout needs).
 	Permission json.RawMessage `json:"permission"`
-	// PauseAtCheckpoints: false restores stop and relaunch (default true).
-	PauseAtCheckpoints *bool `json:"pause_at_checkpoints"`
-	// Env is added to OpenCode's environment.
-	Env map[string]string `json:"env"`
-	// Timeout bounds one launch's running time (paused time not counted).
-	Timeout string `json:"timeout"`
 	// ResumeBinaries maps an architecture to the host path of ngresume.
 	ResumeBinaries map[string]string `json:"-"`
 }
@@ -61,19 +51,12 @@ type Adapter struct {
 	tools   launch.Tools
 }
 
-// New checks the options and returns the adapter.
+// New checks the options (CLIOptions.Check, then OpenCode's own) and
+// returns the adapter.
 func New(opt Options) (*Adapter, error) {
-	if opt.OpenCode == "" {
-		return nil, errors.New("opencode: the opencode binary (opencode.opencode) is required")
-	}
-	if opt.ModelURL == "" {
-		return nil, errors.New("opencode: the model server (opencode.model_url) is required")
-	}
-	if opt.Model == "" {
-		opt.Model = "policy"
-	}
-	if opt.APIKey == "" {
-		opt.APIKey = "none"
+	timeout, err := opt.Check("opencode", opt.OpenCode)
+	if err != nil {
+		return nil, err
 	}
 	if opt.ContextWindow <= 0 {
 		opt.ContextWindow = 128000
@@ -87,10 +70,6 @@ func New(opt Options) (*Adapter, error) {
 	if !json.Valid(opt.Permission) {
 		return nil, fmt.Errorf("opencode: permission is not valid JSON: %s", opt.Permission)
 	}
-	timeout, err := driver.ParseTimeout("opencode", opt.Timeout)
-	if err != nil {
-		return nil, err
-	}
 	return &Adapter{opt: opt, timeout: timeout}, nil
 }
 
@@ -100,22 +79,20 @@ type State struct {
 	Home string `json:"home"`
 }
 
-// Name implements driver.Adapter.
+// Name implements harness.Adapter.
 func (a *Adapter) Name() string { return "opencode" }
 
-// PausesAtCheckpoints implements driver.PausesAtCheckpoints: on unless the
+// PausesAtCheckpoints implements harness.PausesAtCheckpoints: on unless the
 // config says pause_at_checkpoints: false.
-func (a *Adapter) PausesAtCheckpoints() bool {
-	return a.opt.PauseAtCheckpoints == nil || *a.opt.PauseAtCheckpoints
-}
+func (a *Adapter) PausesAtCheckpoints() bool { return a.opt.Pauses() }
 
-// NewState implements driver.Adapter.
-func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
-	return json.Marshal(State{Home: driver.StateDir(sb, "opencode", rollout, attempt)})
+// NewState implements harness.Adapter.
+func (a *Adapter) NewState(rollout string, attempt int, sb harness.LentSandbox) (json.RawMessage, error) {
+	return json.Marshal(State{Home: harness.StateDir(sb, "opencode", rollout, attempt)})
 }
 
 func parseState(raw json.RawMessage) (State, error) {
-	home, err := driver.StateHome("opencode", raw)
+	home, err := harness.StateHome("opencode", raw)
 	return State{Home: home}, err
 }
 
@@ -123,7 +100,7 @@ func parseState(raw json.RawMessage) (State, error) {
 // (provider pointed at the model server with the rollout's prefix), and the
 // switches that keep it local.
 func (a *Adapter) env(st State, rollout string, attempt int) (map[string]string, error) {
-	base := strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + driver.RolloutSegment(rollout, attempt) + "/v1"
+	base := strings.TrimRight(a.opt.ModelURL, "/") + "/ng-rollout/" + harness.RolloutSegment(rollout, attempt) + "/v1"
 	cfg := map[string]any{
 		"$schema":           "https://opencode.ai/config.json",
 		"model":             "ng/" + a.opt.Model,
@@ -169,36 +146,36 @@ func (a *Adapter) env(st State, rollout string, attempt int) (map[string]string,
 	return env, nil
 }
 
-// Launch implements driver.Adapter: `opencode run --format json <task>` for
+// Launch implements harness.Adapter: `opencode run --format json <task>` for
 // a fresh session; ngresume (uploaded now) to continue a saved one.
-func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+func (a *Adapter) Launch(ctx context.Context, lc harness.LaunchContext) (harness.LaunchSpec, error) {
 	st, err := parseState(lc.State)
 	if err != nil {
-		return driver.LaunchSpec{}, err
+		return harness.LaunchSpec{}, err
 	}
 	env, err := a.env(st, lc.RolloutID, lc.Attempt)
 	if err != nil {
-		return driver.LaunchSpec{}, err
+		return harness.LaunchSpec{}, err
 	}
-	spec := driver.LaunchSpec{Env: env, Dir: lc.Sandbox.Workdir(), Timeout: a.timeout}
+	spec := harness.LaunchSpec{Env: env, Dir: lc.Sandbox.Workdir(), Timeout: a.timeout}
 	if lc.Resume {
 		bin, err := a.tools.Ensure(ctx, lc.Sandbox, "ngresume", a.opt.ResumeBinaries)
 		if err != nil {
-			return driver.LaunchSpec{}, fmt.Errorf("opencode: upload the resume helper: %w", err)
+			return harness.LaunchSpec{}, fmt.Errorf("opencode: upload the resume helper: %w", err)
 		}
 		spec.Argv = []string{bin, "--opencode", a.opt.OpenCode}
 		return spec, nil
 	}
-	task, err := driver.TaskText(lc.Input)
+	task, err := harness.TaskText(lc.Input)
 	if err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("opencode: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("opencode: %w", err)
 	}
 	// The task goes in on stdin: opencode run stores a message argument
 	// that holds a space with literal quotes around it, and fails on one
 	// that is a number. Read from stdin, the text is stored exactly.
 	taskFile := path.Join(st.Home, taskFileName)
 	if err := lc.Sandbox.Upload(ctx, taskFile, []byte(task), 0o600); err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("opencode: upload the task: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("opencode: upload the task: %w", err)
 	}
 	spec.Argv = []string{"/bin/sh", "-c", `exec "$0" run --format json <"$1"`, a.opt.OpenCode, taskFile}
 	return spec, nil
@@ -258,7 +235,7 @@ rc=$?; rm -f -- "$out"; exit $rc`
 // OpenCode exits before the pipe drains, and anything past the first 64 KiB
 // or so is lost (a 195 KB export came through whole in 2 to 3 runs of 10);
 // written to a file it is always whole, and cat waits for the pipe.
-func (a *Adapter) runToFile(ctx context.Context, sb driver.LentSandbox, env map[string]string, file string, args ...string) (sandbox.ExecResult, error) {
+func (a *Adapter) runToFile(ctx context.Context, sb harness.LentSandbox, env map[string]string, file string, args ...string) (sandbox.ExecResult, error) {
 	argv := append([]string{"/bin/sh", "-c", toFileScript, "sh", file, a.opt.OpenCode}, args...)
 	return sb.Exec(ctx, sandbox.ExecRequest{Argv: argv, Env: env, Dir: sb.Workdir(), Timeout: 2 * time.Minute})
 }
@@ -266,7 +243,7 @@ func (a *Adapter) runToFile(ctx context.Context, sb driver.LentSandbox, env map[
 // export runs `opencode export` in the sandbox for the rollout's latest
 // session. It returns nil, nil when there is no session. An export that is
 // not one whole JSON document is taken again once before it is an error.
-func (a *Adapter) export(ctx context.Context, sb driver.LentSandbox, st State, rollout string, attempt int) (*exported, json.RawMessage, error) {
+func (a *Adapter) export(ctx context.Context, sb harness.LentSandbox, st State, rollout string, attempt int) (*exported, json.RawMessage, error) {
 	env, err := a.env(st, rollout, attempt)
 	if err != nil {
 		return nil, nil, err
@@ -332,25 +309,25 @@ func parseExport(out []byte) (*exported, json.RawMessage, error) {
 	return &e, json.RawMessage(raw), nil
 }
 
-// ResumeDecision implements driver.Adapter: a saved session is continued
+// ResumeDecision implements harness.Adapter: a saved session is continued
 // only if it starts with the task and holds a completed model response;
 // otherwise the relaunch starts over with the task in a fresh folder. A
 // saved session (or task) that cannot be read starts over too, the reason
 // naming what failed: the rollout goes on. Only a cancelled ctx, or a
 // state that names no folder, is an error.
-func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, rollout string, attempt int) (driver.Decision, error) {
+func (a *Adapter) ResumeDecision(ctx context.Context, sb harness.LentSandbox, raw json.RawMessage, rollout string, attempt int) (harness.Decision, error) {
 	st, err := parseState(raw)
 	if err != nil {
-		return driver.Decision{}, err
+		return harness.Decision{}, err
 	}
-	fresh := func(why string) (driver.Decision, error) {
-		s, _ := json.Marshal(State{Home: driver.StateDir(sb, "opencode", rollout, attempt)})
-		return driver.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh data folder", State: s}, nil
+	fresh := func(why string) (harness.Decision, error) {
+		s, _ := json.Marshal(State{Home: harness.StateDir(sb, "opencode", rollout, attempt)})
+		return harness.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh data folder", State: s}, nil
 	}
 	e, _, err := a.export(ctx, sb, st, rollout, attempt)
 	if err != nil {
 		if ctx.Err() != nil {
-			return driver.Decision{}, err
+			return harness.Decision{}, err
 		}
 		return fresh(fmt.Sprintf("the saved session could not be read (%v)", err))
 	}
@@ -360,7 +337,7 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(st.Home, taskFileName)}, Timeout: time.Minute})
 	if err != nil {
 		if ctx.Err() != nil {
-			return driver.Decision{}, err
+			return harness.Decision{}, err
 		}
 		return fresh(fmt.Sprintf("the task beside the saved session could not be read (%v)", err))
 	}
@@ -376,7 +353,7 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw
 
 // decide applies the rule to an exported session. task, if set, must be the
 // first user message's text.
-func decide(e *exported, task string) (driver.Decision, error) {
+func decide(e *exported, task string) (harness.Decision, error) {
 	var firstUser string
 	haveUser := false
 	completed := 0
@@ -399,17 +376,17 @@ func decide(e *exported, task string) (driver.Decision, error) {
 	}
 	switch {
 	case !haveUser:
-		return driver.Decision{Resume: false, Reason: "the saved session has no user message; starting over with the task in a fresh data folder"}, nil
+		return harness.Decision{Resume: false, Reason: "the saved session has no user message; starting over with the task in a fresh data folder"}, nil
 	case task != "" && strings.TrimSpace(firstUser) != strings.TrimSpace(task):
-		return driver.Decision{Resume: false, Reason: "the saved session does not start with the task; starting over with the task in a fresh data folder"}, nil
+		return harness.Decision{Resume: false, Reason: "the saved session does not start with the task; starting over with the task in a fresh data folder"}, nil
 	case completed == 0:
-		return driver.Decision{Resume: false, Reason: "the saved session holds no completed model response; starting over with the task in a fresh data folder"}, nil
+		return harness.Decision{Resume: false, Reason: "the saved session holds no completed model response; starting over with the task in a fresh data folder"}, nil
 	}
 	plural := "s"
 	if completed == 1 {
 		plural = ""
 	}
-	return driver.Decision{Resume: true, Reason: fmt.Sprintf("session %s starts with the task and holds %d completed model response%s", e.Info.ID, completed, plural)}, nil
+	return harness.Decision{Resume: true, Reason: fmt.Sprintf("session %s starts with the task and holds %d completed model response%s", e.Info.ID, completed, plural)}, nil
 }
 
 // responded tells whether an assistant message holds a completed model
@@ -433,9 +410,9 @@ func responded(completedAt float64, finish string, parts []exportedPart) bool {
 	return false
 }
 
-// Response implements driver.Adapter: the final assistant text and the
+// Response implements harness.Adapter: the final assistant text and the
 // session export, for the owner's verify.
-func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+func (a *Adapter) Response(ctx context.Context, sb harness.LentSandbox, raw json.RawMessage, res harness.HarnessResult) (json.RawMessage, error) {
 	st, err := parseState(raw)
 	if err != nil {
 		return nil, err
@@ -463,15 +440,15 @@ func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.
 			}
 		}
 	}
-	out["stdout_tail"] = driver.Tail(string(res.Stdout), 4000)
-	out["stderr_tail"] = driver.Tail(string(res.Stderr), 4000)
+	out["stdout_tail"] = harness.Tail(string(res.Stdout), 4000)
+	out["stderr_tail"] = harness.Tail(string(res.Stderr), 4000)
 	if exportRaw != nil {
 		out["export_path"] = path.Join(st.Home, exportFileName)
 	}
 	return json.Marshal(out)
 }
 
-// GymResult implements driver.GymResulter, as Gym's OpenCode agent builds
+// GymResult implements harness.GymResulter, as Gym's OpenCode agent builds
 // its /run reply: `response` is the NeMoGymResponse of the session export
 // (BuildGymResponse, the request side from the body's
 // responses_create_params, the model from Options.Model), and the agent's
@@ -503,16 +480,16 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 	if found {
 		runFields.ResultsFpath = r.ExportPath
 	}
-	fields, err := driver.JSONFields(runFields)
+	fields, err := harness.JSONFields(runFields)
 	return resp, fields, err
 }
 
 // exportAny exports without the rollout's model prefix (the export needs no
 // model).
-func (a *Adapter) exportAny(ctx context.Context, sb driver.LentSandbox, st State) (*exported, json.RawMessage, error) {
+func (a *Adapter) exportAny(ctx context.Context, sb harness.LentSandbox, st State) (*exported, json.RawMessage, error) {
 	return a.export(ctx, sb, st, "export", 0)
 }
 
-var _ driver.Adapter = (*Adapter)(nil)
-var _ driver.PausesAtCheckpoints = (*Adapter)(nil)
-var _ driver.GymResulter = (*Adapter)(nil)
+var _ harness.Adapter = (*Adapter)(nil)
+var _ harness.PausesAtCheckpoints = (*Adapter)(nil)
+var _ harness.GymResulter = (*Adapter)(nil)

@@ -11,9 +11,9 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // fakeEnv, in the environment of the test binary, makes it a stand-in for
@@ -100,7 +100,7 @@ func fakeOpenCode(mode string, args []string) int {
 // fakeSandbox is a local sandbox (no namespace) holding a rollout's state
 // folder with its task, and an adapter whose OpenCode is the test binary
 // in mode (see fakeEnv), logging its calls to the returned file.
-func fakeSandbox(t *testing.T, mode string) (*Adapter, driver.LentSandbox, json.RawMessage, string) {
+func fakeSandbox(t *testing.T, mode string) (*Adapter, harness.LentSandbox, json.RawMessage, string) {
 	t.Helper()
 	b, err := local.New(t.TempDir(), local.Options{Isolation: local.IsolationNone})
 	if err != nil {
@@ -110,13 +110,13 @@ func fakeSandbox(t *testing.T, mode string) (*Adapter, driver.LentSandbox, json.
 	if err != nil {
 		t.Fatal(err)
 	}
-	lent := driver.LentSandbox{Sandbox: sb}
+	lent := harness.LentSandbox{Sandbox: sb}
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	calls := path.Join(t.TempDir(), "calls.log")
-	a, err := New(Options{OpenCode: self, ModelURL: "http://127.0.0.1:9", Env: map[string]string{fakeEnv: mode, fakeLogEnv: calls}})
+	a, err := New(Options{OpenCode: self, CLIOptions: harness.CLIOptions{ModelURL: "http://127.0.0.1:9", Env: map[string]string{fakeEnv: mode, fakeLogEnv: calls}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestExportPastAPipeIsReadWhole(t *testing.T) {
 	if err != nil || !d.Resume || !strings.Contains(d.Reason, "session ses_big starts with the task and holds 2 completed model responses") {
 		t.Errorf("resume decision: %+v, error %v; want to resume ses_big, which holds 2 completed model responses", d, err)
 	}
-	raw, err := a.Response(ctx, sb, st, driver.HarnessResult{})
+	raw, err := a.Response(ctx, sb, st, harness.HarnessResult{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestUnreadableSessionStartsOver(t *testing.T) {
 	if n := strings.Count(string(log), "export ses_big"); n != 2 {
 		t.Errorf("the session was exported %d times, want 2 (one retry): %q", n, log)
 	}
-	raw, err := a.Response(ctx, sb, st, driver.HarnessResult{})
+	raw, err := a.Response(ctx, sb, st, harness.HarnessResult{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
@@ -43,7 +44,7 @@ func TestRolloutURLEscaped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer model.Close()
-	a, err := New(Options{OpenCode: "opencode", ModelURL: model.URL() + "/"})
+	a, err := New(Options{OpenCode: "opencode", CLIOptions: harness.CLIOptions{ModelURL: model.URL() + "/"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/owner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -171,7 +171,7 @@ func commitFigures(t *testing.T, n, capacity int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own := localowner.New(localowner.Options{Sandboxes: b, Logger: slog.New(slog.DiscardHandler)})
+	own := lending.New(lending.Options{Sandboxes: b, Logger: slog.New(slog.DiscardHandler)})
 	ctl, err := owner.NewControl(own, gym.Config{Instance: "bench_owner", LeaseGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)

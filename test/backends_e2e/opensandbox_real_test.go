@@ -15,7 +15,7 @@ import (
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 	"github.com/ngharness/ngharness/test/fakeexecd"
@@ -57,7 +57,7 @@ func newRealWorld(t *testing.T) (*world, *fakeexecd.Lender) {
 	w.raw, w.lender = b, lender
 	w.rec = &recorder{inner: b, uploads: map[string][]string{}}
 	w.ownerNgsup = w.newNgsup()
-	lo := localowner.New(localowner.Options{
+	lo := lending.New(lending.Options{
 		Sandboxes:   lender,
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return w.ownerNgsup.StopSandbox(ctx, sb) },
 		KillSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return w.ownerNgsup.StopSandboxGrace(ctx, sb, 0) },

@@ -25,7 +25,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/kubectl"
@@ -49,7 +49,7 @@ var backends = []string{"local", "opensandbox", "docker", "kubectl"}
 
 // world is one backend with everything around it that `ngdriver` and an
 // owner would wire: the backend (wrapped to count uploads and record
-// execs), an owner lending its sandboxes (localowner on the backend's
+// execs), an owner lending its sandboxes (lending.Owner on the backend's
 // create/snapshot/fork/remove), ngsup, and the fake adapter.
 type world struct {
 	t    *testing.T
@@ -62,7 +62,7 @@ type world struct {
 	// raw is the backend; rec wraps it for the runner.
 	raw    sandbox.Backend
 	rec    *recorder
-	lender localowner.Sandboxes
+	lender sandbox.Lender
 	owner  *trackingOwner
 	// ownerNgsup is the owner's ngsup (the owner is another process).
 	ownerNgsup *launch.Ngsup
@@ -98,7 +98,7 @@ func newWorld(t *testing.T, name string) *world {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w.store, w.raw, w.lender = base, lb, localowner.Local(lb)
+		w.store, w.raw, w.lender = base, lb, lb.Lender()
 		w.del = func(id string) error {
 			// As a machine losing it: its processes die with its folder.
 			fakeexecd.KillIn(lb.HostPath(id), lb.MountPoint())
@@ -149,7 +149,7 @@ func newWorld(t *testing.T, name string) *world {
 	}
 	w.rec = &recorder{inner: w.raw, uploads: map[string][]string{}}
 	w.ownerNgsup = w.newNgsup()
-	lo := localowner.New(localowner.Options{
+	lo := lending.New(lending.Options{
 		Sandboxes:   w.lender,
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return w.ownerNgsup.StopSandbox(ctx, sb) },
 		KillSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return w.ownerNgsup.StopSandboxGrace(ctx, sb, 0) },
@@ -322,7 +322,7 @@ func eventually(t testing.TB, what string, cond func() (bool, string)) {
 }
 
 // session is the owner's view of rollout's latest session, once seeded.
-func (w *world) session(rollout string) localowner.SessionInfo {
+func (w *world) session(rollout string) lending.SessionInfo {
 	w.t.Helper()
 	var c owner.Cookies
 	eventually(w.t, "the seed of "+rollout, func() (bool, string) {
@@ -573,7 +573,7 @@ func (s *recSandbox) Upload(ctx context.Context, p string, data []byte, mode uin
 
 // trackingOwner is the owner, remembering each rollout's cookies.
 type trackingOwner struct {
-	*localowner.Owner
+	*lending.Owner
 	mu      sync.Mutex
 	cookies map[string][]owner.Cookies
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/claude"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
@@ -304,7 +305,7 @@ func TestClaudeStopAtCheckpointContinues(t *testing.T) {
 	w := newWorld(t, "stopck", fakemodel.Options{Script: script("echo start; sleep 25; touch done.txt", "touch done.txt")})
 	off := false
 	p := newParticipant()
-	h := w.Start(w.Runner(w.adapterWith(claude.Options{PauseAtCheckpoints: &off}), p), 1)
+	h := w.Start(w.Runner(w.adapterWith(claude.Options{CLIOptions: harness.CLIOptions{PauseAtCheckpoints: &off}}), p), 1)
 	sb := w.WaitSandbox(1)
 	l1 := w.LaunchID(1, 1, sb)
 	w.WaitProc(sb, l1, "sleep")

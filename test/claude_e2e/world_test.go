@@ -9,6 +9,7 @@ import (
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/claude"
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
@@ -72,7 +73,7 @@ func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
 // Claude Code, the fake model's URL, and env added to its environment.
 func (w *world) adapter(env map[string]string) *claude.Adapter {
 	w.T.Helper()
-	return w.adapterWith(claude.Options{Env: env})
+	return w.adapterWith(claude.Options{CLIOptions: harness.CLIOptions{Env: env}})
 }
 
 // adapterWith is the Claude Code adapter of the world with opt (its
@@ -148,7 +149,7 @@ var kit = harnesstest.Harness{
 func (w *world) rig() harnesstest.Rig {
 	return harnesstest.Rig{
 		World:   w.World,
-		Adapter: func() driver.Adapter { return w.adapter(nil) },
+		Adapter: func() harness.Adapter { return w.adapter(nil) },
 		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
 			w.T.Helper()
 			r := w.mustSucceed(h)

@@ -9,6 +9,7 @@ import (
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/codex"
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
@@ -77,7 +78,7 @@ func newWorld(t *testing.T, name string, model fakemodel.Options) *world {
 // fake model's URL, and env added to Codex's environment.
 func (w *world) adapter(env map[string]string) *codex.Adapter {
 	w.T.Helper()
-	return w.adapterWith(codex.Options{Env: env})
+	return w.adapterWith(codex.Options{CLIOptions: harness.CLIOptions{Env: env}})
 }
 
 // adapterWith is the Codex adapter of the world with opt (its binary and
@@ -150,7 +151,7 @@ var kit = harnesstest.Harness{
 func (w *world) rig() harnesstest.Rig {
 	return harnesstest.Rig{
 		World:   w.World,
-		Adapter: func() driver.Adapter { return w.adapter(nil) },
+		Adapter: func() harness.Adapter { return w.adapter(nil) },
 		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
 			w.T.Helper()
 			r := w.mustSucceed(h)

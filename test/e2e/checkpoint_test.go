@@ -115,7 +115,7 @@ func checkOneLaunch(t *testing.T, e *env, id string, res result, steps, pauses i
 // verified with its one launch paused in place once per checkpoint that
 // parked it, no step lost or repeated; every commit published its records
 // as Gym's store does (manifest.json last, naming records-<sha256>.jsonl
-// of driver.AgentRecords under gym/agent/<name>, of localowner.Records
+// of driver.AgentRecords under gym/agent/<name>, of lending.Records
 // with a snapshot of each paused run's sandbox under
 // gym/resources/ngdriver_owner). Then Gym's retire and forget, on both
 // participants: a retired attempt is refused with 409 stale_attempt by

@@ -11,7 +11,7 @@ package e2e
 // restores both from it. The records are pkg/gym's store:
 // <checkpoint_dir>/gym/<kind>/<instance>/manifest.json and the
 // records-<sha256>.jsonl it publishes: one driver.AgentRecord a line under
-// gym/agent/<name>, one localowner.Record a line under
+// gym/agent/<name>, one lending.Record a line under
 // gym/resources/ngdriver_owner.
 
 import (
@@ -31,7 +31,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -292,7 +292,7 @@ type checkpoint struct {
 	// commit wrote, by rollout id.
 	ownPrep prepared
 	ownCom  committed
-	owned   map[string]localowner.Record
+	owned   map[string]lending.Record
 }
 
 // prepareCommit runs a checkpoint's first half the coordinator's way:
@@ -371,7 +371,7 @@ func (e *env) prepareOwner(id string) prepared {
 
 // commitOwner commits the owner into dir and checks what it wrote
 // (checkOwnerCommitted).
-func (e *env) commitOwner(id, dir string, scope []gym.EpisodeID, stop bool) (committed, map[string]localowner.Record) {
+func (e *env) commitOwner(id, dir string, scope []gym.EpisodeID, stop bool) (committed, map[string]lending.Record) {
 	t := e.t
 	t.Helper()
 	var com committed
@@ -433,10 +433,10 @@ func readManifest(t *testing.T, pdir string) manifest {
 // manifest.json (read strictly) names the checkpoint, kind resources and
 // the owner's instance, and the commit's reply carries it with the
 // capture keys of exactly the records written; gym.ReadState verifies the
-// records file against it; each record is a localowner.Record (read
+// records file against it; each record is a lending.Record (read
 // strictly) of the local provider, not a restart, whose snapshot is on
 // disk. It returns the records by rollout id.
-func (e *env) checkOwnerCommitted(dir, id string, com committed) map[string]localowner.Record {
+func (e *env) checkOwnerCommitted(dir, id string, com committed) map[string]lending.Record {
 	t := e.t
 	t.Helper()
 	pdir, err := gym.ParticipantDir(dir, gym.KindResources, ownerInstance)
@@ -451,12 +451,12 @@ func (e *env) checkOwnerCommitted(dir, id string, com committed) map[string]loca
 	if com.Phase != gym.PhaseCommitted || com.Manifest != m {
 		t.Errorf("owner commit %s answered %+v, want phase committed and the manifest written %+v", id, com, m)
 	}
-	out := map[string]localowner.Record{}
+	out := map[string]lending.Record{}
 	var keys []string
 	read, err := gym.ReadState(dir, gym.KindResources, ownerInstance, func(r gym.Record) error {
 		dec := json.NewDecoder(bytes.NewReader(r.JSON))
 		dec.DisallowUnknownFields()
-		var rec localowner.Record
+		var rec lending.Record
 		if err := dec.Decode(&rec); err != nil {
 			return fmt.Errorf("the record of %s: %v: %s", r.EpisodeID.CaptureKey(), err, r.JSON)
 		}
@@ -491,7 +491,7 @@ func (e *env) checkOwnerCommitted(dir, id string, com committed) map[string]loca
 // restoreOwner restores the owner from dir under checkpoint id, scoped to
 // the episodes in scope, and checks its reply: phase restored, from
 // source, the capture keys of the next attempt of each of want's records.
-func (e *env) restoreOwner(id, dir string, scope []gym.EpisodeID, source string, want map[string]localowner.Record) {
+func (e *env) restoreOwner(id, dir string, scope []gym.EpisodeID, source string, want map[string]lending.Record) {
 	t := e.t
 	t.Helper()
 	var r gym.RestoreReply

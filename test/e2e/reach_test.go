@@ -17,7 +17,7 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -60,7 +60,7 @@ func TestControlRoutesCheckTheTokenBeforeTheBody(t *testing.T) {
 	}
 	huge := strings.Repeat("c", 60<<10)
 	for _, path := range []string{"/sandbox_access", "/ng-rollout/" + e.rollout("x") + "/verify"} {
-		r, _ := e.ownerCall(t, path, map[string]string{localowner.CookieName: huge}, map[string]any{})
+		r, _ := e.ownerCall(t, path, map[string]string{lending.CookieName: huge}, map[string]any{})
 		wantCapped(t, r, http.StatusUnauthorized, gym.CodeUnauthorized)
 	}
 }
@@ -143,7 +143,7 @@ func TestARunRestoredAtItsSeedStartsAfreshOnTheOwner(t *testing.T) {
 
 	// The owner's half: the session seeded, then committed.
 	seed, cookies := e.ownerCall(t, httpowner.RolloutPath(id, "seed_session"), nil, body)
-	if seed.status != http.StatusOK || cookies[localowner.CookieName] == "" {
+	if seed.status != http.StatusOK || cookies[lending.CookieName] == "" {
 		t.Fatalf("%s (cookies %v)", seed, cookies)
 	}
 	ckID := e.prefix + "-ck"

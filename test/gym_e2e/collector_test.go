@@ -22,7 +22,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
-// job is what a row asks the fake harness and the local owner to do.
+// job is what a row asks the fake harness and the lending owner to do.
 type job struct {
 	steps   int     // steps the harness takes
 	stepS   float64 // seconds per step

@@ -3,7 +3,7 @@
 // driven by the real driver (driver.Runner and driver.Participant, in
 // process), under the real static ngsup, in real local sandboxes (a mount
 // namespace per exec, the sandbox's folder at /sandbox), lent by the real
-// local owner, with the project's fake OpenAI-compatible model server
+// lending owner, with the project's fake OpenAI-compatible model server
 // (test/fakemodel) standing in for the model.
 //
 // The tests prove what the issue asks of OpenCode at checkpoints: a launch

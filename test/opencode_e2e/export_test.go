@@ -10,15 +10,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // savedState is the sandbox and the adapter's state of the one OpenCode
 // state folder in it, as the driver would hand them to a later relaunch's
 // resume decision and response.
-func (w *world) savedState(sandboxID string) (driver.LentSandbox, json.RawMessage) {
+func (w *world) savedState(sandboxID string) (harness.LentSandbox, json.RawMessage) {
 	w.T.Helper()
 	sb, err := w.Local.Open(sandboxID)
 	if err != nil {
@@ -29,7 +29,7 @@ func (w *world) savedState(sandboxID string) (driver.LentSandbox, json.RawMessag
 		w.T.Fatalf("OpenCode state folders in %s: %v, want one", sandboxID, homes)
 	}
 	state, _ := json.Marshal(map[string]string{"home": path.Join(sb.Root(), "state", "opencode", filepath.Base(homes[0]))})
-	return driver.LentSandbox{Sandbox: sb}, state
+	return harness.LentSandbox{Sandbox: sb}, state
 }
 
 // bashCall is a reply calling OpenCode's bash tool with command, and with
@@ -132,7 +132,7 @@ func testLargeSessionExportReadWhole(t *testing.T, ver openCode) {
 		if err != nil || !d.Resume {
 			t.Errorf("reread %d: resume decision %+v, error %v; want the saved session continued", i, d, err)
 		}
-		raw, err := a.Response(context.Background(), lent, state, driver.HarnessResult{})
+		raw, err := a.Response(context.Background(), lent, state, harness.HarnessResult{})
 		if err != nil {
 			t.Fatal(err)
 		}

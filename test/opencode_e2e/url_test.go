@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
@@ -29,7 +29,7 @@ func testRolloutURLEscapedInOpenCode(t *testing.T, ver openCode) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lent := driver.LentSandbox{Sandbox: sb}
+	lent := harness.LentSandbox{Sandbox: sb}
 	rollout := w.Rollout + "?x=1#f/g%41"
 	a := w.adapter(nil)
 	state, err := a.NewState(rollout, 1, lent)
@@ -37,7 +37,7 @@ func testRolloutURLEscapedInOpenCode(t *testing.T, ver openCode) {
 		t.Fatal(err)
 	}
 	body, _ := json.Marshal(map[string]string{"task": task})
-	spec, err := a.Launch(ctx, driver.LaunchContext{RolloutID: rollout, Attempt: 1, Input: body, Sandbox: lent, State: state})
+	spec, err := a.Launch(ctx, harness.LaunchContext{RolloutID: rollout, Attempt: 1, Input: body, Sandbox: lent, State: state})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/opencode"
 	"github.com/ngharness/ngharness/test/fakemodel"
 )
@@ -85,8 +86,7 @@ func (w *world) adapter(env map[string]string) *opencode.Adapter {
 	w.T.Helper()
 	a, err := opencode.New(opencode.Options{
 		OpenCode:       w.oc,
-		ModelURL:       w.Model.URL(),
-		Env:            env,
+		CLIOptions:     harness.CLIOptions{ModelURL: w.Model.URL(), Env: env},
 		ResumeBinaries: launch.FindBinaries(suite.BinDir, "ngresume"),
 	})
 	if err != nil {
@@ -192,7 +192,7 @@ func kit(oc openCode) harnesstest.Harness {
 func (w *world) rig() harnesstest.Rig {
 	return harnesstest.Rig{
 		World:   w.World,
-		Adapter: func() driver.Adapter { return w.adapter(nil) },
+		Adapter: func() harness.Adapter { return w.adapter(nil) },
 		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
 			w.T.Helper()
 			r := w.mustSucceed(h)

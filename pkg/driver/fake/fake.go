@@ -17,8 +17,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 //go:embed harness.sh
@@ -54,13 +54,13 @@ type State struct {
 	SessionDir string `json:"session_dir"`
 }
 
-// Name implements driver.Adapter.
+// Name implements harness.Adapter.
 func (a *Adapter) Name() string { return "fake" }
 
-// PausesAtCheckpoints implements driver.PausesAtCheckpoints.
+// PausesAtCheckpoints implements harness.PausesAtCheckpoints.
 func (a *Adapter) PausesAtCheckpoints() bool { return a.Pause }
 
-func sessionDir(sb driver.LentSandbox, rollout string, attempt, n int) string {
+func sessionDir(sb harness.LentSandbox, rollout string, attempt, n int) string {
 	clean := strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
 			return r
@@ -70,8 +70,8 @@ func sessionDir(sb driver.LentSandbox, rollout string, attempt, n int) string {
 	return path.Join(sb.Root(), "state", "fake", fmt.Sprintf("%s-a%d-%d", clean, attempt, n))
 }
 
-// NewState implements driver.Adapter.
-func (a *Adapter) NewState(rollout string, attempt int, sb driver.LentSandbox) (json.RawMessage, error) {
+// NewState implements harness.Adapter.
+func (a *Adapter) NewState(rollout string, attempt int, sb harness.LentSandbox) (json.RawMessage, error) {
 	return json.Marshal(State{SessionDir: sessionDir(sb, rollout, attempt, time.Now().Nanosecond())})
 }
 
@@ -83,26 +83,26 @@ func parseState(raw json.RawMessage) (State, error) {
 	return s, nil
 }
 
-// ResumeDecision implements driver.Adapter: a saved session can be continued
+// ResumeDecision implements harness.Adapter: a saved session can be continued
 // when it holds at least one completed step.
-func (a *Adapter) ResumeDecision(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, rollout string, attempt int) (driver.Decision, error) {
+func (a *Adapter) ResumeDecision(ctx context.Context, sb harness.LentSandbox, raw json.RawMessage, rollout string, attempt int) (harness.Decision, error) {
 	st, err := parseState(raw)
 	if err != nil {
-		return driver.Decision{}, err
+		return harness.Decision{}, err
 	}
 	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(st.SessionDir, "steps")}, Timeout: 30 * time.Second})
 	if err != nil {
-		return driver.Decision{}, fmt.Errorf("read the saved session: %w", err)
+		return harness.Decision{}, fmt.Errorf("read the saved session: %w", err)
 	}
 	steps := 0
 	if res.ExitCode == 0 {
 		steps = strings.Count(string(res.Stdout), "\n")
 	}
 	if steps > 0 {
-		return driver.Decision{Resume: true, Reason: fmt.Sprintf("the saved session holds %d completed steps", steps)}, nil
+		return harness.Decision{Resume: true, Reason: fmt.Sprintf("the saved session holds %d completed steps", steps)}, nil
 	}
 	fresh, _ := json.Marshal(State{SessionDir: sessionDir(sb, rollout, attempt, time.Now().Nanosecond())})
-	return driver.Decision{Resume: false, Reason: "the saved session holds no completed step; starting over", State: fresh}, nil
+	return harness.Decision{Resume: false, Reason: "the saved session holds no completed step; starting over", State: fresh}, nil
 }
 
 // task is the part of a run body the fake adapter reads.
@@ -111,20 +111,20 @@ type task struct {
 	Fake json.RawMessage `json:"fake"`
 }
 
-// Launch implements driver.Adapter: it uploads the script and runs it.
-func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.LaunchSpec, error) {
+// Launch implements harness.Adapter: it uploads the script and runs it.
+func (a *Adapter) Launch(ctx context.Context, lc harness.LaunchContext) (harness.LaunchSpec, error) {
 	st, err := parseState(lc.State)
 	if err != nil {
-		return driver.LaunchSpec{}, err
+		return harness.LaunchSpec{}, err
 	}
 	var t task
 	if err := json.Unmarshal(lc.Input, &t); err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("read the task: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("read the task: %w", err)
 	}
 	opt := a.Defaults
 	if len(t.Fake) > 0 {
 		if err := json.Unmarshal(t.Fake, &opt); err != nil {
-			return driver.LaunchSpec{}, fmt.Errorf("read the task's fake options: %w", err)
+			return harness.LaunchSpec{}, fmt.Errorf("read the task's fake options: %w", err)
 		}
 	}
 	if opt.Steps <= 0 {
@@ -135,7 +135,7 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 	}
 	bin := path.Join(lc.Sandbox.Root(), "bin", "fake-harness.sh")
 	if err := lc.Sandbox.Upload(ctx, bin, script, 0o755); err != nil {
-		return driver.LaunchSpec{}, fmt.Errorf("upload the fake harness: %w", err)
+		return harness.LaunchSpec{}, fmt.Errorf("upload the fake harness: %w", err)
 	}
 	flag := func(p *bool) string {
 		if p == nil || *p {
@@ -159,23 +159,23 @@ func (a *Adapter) Launch(ctx context.Context, lc driver.LaunchContext) (driver.L
 	if t.Task != "" {
 		argv = append(argv, t.Task)
 	}
-	return driver.LaunchSpec{Argv: argv, Env: env}, nil
+	return harness.LaunchSpec{Argv: argv, Env: env}, nil
 }
 
-// Response implements driver.Adapter: what GymResult builds the run's
-// NeMoGymResponse from, as a driver.StoredRun: the harness's exit code, its
+// Response implements harness.Adapter: what GymResult builds the run's
+// NeMoGymResponse from, as a harness.StoredRun: the harness's exit code, its
 // saved session (the steps file, each step a JSON string; null when it
 // could not be read), and the tails of its stdout (its last line is the
 // harness's summary, Output) and stderr.
-func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.RawMessage, res driver.HarnessResult) (json.RawMessage, error) {
+func (a *Adapter) Response(ctx context.Context, sb harness.LentSandbox, raw json.RawMessage, res harness.HarnessResult) (json.RawMessage, error) {
 	st, err := parseState(raw)
 	if err != nil {
 		return nil, err
 	}
-	out := driver.StoredRun{ExitCode: res.ExitCode, Session: json.RawMessage("null"),
-		Stdout: driver.Tail(string(res.Stdout), 4000), Stderr: driver.Tail(string(res.Stderr), 4000)}
+	out := harness.StoredRun{ExitCode: res.ExitCode, Session: json.RawMessage("null"),
+		Stdout: harness.Tail(string(res.Stdout), 4000), Stderr: harness.Tail(string(res.Stderr), 4000)}
 	file := path.Join(st.SessionDir, "steps")
-	data, ok, err := driver.ReadSandboxFile(ctx, sb, file)
+	data, ok, err := harness.ReadSandboxFile(ctx, sb, file)
 	if err != nil && ctx.Err() != nil {
 		return nil, err
 	}
@@ -194,4 +194,4 @@ func (a *Adapter) Response(ctx context.Context, sb driver.LentSandbox, raw json.
 	return json.Marshal(out)
 }
 
-var _ driver.Adapter = (*Adapter)(nil)
+var _ harness.Adapter = (*Adapter)(nil)

@@ -10,9 +10,9 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/harnesstest"
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // runScript runs harness.sh on this machine (no sandbox) with every extra
@@ -82,7 +82,7 @@ func TestHarnessStepsOnceAndContinuesASavedSession(t *testing.T) {
 
 // newSandbox makes a local sandbox without namespaces (paths are host
 // paths), enough for the adapter's own calls.
-func newSandbox(t *testing.T) driver.LentSandbox {
+func newSandbox(t *testing.T) harness.LentSandbox {
 	t.Helper()
 	b, err := local.New(t.TempDir(), local.Options{Isolation: local.IsolationNone})
 	if err != nil {
@@ -92,7 +92,7 @@ func newSandbox(t *testing.T) driver.LentSandbox {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return driver.LentSandbox{Sandbox: sb, Descriptor: sandbox.Descriptor{Provider: "local", SandboxID: sb.ID(), Workdir: sb.Workdir()}}
+	return harness.LentSandbox{Sandbox: sb, Descriptor: sandbox.Descriptor{Provider: "local", SandboxID: sb.ID(), Workdir: sb.Workdir()}}
 }
 
 // TestResumeDecision proves that a saved session with completed steps is
@@ -147,7 +147,7 @@ func TestLaunchPassesTaskAsOneArgument(t *testing.T) {
 	state, _ := a.NewState("r", 1, sb)
 	text := "$(touch /tmp/x) `id`; 'q' \"dq\"\n*"
 	body, _ := json.Marshal(map[string]any{"task": text, "fake": map[string]any{"steps": 9, "ignore_sigint": true, "daemon": false}})
-	spec, err := a.Launch(context.Background(), driver.LaunchContext{RolloutID: "r", Attempt: 1, Input: body, Sandbox: sb, State: state})
+	spec, err := a.Launch(context.Background(), harness.LaunchContext{RolloutID: "r", Attempt: 1, Input: body, Sandbox: sb, State: state})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestLaunchPassesTaskAsOneArgument(t *testing.T) {
 		}
 	}
 	bad, _ := json.Marshal(map[string]any{"fake": map[string]any{"steps": "many"}})
-	if _, err := a.Launch(context.Background(), driver.LaunchContext{Input: bad, Sandbox: sb, State: state}); err == nil || !strings.Contains(err.Error(), "fake options") {
+	if _, err := a.Launch(context.Background(), harness.LaunchContext{Input: bad, Sandbox: sb, State: state}); err == nil || !strings.Contains(err.Error(), "fake options") {
 		t.Errorf("bad fake options: %v", err)
 	}
 }
@@ -187,7 +187,7 @@ func TestGymResponseFromTheSession(t *testing.T) {
 	json.Unmarshal(state, &st)
 	out, code := runScript(t, st.SessionDir, sb.Workdir(), map[string]string{"FAKE_STEPS": "3"}, "count to three")
 	body := json.RawMessage(`{"task":"count to three","_ng_rollout_id":"r"}`)
-	stored, err := a.Response(ctx, sb, state, driver.HarnessResult{ExitCode: code, Stdout: []byte(out)})
+	stored, err := a.Response(ctx, sb, state, harness.HarnessResult{ExitCode: code, Stdout: []byte(out)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestGymResponseFromTheSession(t *testing.T) {
 		t.Errorf("the body's model was not used: %s", named)
 	}
 
-	for name, res := range map[string]driver.HarnessResult{
+	for name, res := range map[string]harness.HarnessResult{
 		"exit 3":  {ExitCode: 3, Stdout: []byte(`{"steps":3}`), Stderr: []byte("boom")},
 		"no JSON": {Stdout: []byte("not json")},
 	} {
@@ -247,7 +247,7 @@ func TestGymResponseFromTheSession(t *testing.T) {
 		}
 	}
 	missing, _ := a.NewState("r", 1, sb)
-	stored, err = a.Response(ctx, sb, missing, driver.HarnessResult{ExitCode: 1})
+	stored, err = a.Response(ctx, sb, missing, harness.HarnessResult{ExitCode: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

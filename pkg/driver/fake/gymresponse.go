@@ -11,8 +11,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // Model is the model a fake rollout's response names when the run body's
@@ -26,7 +26,7 @@ type Session struct {
 }
 
 // ParseSession reads a stored session: one JSON string a line, each a step
-// (what Response keeps, read back by driver.ReadStoredRun).
+// (what Response keeps, read back by harness.ReadStoredRun).
 func ParseSession(data []byte) (*Session, error) {
 	s := &Session{Steps: []string{}}
 	for _, line := range bytes.Split(data, []byte{'\n'}) {
@@ -102,7 +102,7 @@ func BuildGymResponse(s *Session, task string, opt gym.ResponseOptions) gym.Resp
 	return r
 }
 
-// GymResult implements driver.GymResulter: `response` is the
+// GymResult implements harness.GymResulter: `response` is the
 // NeMoGymResponse of the saved session (BuildGymResponse, the task and the
 // request side from the run body, the model Model unless the body's
 // responses_create_params names one), and the fake_* fields go beside it.
@@ -110,8 +110,8 @@ func (a *Adapter) GymResult(response, body json.RawMessage) (json.RawMessage, ma
 	var t task
 	_ = json.Unmarshal(body, &t) // a body without a task: the turns read nothing
 	build := func(s *Session, opt gym.ResponseOptions) gym.Response { return BuildGymResponse(s, t.Task, opt) }
-	return driver.LinesGymResult("fake", response, body, Model, ParseSession, build,
-		func(r driver.StoredRun, found bool) any {
+	return harness.LinesGymResult("fake", response, body, Model, ParseSession, build,
+		func(r harness.StoredRun, found bool) any {
 			f := GymRunFields{SessionPath: r.SessionPath, SessionFound: found, RunStderr: r.Stderr}
 			var out Output
 			line := lastLine(r.Stdout)
@@ -136,4 +136,4 @@ func lastLine(s string) string {
 	return strings.TrimSpace(lines[len(lines)-1])
 }
 
-var _ driver.GymResulter = (*Adapter)(nil)
+var _ harness.GymResulter = (*Adapter)(nil)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -183,7 +184,7 @@ func TestVerbResentByClass(t *testing.T) {
 // caller went away, does not.
 func TestSupervisedStartFallsBackOnlyWhenItCan(t *testing.T) {
 	ref := Ref{ID: "l1", Dir: "/r/launches/l1"}
-	spec := Spec{Argv: []string{"harness"}}
+	spec := harness.LaunchSpec{Argv: []string{"harness"}}
 	refused := func(int, sandbox.ExecRequest) (sandbox.ExecResult, error) {
 		return sandbox.ExecResult{ExitCode: 1, Stderr: []byte("ngsup: cannot become a subreaper")}, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -30,21 +31,6 @@ type Ref struct {
 	Supervised bool `json:"supervised"`
 }
 
-// Spec is the harness command an adapter wants run under ngsup.
-type Spec struct {
-	// Argv is the command; Env is added to its environment; Dir is its
-	// working folder (the sandbox's workdir when empty).
-	Argv []string
-	Env  map[string]string
-	Dir  string
-	// Timeout bounds the harness's running time (paused time not counted);
-	// 0 for none.
-	Timeout time.Duration
-	// Stdin, when set, is a file inside the sandbox (absolute) the harness
-	// reads as its stdin; otherwise its stdin is /dev/null.
-	Stdin string
-}
-
 // Launcher starts and controls the launches of one kind: supervised by
 // `ngsup run`, or tagged only (every process carries the launch's tag,
 // which is how ngsup finds them). The launcher that started a launch
@@ -57,7 +43,7 @@ type Launcher interface {
 	// Start launches spec as ref and returns once it is under way. An
 	// error wrapping ErrNoSupervisor means nothing of it runs and it may
 	// be launched tagged only instead.
-	Start(ctx context.Context, sb sandbox.Sandbox, ref Ref, spec Spec) error
+	Start(ctx context.Context, sb sandbox.Sandbox, ref Ref, spec harness.LaunchSpec) error
 	// Wait blocks up to chunk for the launch to end and returns its
 	// receipt and whether it ended.
 	Wait(ctx context.Context, sb sandbox.Sandbox, ref Ref, chunk time.Duration) (*proto.Receipt, bool, error)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -28,7 +29,7 @@ func (supervisedLauncher) Supervised() bool { return true }
 // time, unsupervised (and a second `ngsup run` on the folder fails because
 // the first one worked). A failure while ctx and the sandbox are still
 // there wraps ErrNoSupervisor.
-func (s supervisedLauncher) Start(ctx context.Context, sb sandbox.Sandbox, ref Ref, spec Spec) error {
+func (s supervisedLauncher) Start(ctx context.Context, sb sandbox.Sandbox, ref Ref, spec harness.LaunchSpec) error {
 	bin, err := s.n.Ensure(ctx, sb)
 	if err != nil {
 		return err

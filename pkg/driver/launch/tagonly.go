@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -34,7 +35,7 @@ type tagOnlyLauncher struct{ control }
 func (tagOnlyLauncher) Supervised() bool { return false }
 
 // Start launches spec tagged, in a session of its own.
-func (tagOnlyLauncher) Start(ctx context.Context, sb sandbox.Sandbox, ref Ref, spec Spec) error {
+func (tagOnlyLauncher) Start(ctx context.Context, sb sandbox.Sandbox, ref Ref, spec harness.LaunchSpec) error {
 	env := map[string]string{proto.TagEnv: ref.ID}
 	for k, v := range spec.Env {
 		env[k] = v

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // hostSandbox runs every exec on this machine, in its own process group,
@@ -42,7 +43,7 @@ func (h hostSandbox) Upload(context.Context, string, []byte, uint32) error {
 func (h hostSandbox) Root() string    { return h.dir }
 func (h hostSandbox) Workdir() string { return h.dir }
 
-// TestTagOnlyStdin proves that a tag-only launch reads Spec.Stdin as its
+// TestTagOnlyStdin proves that a tag-only launch reads LaunchSpec.Stdin as its
 // stdin byte for byte (a quote and a space in the file's name, text that a
 // shell would expand), reads nothing without it, and that a stdin file
 // that cannot be read fails the start, naming it, with nothing started.
@@ -56,7 +57,7 @@ func TestTagOnlyStdin(t *testing.T) {
 	}
 	run := func(name, stdin string) (string, error) {
 		ref := Ref{ID: "tagonly-" + name, Dir: filepath.Join(dir, name)}
-		if err := (tagOnlyLauncher{}).Start(context.Background(), sb, ref, Spec{Argv: []string{"cat"}, Stdin: stdin}); err != nil {
+		if err := (tagOnlyLauncher{}).Start(context.Background(), sb, ref, harness.LaunchSpec{Argv: []string{"cat"}, Stdin: stdin}); err != nil {
 			return "", err
 		}
 		deadline := time.Now().Add(time.Minute)

@@ -1,7 +1,7 @@
 // Package owner is the driver's side of the sandbox owner (the resources
 // server that lends sandboxes): the calls of one rollout's session, with the
 // shapes of the rollout framework's HTTP calls (shared/notes/gym-protocols.md).
-// An HTTP client and the embedded local owner both implement Owner.
+// An HTTP client and the lending owner both implement Owner.
 package owner
 
 import (
@@ -88,7 +88,7 @@ type Owner interface {
 // without /sandbox_access (it answers 404): Gym's main-branch SWE-bench
 // server answers the seed with {"sandbox_handle": "<sandbox id>"} (the
 // sandbox's id at its provider; the workdir is the image's WORKDIR, so the
-// reply has none), and the local owner with {"sandbox_handle": id,
+// reply has none), and the lending owner with {"sandbox_handle": id,
 // "workdir": dir}. An optional "provider_config_ref" string names the
 // provider. The second result is false when the body names no sandbox (no
 // object, no handle, or a handle that is not a non-empty string).
@@ -131,8 +131,8 @@ func jsonString(raw json.RawMessage) (string, bool) {
 // session; at a restore, in a process that may never have seen those
 // sessions, it forks each snapshot into a new sandbox bound to the
 // attempt after the exported one, so that attempt's seed finds it; retire
-// frees what an attempt holds. The embedded local owner
-// (localowner.Owner) implements it; the driver never imports that package.
+// frees what an attempt holds. The lending owner
+// (lending.Owner) implements it; the driver never imports that package.
 type CheckpointOwner interface {
 	gym.Participant
 	gym.RestoredKeeper

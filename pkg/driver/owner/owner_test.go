@@ -15,7 +15,7 @@ func TestHandleAccess(t *testing.T) {
 	}{
 		// Gym's main-branch SWE-bench server: the sandbox's id, no workdir.
 		{name: "swebench main", body: `{"sandbox_handle": "sbx-123"}`, ok: true, id: "sbx-123"},
-		// The local owner's seed reply.
+		// The lending owner's seed reply.
 		{name: "local owner", body: `{"sandbox_handle": "sb-abc-0", "workdir": "/sandbox/work"}`, ok: true, id: "sb-abc-0", workdir: "/sandbox/work"},
 		{name: "with a provider", body: `{"sandbox_handle": "x", "provider_config_ref": "opensandbox"}`, ok: true, id: "x", which: "opensandbox"},
 		{name: "no handle", body: `{"workdir": "/w"}`},

@@ -5,7 +5,9 @@
 //
 // Backends live in sub-packages (local, opensandbox, docker, kubectl). A
 // backend that runs commands through a shell builds the command line with
-// Quote, so no task text, id or path can inject a command.
+// Quote, so no task text, id or path can inject a command. Each also
+// implements the lending contract (Lender, lend.go): what an owner needs to
+// make, snapshot, fork and remove its sandboxes.
 package sandbox
 
 import (

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/dockertest"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
@@ -44,12 +43,12 @@ var realDockerSkips = map[string]string{
 // withBackend returns the backend the Runner connects through, the
 // sandboxes the owner lends (on lb's folders, but for a real engine) and
 // how the Env looks into them.
-func withBackend(t *testing.T, lb *local.Backend) (sandbox.Backend, localowner.Sandboxes, hostView) {
+func withBackend(t *testing.T, lb *local.Backend) (sandbox.Backend, sandbox.Lender, hostView) {
 	t.Helper()
 	root, work := lb.MountPoint()+"/"+local.RootFolder, lb.MountPoint()+"/"+local.WorkFolder
 	switch name := os.Getenv(BackendEnv); name {
 	case "", "local":
-		return lb, localowner.Local(lb), localView{lb}
+		return lb, lb.Lender(), localView{lb}
 	case "opensandbox":
 		srv, err := fakeexecd.Start(fakeexecd.Options{Store: lb})
 		if err != nil {

@@ -1,7 +1,7 @@
 // Package drivertest is the test fixture of the driver's tests: a real
 // static ngsup built once per test binary, a real local sandbox backend in
 // the test's temporary folder (a mount namespace per exec, as root), a real
-// local owner whose StopSandbox is ngsup's, the fake adapter, and
+// lending owner whose StopSandbox is ngsup's, the fake adapter, and
 // driver.Runner with driver.Participant wired as `ngdriver run` wires them.
 //
 // Around the real parts it adds only observation and, where a test asks,

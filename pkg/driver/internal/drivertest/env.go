@@ -29,10 +29,11 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -86,14 +87,14 @@ func BuildNgsup() (string, error) {
 func NgsupDir() string { return ngsupDir }
 
 // Env is one test's world: a local backend in the test's temporary folder,
-// a local owner on it, and ngsup. Make it with New.
+// a lending owner on it, and ngsup. Make it with New.
 type Env struct {
 	T *testing.T
 	// Local is the real backend; Backend wraps it for the Runner.
 	Local   *local.Backend
 	Backend *Backend
 	// LocalOwner is the real owner; Owner wraps it for the Runner.
-	LocalOwner *localowner.Owner
+	LocalOwner *lending.Owner
 	Owner      *Owner
 	// OwnerControl is the owner's checkpoint control plane (kind
 	// resources, instance OwnerInstance).
@@ -146,7 +147,7 @@ func New(t *testing.T) *Env {
 		t.Fatalf("no ngsup in %s", ngsupDir)
 	}
 	e.Ngsup = &launch.Ngsup{Binaries: binaries, Log: e.Log}
-	e.LocalOwner = localowner.New(localowner.Options{
+	e.LocalOwner = lending.New(lending.Options{
 		Backend:     lb,
 		Sandboxes:   lender,
 		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return e.Ngsup.StopSandbox(ctx, sb) },
@@ -178,7 +179,7 @@ func Fake(steps int, stepS float64) *fake.Adapter {
 // Runner returns a Runner wired as `ngdriver run` wires it: the adapter,
 // the owner, the recording backend, ngsup and the participant, with the
 // tests' short stop grace.
-func (e *Env) Runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
+func (e *Env) Runner(a harness.Adapter, p *driver.Participant) *driver.Runner {
 	return &driver.Runner{
 		Adapter:     a,
 		Owner:       e.Owner,
@@ -195,16 +196,16 @@ func (e *Env) Runner(a driver.Adapter, p *driver.Participant) *driver.Runner {
 
 // OwnSandbox is a Runner.OwnSandbox that makes a local sandbox (recorded
 // like the lent ones) named own-<rollout>.
-func (e *Env) OwnSandbox(ctx context.Context, rollout string) (driver.LentSandbox, error) {
+func (e *Env) OwnSandbox(ctx context.Context, rollout string) (harness.LentSandbox, error) {
 	sb, err := e.Local.Create(ctx, "own-"+rollout)
 	if err != nil {
-		return driver.LentSandbox{}, err
+		return harness.LentSandbox{}, err
 	}
 	d := sandbox.Descriptor{Provider: e.Local.Name(), SandboxID: sb.ID(), Workdir: sb.Workdir()}
-	return driver.LentSandbox{Sandbox: e.Backend.Wrap(sb), Descriptor: d}, nil
+	return harness.LentSandbox{Sandbox: e.Backend.Wrap(sb), Descriptor: d}, nil
 }
 
-// Task is a run body for the fake adapter and the local owner: steps of
+// Task is a run body for the fake adapter and the lending owner: steps of
 // stepS seconds, checked by the owner (every step in ./progress). extra
 // fields are merged over it; extra["fake"] (a map) is merged into the fake
 // options.
@@ -288,7 +289,7 @@ func (h *Handle) MustSucceed(t testing.TB) Result {
 	return ParseResult(t, raw)
 }
 
-// Result is a run's result JSON, as the fake adapter and the local owner
+// Result is a run's result JSON, as the fake adapter and the lending owner
 // make it.
 type Result struct {
 	Reward      float64 `json:"reward"`
@@ -361,7 +362,7 @@ func (e *Env) Cookies(rollout string) owner.Cookies {
 }
 
 // Session returns what the owner knows of rollout's latest session.
-func (e *Env) Session(rollout string) localowner.SessionInfo {
+func (e *Env) Session(rollout string) lending.SessionInfo {
 	e.T.Helper()
 	info, err := e.LocalOwner.Session(e.Cookies(rollout))
 	if err != nil {
@@ -681,7 +682,7 @@ func (e *Env) cleanup() {
 
 // WaitSeeded waits until rollout has been seeded n times and returns the
 // owner's view of its latest session.
-func (e *Env) WaitSeeded(rollout string, n int) localowner.SessionInfo {
+func (e *Env) WaitSeeded(rollout string, n int) lending.SessionInfo {
 	e.T.Helper()
 	Eventually(e.T, fmt.Sprintf("seed %d of %s", n, rollout), func() (bool, string) {
 		got := len(e.Owner.Cookies(rollout))

@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"github.com/ngharness/ngharness/pkg/driver/owner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 )
 
 // Owner methods, as Calls name them.
@@ -25,10 +25,10 @@ type Call struct {
 	Err     error
 }
 
-// Owner wraps the real local owner: it counts the driver's calls per
+// Owner wraps the real lending owner: it counts the driver's calls per
 // rollout, remembers each rollout's cookies, and lets a test hold a seed.
 type Owner struct {
-	*localowner.Owner
+	*lending.Owner
 
 	mu      sync.Mutex
 	calls   []Call
@@ -52,7 +52,7 @@ func (o *Owner) WithoutSandboxAccess() {
 var _ owner.Owner = (*Owner)(nil)
 
 // NewOwner wraps o.
-func NewOwner(o *localowner.Owner) *Owner {
+func NewOwner(o *lending.Owner) *Owner {
 	return &Owner{Owner: o, cookies: map[string][]owner.Cookies{}, rollout: map[string]string{}}
 }
 
@@ -67,7 +67,7 @@ func (o *Owner) record(method string, c owner.Cookies, rollout string, err error
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if rollout == "" && c != nil {
-		rollout = o.rollout[c[localowner.CookieName]]
+		rollout = o.rollout[c[lending.CookieName]]
 	}
 	o.calls = append(o.calls, Call{Method: method, Rollout: rollout, Err: err})
 }
@@ -91,7 +91,7 @@ func (o *Owner) SeedSession(ctx context.Context, key string, body json.RawMessag
 	if err == nil {
 		o.mu.Lock()
 		o.cookies[b.RolloutID] = append(o.cookies[b.RolloutID], reply.Cookies)
-		o.rollout[reply.Cookies[localowner.CookieName]] = b.RolloutID
+		o.rollout[reply.Cookies[lending.CookieName]] = b.RolloutID
 		o.mu.Unlock()
 	}
 	o.record(CallSeed, nil, b.RolloutID, err)
@@ -163,5 +163,5 @@ func (o *Owner) Adopt(rollout string, c owner.Cookies) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.cookies[rollout] = append(o.cookies[rollout], c)
-	o.rollout[c[localowner.CookieName]] = rollout
+	o.rollout[c[lending.CookieName]] = rollout
 }

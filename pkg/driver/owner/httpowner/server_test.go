@@ -20,7 +20,7 @@ import (
 
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
+	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -43,7 +43,7 @@ const (
 type server struct {
 	t   *testing.T
 	b   *local.Backend
-	own *localowner.Owner
+	own *lending.Owner
 	url string
 }
 
@@ -54,13 +54,12 @@ func newServer(t *testing.T, base string) *server {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	own := localowner.New(localowner.Options{Backend: b, Logger: log})
+	own := lending.New(lending.Options{Backend: b, Logger: log})
 	control, err := owner.NewControl(own, gym.Config{Instance: instance, LeaseGrace: time.Minute, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log,
-		ClientError: func(err error) bool { return errors.Is(err, localowner.ErrUnknownSession) }}
+	srv := &httpowner.Server{Owner: own, Control: control, Token: token, Log: log, ClientError: lending.ClientError}
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	return &server{t: t, b: b, own: own, url: hs.URL}
@@ -175,7 +174,7 @@ func (s *server) seedWith(key string, c owner.Cookies, body map[string]any) repl
 func (s *server) mustSeed(key string, body map[string]any) reply {
 	s.t.Helper()
 	r := s.seed(key, body)
-	if r.status != http.StatusOK || r.cookies[localowner.CookieName] == "" {
+	if r.status != http.StatusOK || r.cookies[lending.CookieName] == "" {
 		s.t.Fatalf("seed %s: %d %s (cookies %v)", key, r.status, r.raw, r.cookies)
 	}
 	return r
@@ -304,7 +303,7 @@ func TestStatusDiscovery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own := localowner.New(localowner.Options{Backend: b})
+	own := lending.New(lending.Options{Backend: b})
 	control, err := owner.NewControl(own, gym.Config{Instance: instance})
 	if err != nil {
 		t.Fatal(err)
@@ -330,16 +329,16 @@ func TestASeedOfAnExistingKeyAnswersOnlyWithItsCookie(t *testing.T) {
 	s := newServer(t, t.TempDir())
 	first := s.mustSeed("r", map[string]any{"files": map[string]string{"a.txt": "one"}})
 	again := ok(t, "seed again with the cookie", s.seedWith("r", first.cookies, map[string]any{"files": map[string]string{"a.txt": "one"}}))
-	if again.cookies[localowner.CookieName] != first.cookies[localowner.CookieName] || handle(t, again) != handle(t, first) {
+	if again.cookies[lending.CookieName] != first.cookies[lending.CookieName] || handle(t, again) != handle(t, first) {
 		t.Fatalf("the second seed of r answered %v %s, the first %v %s", again.cookies, again.raw, first.cookies, first.raw)
 	}
 	stranger := s.seed("r", map[string]any{})
 	want(t, "a seed of r without its cookie", stranger, http.StatusUnauthorized, gym.CodeUnauthorized)
-	if len(stranger.cookies) > 0 || strings.Contains(stranger.raw, handle(t, first)) || strings.Contains(stranger.raw, localowner.SessionIDOf(first.cookies)) {
+	if len(stranger.cookies) > 0 || strings.Contains(stranger.raw, handle(t, first)) || strings.Contains(stranger.raw, lending.SessionIDOf(first.cookies)) {
 		t.Fatalf("a seed without the cookie was told %v %s", stranger.cookies, stranger.raw)
 	}
 	other := s.mustSeed("r-a1", map[string]any{})
-	if other.cookies[localowner.CookieName] == first.cookies[localowner.CookieName] {
+	if other.cookies[lending.CookieName] == first.cookies[lending.CookieName] {
 		t.Fatal("attempt 1 got attempt 0's session")
 	}
 	acc := ok(t, "sandbox_access", s.post("/ng-rollout/r/sandbox_access", first.cookies, map[string]any{}))
@@ -357,7 +356,7 @@ func TestASeedOfAnExistingKeyAnswersOnlyWithItsCookie(t *testing.T) {
 	want(t, "seed of a closed session's key without its cookie", s.seed("r", map[string]any{}), http.StatusUnauthorized, gym.CodeUnauthorized)
 
 	legacy := ok(t, "seed without a key", s.post("/seed_session", nil, map[string]any{}))
-	if legacy.cookies[localowner.CookieName] == "" {
+	if legacy.cookies[lending.CookieName] == "" {
 		t.Fatalf("seed without a key set no cookie: %s", legacy.raw)
 	}
 	ok(t, "sandbox_access without a key", s.post("/sandbox_access", legacy.cookies, map[string]any{}))
@@ -390,12 +389,12 @@ func TestSeededSessionStateIsCommittedAndRestored(t *testing.T) {
 	if err := json.Unmarshal(data, &manifest); err != nil || manifest["kind"] != "resources" || manifest["record_count"] != float64(1) {
 		t.Fatalf("manifest %s (%v)", data, err)
 	}
-	var rec localowner.Record
+	var rec lending.Record
 	if _, err := gym.ReadState(dir, gym.KindResources, instance, func(r gym.Record) error { return r.Decode(&rec) }); err != nil {
 		t.Fatal(err)
 	}
-	if rec.SessionID != localowner.SessionIDOf(seeded.cookies) || rec.State.Snapshot == "" || rec.State.SandboxID != sb || rec.EpisodeID.CaptureKey() != "r" ||
-		strings.Contains(string(data), seeded.cookies[localowner.CookieName]) {
+	if rec.SessionID != lending.SessionIDOf(seeded.cookies) || rec.State.Snapshot == "" || rec.State.SandboxID != sb || rec.EpisodeID.CaptureKey() != "r" ||
+		strings.Contains(string(data), seeded.cookies[lending.CookieName]) {
 		t.Fatalf("record %+v", rec)
 	}
 
@@ -421,7 +420,7 @@ func TestSeededSessionStateIsCommittedAndRestored(t *testing.T) {
 	}
 	ok(t, "resume", fresh.control("resume", "r1", 5*time.Second, nil))
 	again := ok(t, "seed of r-a1", <-seeding)
-	if again.cookies[localowner.CookieName] != seeded.cookies[localowner.CookieName] {
+	if again.cookies[lending.CookieName] != seeded.cookies[lending.CookieName] {
 		t.Fatalf("the seed of r-a1 set %v, want the restored session's %v", again.cookies, seeded.cookies)
 	}
 	fork := handle(t, again)
@@ -472,7 +471,7 @@ func TestLateCallsOfARetiredAttemptAreRefusedUntilForgetButACloseIsNot(t *testin
 	}
 	want(t, "a late call after forget", s.post("/sandbox_access", seeded.cookies, map[string]any{}), http.StatusGone, httpowner.CodeSessionClosed)
 	after := s.mustSeed("r", map[string]any{})
-	if after.cookies[localowner.CookieName] == seeded.cookies[localowner.CookieName] || after.cookies[localowner.CookieName] == next.cookies[localowner.CookieName] {
+	if after.cookies[lending.CookieName] == seeded.cookies[lending.CookieName] || after.cookies[lending.CookieName] == next.cookies[lending.CookieName] {
 		t.Fatal("the seed after forget did not start a new session")
 	}
 }
@@ -634,15 +633,15 @@ func TestInvalidRestoredStateInstallsNothing(t *testing.T) {
 	if _, err := gym.ReadState(dir, gym.KindResources, instance, func(r gym.Record) error { good = r; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	var rec localowner.Record
+	var rec lending.Record
 	if err := good.Decode(&rec); err != nil {
 		t.Fatal(err)
 	}
 
-	for name, spoil := range map[string]func(*localowner.Record){
-		"missing snapshot": func(r *localowner.Record) { r.State.Snapshot = "ck-gone" },
-		"other provider":   func(r *localowner.Record) { r.State.Provider = "docker" },
-		"bad run body":     func(r *localowner.Record) { r.State.RunBody = json.RawMessage(`{"files": 3}`) },
+	for name, spoil := range map[string]func(*lending.Record){
+		"missing snapshot": func(r *lending.Record) { r.State.Snapshot = "ck-gone" },
+		"other provider":   func(r *lending.Record) { r.State.Provider = "docker" },
+		"bad run body":     func(r *lending.Record) { r.State.RunBody = json.RawMessage(`{"files": 3}`) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			bad := rec
@@ -673,7 +672,7 @@ func TestInvalidRestoredStateInstallsNothing(t *testing.T) {
 				t.Fatalf("status after the failed restore %s", st.raw)
 			}
 			// Nothing installed: the next attempt's seed starts fresh.
-			if got := fresh.mustSeed("good-a1", map[string]any{}); got.cookies[localowner.CookieName] == rec.SessionID {
+			if got := fresh.mustSeed("good-a1", map[string]any{}); got.cookies[lending.CookieName] == rec.SessionID {
 				t.Fatal("the seed of good-a1 found a restored session")
 			}
 		})
@@ -833,7 +832,7 @@ func TestASnapshotLivesWhileACheckpointOnDiskNamesIt(t *testing.T) {
 		dirs[id] = t.TempDir()
 		s.commit(id, dirs[id], nil)
 		ok(t, "resume", s.control("resume", id, 5*time.Second, nil))
-		var rec localowner.Record
+		var rec lending.Record
 		if _, err := gym.ReadState(dirs[id], gym.KindResources, instance, func(r gym.Record) error { return r.Decode(&rec) }); err != nil {
 			t.Fatal(err)
 		}
@@ -920,18 +919,18 @@ func TestSessionCallsNeedTheirSessionsCookie(t *testing.T) {
 	s := newServer(t, t.TempDir())
 	a := s.mustSeed("a", map[string]any{"files": map[string]string{"a.txt": "A"}, "check": "test \"$(cat a.txt)\" = A"})
 	b := s.mustSeed("b", map[string]any{"files": map[string]string{"a.txt": "B"}})
-	aID := localowner.SessionIDOf(a.cookies)
+	aID := lending.SessionIDOf(a.cookies)
 	beforeA, beforeB := s.sessionState(a.cookies), s.sessionState(b.cookies)
-	_, aSecret, _ := strings.Cut(a.cookies[localowner.CookieName], ".")
-	forged := owner.Cookies{localowner.CookieName: aID + "." + strings.Repeat("0", 64)}
+	_, aSecret, _ := strings.Cut(a.cookies[lending.CookieName], ".")
+	forged := owner.Cookies{lending.CookieName: aID + "." + strings.Repeat("0", 64)}
 	cases := map[string]owner.Cookies{
 		"no cookie":               nil,
-		"an empty cookie":         {localowner.CookieName: ""},
+		"an empty cookie":         {lending.CookieName: ""},
 		"a wrong secret":          forged,
-		"the session id alone":    {localowner.CookieName: aID},
+		"the session id alone":    {lending.CookieName: aID},
 		"another session's":       b.cookies,
-		"another cookie name":     {"other": a.cookies[localowner.CookieName]},
-		"a's secret under b's id": {localowner.CookieName: localowner.SessionIDOf(b.cookies) + "." + aSecret},
+		"another cookie name":     {"other": a.cookies[lending.CookieName]},
+		"a's secret under b's id": {lending.CookieName: lending.SessionIDOf(b.cookies) + "." + aSecret},
 	}
 	for _, call := range []string{"sandbox_access", "verify", "close_session"} {
 		for _, path := range []string{"/ng-rollout/a/" + call, "/" + call} {
@@ -988,7 +987,7 @@ func TestARestoredSessionSoughtWithoutItsCookieIsReplacedNotHandedOut(t *testing
 	fresh := newServer(t, base)
 	ok(t, "restore", fresh.control("restore", "r1", 30*time.Second, map[string]any{"checkpoint_dir": dir, "episode_ids": episodes("r")}))
 	ok(t, "resume", fresh.control("resume", "r1", 5*time.Second, nil))
-	restoredID := localowner.SessionIDOf(seeded.cookies)
+	restoredID := lending.SessionIDOf(seeded.cookies)
 	fork := ""
 	for _, sb := range sandboxes(t, base) {
 		if strings.HasPrefix(sb, "sb-"+restoredID+"-") && sb != handle(t, seeded) {
@@ -999,7 +998,7 @@ func TestARestoredSessionSoughtWithoutItsCookieIsReplacedNotHandedOut(t *testing
 		t.Fatalf("no fork of %s among %v", restoredID, sandboxes(t, base))
 	}
 	again := fresh.mustSeed("r-a1", map[string]any{"files": map[string]string{"a.txt": "one"}})
-	if localowner.SessionIDOf(again.cookies) == restoredID || again.cookies[localowner.CookieName] == seeded.cookies[localowner.CookieName] ||
+	if lending.SessionIDOf(again.cookies) == restoredID || again.cookies[lending.CookieName] == seeded.cookies[lending.CookieName] ||
 		handle(t, again) == fork || strings.Contains(again.raw, restoredID) {
 		t.Fatalf("a seed without the cookie was answered with the restored session: %v %s", again.cookies, again.raw)
 	}
@@ -1014,6 +1013,39 @@ func TestARestoredSessionSoughtWithoutItsCookieIsReplacedNotHandedOut(t *testing
 		t.Fatalf("sessions after the replacement: %v", got)
 	}
 	ok(t, "the fresh session's verify", fresh.post("/ng-rollout/r-a1/verify", again.cookies, map[string]any{}))
+}
+
+// TestABadBodyIsTheCallersFault: a seed whose run body the owner cannot
+// read (not a JSON object, a field of the wrong type, a file outside the
+// workdir) is refused 400 bad_request naming what is wrong, as `ngdriver
+// owner serve` wires the owner (lending.ClientError), and makes no
+// sandbox; a verify body that is not an object is refused 400 too (it was
+// 500 before ErrBadVerifyBody).
+func TestABadBodyIsTheCallersFault(t *testing.T) {
+	base := t.TempDir()
+	s := newServer(t, base)
+	for body, names := range map[string]string{
+		`[1]`:                          "not a JSON object",
+		`{"files": 3}`:                 "files",
+		`{"files": {"../escape": ""}}`: "../escape",
+		`{"verify_mode": "fast"}`:      "verify_mode",
+	} {
+		r := s.post(httpowner.RolloutPath("bad", "seed_session"), nil, body)
+		want(t, "seed of "+body, r, http.StatusBadRequest, httpowner.CodeBadRequest)
+		if !strings.Contains(r.raw, names) {
+			t.Errorf("seed of %s: %s does not name %s", body, r.raw, names)
+		}
+	}
+	if got := sandboxes(t, base); len(got) != 0 {
+		t.Errorf("bad seeds made sandboxes %v", got)
+	}
+	// So is a verify body that is not a JSON object (docs/gym.md: 400 for a
+	// malformed run or verify body); the session stays open.
+	seeded := s.mustSeed("good", map[string]any{})
+	want(t, "verify of [1]", s.post("/ng-rollout/good/verify", seeded.cookies, `[1]`), http.StatusBadRequest, httpowner.CodeBadRequest)
+	if info, err := s.own.Session(seeded.cookies); err != nil || info.Closed {
+		t.Errorf("a refused verify ended the session: %+v %v", info, err)
+	}
 }
 
 // TestOwnerErrorRepliesAreCapped (issue 18, finding 2): whatever a caller
@@ -1042,8 +1074,8 @@ func TestOwnerErrorRepliesAreCapped(t *testing.T) {
 			t.Errorf("%s: a reply of %d bytes, detail %d bytes (cap %d): %.300s", what, len(r.raw), len(detail), gym.MaxDetailBytes, r.raw)
 		}
 	}
-	capped("sandbox_access with a 60 KB cookie", s.post("/sandbox_access", owner.Cookies{localowner.CookieName: huge}, map[string]any{}), http.StatusUnauthorized)
-	capped("verify of key r with a 60 KB cookie", s.post("/ng-rollout/r/verify", owner.Cookies{localowner.CookieName: huge}, map[string]any{}), http.StatusUnauthorized)
+	capped("sandbox_access with a 60 KB cookie", s.post("/sandbox_access", owner.Cookies{lending.CookieName: huge}, map[string]any{}), http.StatusUnauthorized)
+	capped("verify of key r with a 60 KB cookie", s.post("/ng-rollout/r/verify", owner.Cookies{lending.CookieName: huge}, map[string]any{}), http.StatusUnauthorized)
 	capped("a seed under a malformed 60 KB key", s.seed("-"+huge, map[string]any{}), http.StatusUnprocessableEntity)
 	body, err := json.Marshal(map[string]any{"checkpoint_id": strings.Repeat("\x00", 4<<20), "deadline_ts": 1})
 	if err != nil {

@@ -211,7 +211,7 @@ func (b *Backend) running(ctx context.Context, id string) error {
 	return nil
 }
 
-// The lending side (localowner.Sandboxes).
+// The lending side (sandbox.Lender).
 
 // Create runs a new container of Options.Image called name, labelled as
 // ngharness's, and makes its root and workdir folders.

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/dockertest"
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/internal/sandboxtest"
@@ -26,7 +25,7 @@ type prefixed struct {
 	prefix string
 }
 
-var _ localowner.Sandboxes = prefixed{}
+var _ sandbox.Lender = prefixed{}
 
 func (p prefixed) Create(ctx context.Context, name string) (sandbox.Sandbox, error) {
 	return p.Backend.Create(ctx, p.prefix+"-"+name)

@@ -271,7 +271,7 @@ func (b *Backend) running(ctx context.Context, r Ref) error {
 	return fmt.Errorf("kubectl: pod %s/%s is %s: %w", r.Namespace, r.Pod, phase, sandbox.ErrGone)
 }
 
-// The lending side (localowner.Sandboxes).
+// The lending side (sandbox.Lender).
 
 // Create runs a new pod of Options.Image called name in Options.Namespace,
 // waits until it is Ready and makes its root and workdir folders. Its id

@@ -15,7 +15,7 @@ import (
 const MetadataName = "name"
 
 // The lending side: what an owner built on this backend calls (it
-// implements localowner.Sandboxes).
+// implements sandbox.Lender).
 
 // Create makes a sandbox from Options.Image, named name in its metadata,
 // waits until it runs and its execd answers (the server reports Running

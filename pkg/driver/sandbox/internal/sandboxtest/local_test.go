@@ -4,7 +4,6 @@ import (
 	"os"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/internal/sandboxtest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 )
@@ -21,6 +20,6 @@ func TestLocalConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	sandboxtest.Run(t, sandboxtest.Fixture{
-		Lender: localowner.Local(b), Backend: b, HostFolder: b.HostPath, MountPoint: b.MountPoint(),
+		Lender: b.Lender(), Backend: b, HostFolder: b.HostPath, MountPoint: b.MountPoint(),
 	})
 }

@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ngharness/ngharness/pkg/driver/owner/localowner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/test/fakeexecd"
 )
@@ -28,7 +27,7 @@ import (
 // appears inside it.
 type Fixture struct {
 	// Lender makes, snapshots, forks and removes sandboxes.
-	Lender localowner.Sandboxes
+	Lender sandbox.Lender
 	// Backend connects to them as the driver does.
 	Backend sandbox.Backend
 	// HostFolder is the folder on this machine a sandbox's MountPoint is

@@ -1,4 +1,4 @@
-package localowner
+package lending
 
 import (
 	"bytes"
@@ -36,6 +36,7 @@ type fixture struct {
 	t       *testing.T
 	b       *local.Backend
 	o       *Owner
+	ctl     *gym.Control // the owner's checkpoint control plane, made by control()
 	tag     string
 	mu      sync.Mutex
 	stopped []string
@@ -212,6 +213,122 @@ func (f *fixture) verify(c owner.Cookies, body map[string]any) (owner.VerifyRepl
 		f.t.Fatalf("verify reply body %q: %v", r.Body, err)
 	}
 	return r, out
+}
+
+// seedAt seeds a session bound to the attempt key (a capture key), as
+// Gym's resources calls under /ng-rollout/<key>/ do.
+func (f *fixture) seedAt(key string, body any) owner.SeedReply {
+	f.t.Helper()
+	raw, err := json.Marshal(body)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	r, err := f.o.SeedSession(context.Background(), key, raw)
+	if err != nil {
+		f.t.Fatalf("seed %s: %v", key, err)
+	}
+	return r
+}
+
+// gymInstance is the owner's participant instance in the tests'
+// checkpoints.
+const gymInstance = "lending-test"
+
+// control is the owner's checkpoint control plane in process, made once:
+// what `ngdriver owner serve` puts behind HTTP.
+func (f *fixture) control() *gym.Control {
+	f.t.Helper()
+	if f.ctl == nil {
+		c, err := owner.NewControl(f.o, gym.Config{Instance: gymInstance, LeaseGrace: time.Minute, Logf: f.t.Logf})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		f.ctl = c
+	}
+	return f.ctl
+}
+
+func request(id string) gym.Request {
+	return gym.Request{CheckpointID: id, DeadlineTS: float64(time.Now().Add(time.Minute).UnixNano()) / 1e9}
+}
+
+// checkpoint takes checkpoint id into dir as Gym's coordinator drives a
+// participant: prepare (ready by its deadline), commit, resume.
+func checkpoint(c *gym.Control, id, dir string) error {
+	ctx := context.Background()
+	rep, err := c.Prepare(ctx, request(id))
+	if err != nil {
+		return fmt.Errorf("prepare %s: %w", id, err)
+	}
+	if rep.Phase != gym.PhasePrepared {
+		return fmt.Errorf("prepare %s: %s, blocked by %v", id, rep.Phase, rep.Report.Blockers)
+	}
+	if _, err := c.Commit(ctx, &gym.CommitRequest{Request: request(id), CheckpointDir: dir}); err != nil {
+		return fmt.Errorf("commit %s: %w", id, err)
+	}
+	if _, err := c.Resume(ctx, request(id)); err != nil {
+		return fmt.Errorf("resume %s: %w", id, err)
+	}
+	return nil
+}
+
+// commit takes checkpoint id into dir (checkpoint) and returns the records
+// the owner wrote, by capture key.
+func (f *fixture) commit(id, dir string) map[string]Record {
+	f.t.Helper()
+	if err := checkpoint(f.control(), id, dir); err != nil {
+		f.t.Fatal(err)
+	}
+	out := map[string]Record{}
+	_, err := gym.ReadState(dir, gym.KindResources, gymInstance, func(r gym.Record) error {
+		var rec Record
+		if err := r.Decode(&rec); err != nil {
+			return err
+		}
+		out[rec.EpisodeID.CaptureKey()] = rec
+		return nil
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return out
+}
+
+// restore restores, into this owner, the records of the attempts keys
+// from the checkpoint in dir (each continues as its next attempt), as a
+// restore named id, then resumes.
+func (f *fixture) restore(id, dir string, keys ...string) {
+	f.t.Helper()
+	var scope []gym.EpisodeID
+	for _, k := range keys {
+		e, err := gym.ParseCaptureKey(k)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		scope = append(scope, e)
+	}
+	ctx := context.Background()
+	c := f.control()
+	if _, err := c.Restore(ctx, &gym.RestoreRequest{Request: request(id), CheckpointDir: dir, EpisodeIDs: scope}); err != nil {
+		f.t.Fatalf("restore %s from %s: %v", id, dir, err)
+	}
+	if _, err := c.Resume(ctx, request(id)); err != nil {
+		f.t.Fatalf("resume %s: %v", id, err)
+	}
+}
+
+// accessAt connects to the sandbox the session of attempt key lends now.
+func (f *fixture) accessAt(key string, c owner.Cookies) sandbox.Sandbox {
+	f.t.Helper()
+	a, err := f.o.SandboxAccess(context.Background(), key, c)
+	if err != nil {
+		f.t.Fatalf("access %s: %v", key, err)
+	}
+	sb, err := f.b.Connect(context.Background(), a.Connection.Descriptor)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return sb
 }
 
 func (f *fixture) sandboxCount() int {
@@ -479,6 +596,8 @@ func TestBadBodiesAndCookies(t *testing.T) {
 	} {
 		if _, err := f.o.SeedSession(ctx, "", json.RawMessage(body)); err == nil {
 			t.Errorf("seed accepted %s", body)
+		} else if !errors.Is(err, ErrBadRunBody) || !ClientError(err) {
+			t.Errorf("seed of %s: %v, want ErrBadRunBody (the caller's fault)", body, err)
 		} else {
 			t.Logf("%s: %v", body, err)
 		}
@@ -504,6 +623,8 @@ func TestBadBodiesAndCookies(t *testing.T) {
 	r := f.seed(map[string]any{"task": "t"})
 	if _, err := f.o.Verify(ctx, "", r.Cookies, json.RawMessage(`[1]`)); err == nil {
 		t.Error("verify accepted a body that is not an object")
+	} else if !errors.Is(err, ErrBadVerifyBody) || !ClientError(err) {
+		t.Errorf("verify of a body that is not an object: %v, want ErrBadVerifyBody (the caller's fault)", err)
 	}
 	if info, _ := f.o.Session(r.Cookies); info.Closed {
 		t.Error("a rejected verify closed the session")
@@ -544,66 +665,72 @@ func TestHostileTaskTextIsNeverExecuted(t *testing.T) {
 	}
 }
 
-func TestSnapshotRestoreRetire(t *testing.T) {
+// TestACommitExportsOpenSessionsAndARestoreForksThem, through the
+// owner's control plane as Gym drives it: a commit snapshots the sandbox
+// of every open session bound to an attempt (not one closed before it); a
+// restore into the same owner forks each snapshot under a new sandbox id
+// (sb-<session>-1) holding the snapshot's files at the same paths, bound
+// to the next attempt, open and not verified, and ends what still ran in
+// the sandbox it replaces (by its mount namespace with namespace
+// isolation, else through StopSandbox), which it keeps; a session outside
+// the checkpoint stays as it was; the restored session verifies on the
+// fork; and a second restore forks again, under yet another id.
+func TestACommitExportsOpenSessionsAndARestoreForksThem(t *testing.T) {
 	f := newFixture(t, Options{})
 	ctx := context.Background()
-	r1 := f.seed(map[string]any{"task": "one", "check": "test \"$(cat state)\" = at-checkpoint"})
-	r2 := f.seed(map[string]any{"task": "two"})
-	r3 := f.seed(map[string]any{"task": "closed before the checkpoint"})
-	if err := f.o.CloseSession(ctx, "", r3.Cookies); err != nil {
+	r1 := f.seedAt("one", map[string]any{"task": "one", "check": "test \"$(cat state)\" = at-checkpoint"})
+	r2 := f.seedAt("two", map[string]any{"task": "two"})
+	r3 := f.seedAt("three", map[string]any{"task": "closed before the checkpoint"})
+	if err := f.o.CloseSession(ctx, "three", r3.Cookies); err != nil {
 		t.Fatal(err)
 	}
-	sb1, sb2 := f.connect(r1.Cookies), f.connect(r2.Cookies)
+	sb1, sb2 := f.accessAt("one", r1.Cookies), f.accessAt("two", r2.Cookies)
 	f.sh(sb1, "echo at-checkpoint > state; mkdir -p .opencode && echo session > .opencode/db")
 	f.sh(sb2, "echo two-at-checkpoint > state")
 	old1 := sb1.ID()
 
-	ck := "ckpt/7: step 100"
-	snaps, err := f.o.Snapshot(ctx, ck)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := t.TempDir()
+	records := f.commit("ckpt/7: step 100", dir)
 	s1, s2 := SessionIDOf(r1.Cookies), SessionIDOf(r2.Cookies)
-	if len(snaps) != 2 || snaps[s1] == "" || snaps[s2] == "" {
-		t.Fatalf("snapshots %v (the closed session must not be in it)", snaps)
+	if len(records) != 2 || records["one"].SessionID != s1 || records["two"].SessionID != s2 {
+		t.Fatalf("records %+v (the closed session must not be in it)", records)
 	}
-	for _, id := range snaps {
-		if !f.b.HasSnapshot(id) {
-			t.Errorf("snapshot %s missing", id)
+	for _, rec := range records {
+		if !f.b.HasSnapshot(rec.State.Snapshot) {
+			t.Errorf("snapshot %s missing", rec.State.Snapshot)
 		}
 	}
-	// Again: nothing is copied twice, the same map comes back.
-	again, err := f.o.Snapshot(ctx, ck)
-	if err != nil || len(again) != 2 || again[s1] != snaps[s1] {
-		t.Fatalf("second snapshot %v %v", again, err)
-	}
 
-	// After the checkpoint the run goes on: files change, a process runs,
-	// and the session of run 1 even ends.
+	// After the checkpoint the runs go on: files change, a process runs
+	// in session two's sandbox, and the session of run one even ends.
 	f.sh(sb1, "echo after > state; echo new > later")
-	fd := f.startBackground(sb1)
-	if _, out := f.verify(r1.Cookies, map[string]any{}); out["reward"] != 0.0 {
-		t.Fatalf("the changed state should fail the check: %v", out)
+	fd := f.startBackground(sb2)
+	if vr, err := f.o.Verify(ctx, "one", r1.Cookies, json.RawMessage(`{}`)); err != nil || vr.Reward != 0 {
+		t.Fatalf("the changed state should fail the check: %+v %v", vr, err)
 	}
 
-	if err := f.o.Restore(ctx, ck); err != nil {
-		t.Fatal(err)
-	}
+	f.restore("restore-1", dir, "one", "two")
 	info1, _ := f.o.Session(r1.Cookies)
-	if info1.SandboxID == old1 || info1.SandboxID != "sb-"+s1+"-1" || info1.Closed || info1.Verified {
+	if info1.SandboxID == old1 || info1.SandboxID != "sb-"+s1+"-1" || info1.Closed || info1.Verified || info1.Key != "one-a1" {
 		t.Fatalf("restored session %+v (old sandbox %s)", info1, old1)
 	}
-	if !waitExit(fd, 0) {
-		t.Error("the restore did not stop the old sandbox's process")
+	if !waitExit(fd, 10*time.Second) {
+		t.Error("the restore did not end the process of the sandbox it replaced")
 	}
-	// Without namespaces the replaced sandboxes are ended through
-	// StopSandbox (their launch folders); with them, by the backend, by the
-	// mount namespace their processes run in (the process above is gone).
-	if stopped := strings.Join(f.stoppedIDs(), " "); f.b.Isolation() == local.IsolationNone &&
-		(!strings.Contains(stopped, old1) || !strings.Contains(stopped, sb2.ID())) {
-		t.Errorf("StopSandbox calls %s", stopped)
+	// Session two's sandbox was neither verified nor closed: only the
+	// restore ended its processes.
+	stopped := strings.Join(f.stoppedIDs(), " ")
+	switch f.b.Isolation() {
+	case local.IsolationNone:
+		if !strings.Contains(stopped, sb2.ID()) {
+			t.Errorf("StopSandbox calls %s, want %s", stopped, sb2.ID())
+		}
+	case local.IsolationNamespace:
+		if strings.Contains(stopped, sb2.ID()) {
+			t.Errorf("the replaced sandbox %s was ended through StopSandbox (calls %s), not by its mount namespace", sb2.ID(), stopped)
+		}
 	}
-	fork1 := f.connect(r1.Cookies)
+	fork1 := f.accessAt("one-a1", r1.Cookies)
 	if fork1.ID() != info1.SandboxID {
 		t.Fatalf("access names %s, session %s", fork1.ID(), info1.SandboxID)
 	}
@@ -620,60 +747,62 @@ func TestSnapshotRestoreRetire(t *testing.T) {
 	if info3, _ := f.o.Session(r3.Cookies); !info3.Closed {
 		t.Error("a session outside the checkpoint was reopened")
 	}
-	// The reopened session verifies on the fork.
-	if vr, _ := f.verify(r1.Cookies, map[string]any{}); vr.Reward != 1 {
-		t.Errorf("verify on the fork %+v", vr)
+	// The restored session verifies on the fork.
+	if vr, err := f.o.Verify(ctx, "one-a1", r1.Cookies, json.RawMessage(`{}`)); err != nil || vr.Reward != 1 {
+		t.Errorf("verify on the fork %+v %v", vr, err)
 	}
 
 	// A second restore forks again, under yet another id.
-	if err := f.o.Restore(ctx, ck); err != nil {
-		t.Fatal(err)
-	}
+	f.restore("restore-2", dir, "one")
 	if info, _ := f.o.Session(r1.Cookies); info.SandboxID != "sb-"+s1+"-2" || info.Closed {
 		t.Errorf("second restore %+v", info)
 	}
+}
 
-	if err := f.o.RetireCheckpoint(ctx, ck); err != nil {
+// TestEndUnownedEndsWhatNoSessionUses proves what an owner started again
+// on a base ends before it serves: with namespace isolation, a process
+// still running in a sandbox no session of this owner uses (its session
+// was the dead owner's) is ended by the mount namespace it runs in, with
+// no StopSandbox or KillSandbox to do it; the owner says how many it
+// ended.
+func TestEndUnownedEndsWhatNoSessionUses(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("namespace isolation needs root")
+	}
+	f := newFixture(t, Options{})
+	r := f.seed(map[string]any{"task": "left running by a dead owner"})
+	fd := f.startBackground(f.connect(r.Cookies))
+	fresh := New(Options{Backend: f.b, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	n, err := fresh.EndUnowned(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range snaps {
-		if f.b.HasSnapshot(id) {
-			t.Errorf("snapshot %s survived retire", id)
-		}
-	}
-	if info, _ := f.o.Session(r2.Cookies); len(info.Snapshots) != 0 {
-		t.Errorf("session still lists snapshots %v", info.Snapshots)
-	}
-	if err := f.o.RetireCheckpoint(ctx, ck); err != nil {
-		t.Errorf("second retire: %v", err)
-	}
-	if err := f.o.Restore(ctx, ck); !errors.Is(err, ErrUnknownCheckpoint) {
-		t.Errorf("restore of a retired checkpoint: want ErrUnknownCheckpoint, got %v", err)
-	}
-	if _, err := f.o.Snapshot(ctx, ""); err == nil {
-		t.Error("empty checkpoint id accepted")
+	if n == 0 || !waitExit(fd, 10*time.Second) {
+		t.Fatalf("EndUnowned ended %d processes and the sandbox's process lives on", n)
 	}
 }
 
+// TestRestoreRemovesReplacedSandboxWhenAsked: with RemoveUnused, the
+// sandbox a restore replaces is removed once its processes are ended, and
+// the next attempt is lent the fork.
 func TestRestoreRemovesReplacedSandboxWhenAsked(t *testing.T) {
 	f := newFixture(t, Options{RemoveUnused: true})
-	ctx := context.Background()
-	r := f.seed(map[string]any{"task": "t"})
-	old := f.connect(r.Cookies).ID()
-	if _, err := f.o.Snapshot(ctx, "ck1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.o.Restore(ctx, "ck1"); err != nil {
-		t.Fatal(err)
-	}
+	r := f.seedAt("t", map[string]any{"task": "t"})
+	old := f.accessAt("t", r.Cookies).ID()
+	dir := t.TempDir()
+	f.commit("ck1", dir)
+	f.restore("restore-ck1", dir, "t")
 	if _, err := f.b.Open(old); !errors.Is(err, sandbox.ErrGone) {
 		t.Errorf("the replaced sandbox %s is still there (%v)", old, err)
 	}
-	if sb := f.connect(r.Cookies); sb.ID() == old {
+	if sb := f.accessAt("t-a1", r.Cookies); sb.ID() == old {
 		t.Error("access still names the old sandbox")
 	}
 }
 
+// TestConcurrentRuns: eight runs seed, verify and close at once while a
+// checkpoint is prepared, committed and resumed through the control plane
+// (calls wait while admission is closed); every run is verified.
 func TestConcurrentRuns(t *testing.T) {
 	f := newFixture(t, Options{})
 	ctx := context.Background()
@@ -684,38 +813,37 @@ func TestConcurrentRuns(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			key := fmt.Sprintf("run%d", i)
 			raw, _ := json.Marshal(map[string]any{"task": fmt.Sprint(i), "check": fmt.Sprintf("test \"$(cat n)\" = %d", i), "files": map[string]string{"n": fmt.Sprint(i)}})
-			r, err := f.o.SeedSession(ctx, "", raw)
+			r, err := f.o.SeedSession(ctx, key, raw)
 			if err != nil {
 				errs <- err
 				return
 			}
-			if _, err := f.o.SandboxAccess(ctx, "", r.Cookies); err != nil {
+			if _, err := f.o.SandboxAccess(ctx, key, r.Cookies); err != nil {
 				errs <- err
 				return
 			}
-			vr, err := f.o.Verify(ctx, "", r.Cookies, raw)
+			vr, err := f.o.Verify(ctx, key, r.Cookies, raw)
 			if err != nil || vr.Reward != 1 {
 				errs <- fmt.Errorf("run %d: %+v %v", i, vr, err)
 			}
-			if err := f.o.CloseSession(ctx, "", r.Cookies); err != nil {
+			if err := f.o.CloseSession(ctx, key, r.Cookies); err != nil {
 				errs <- err
 			}
 		}()
 	}
 	wg.Add(1)
+	c, dir := f.control(), t.TempDir()
 	go func() {
 		defer wg.Done()
-		if _, err := f.o.Snapshot(ctx, "concurrent"); err != nil {
+		if err := checkpoint(c, "concurrent", dir); err != nil {
 			errs <- err
 		}
 	}()
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		t.Error(err)
-	}
-	if err := f.o.RetireCheckpoint(ctx, "concurrent"); err != nil {
 		t.Error(err)
 	}
 }
@@ -767,13 +895,13 @@ func TestConcurrentSeedsOfOneKeyMakeOneSession(t *testing.T) {
 // behaves: a snapshot a sandbox forked from it still uses is refused with
 // sandbox.ErrSnapshotInUse (and stays) until that sandbox is removed.
 type forkUser struct {
-	Sandboxes
+	sandbox.Lender
 	mu    sync.Mutex
 	users map[string]string // fork id -> snapshot
 }
 
 func (u *forkUser) Fork(ctx context.Context, snap, name string) (sandbox.Sandbox, error) {
-	sb, err := u.Sandboxes.Fork(ctx, snap, name)
+	sb, err := u.Lender.Fork(ctx, snap, name)
 	if err == nil {
 		u.mu.Lock()
 		u.users[sb.ID()] = snap
@@ -786,7 +914,7 @@ func (u *forkUser) Remove(ctx context.Context, id string) error {
 	u.mu.Lock()
 	delete(u.users, id)
 	u.mu.Unlock()
-	return u.Sandboxes.Remove(ctx, id)
+	return u.Lender.Remove(ctx, id)
 }
 
 func (u *forkUser) RemoveSnapshot(ctx context.Context, id string) error {
@@ -797,52 +925,40 @@ func (u *forkUser) RemoveSnapshot(ctx context.Context, id string) error {
 			return fmt.Errorf("delete snapshot %s: used by sandbox %s: %w", id, fork, sandbox.ErrSnapshotInUse)
 		}
 	}
-	return u.Sandboxes.RemoveSnapshot(ctx, id)
+	return u.Lender.RemoveSnapshot(ctx, id)
 }
 
 // TestSnapshotAForkUsesIsRemovedOnceTheForkIsGone proves a snapshot the
 // owner drops while a sandbox forked from it still uses it (the backend
-// answers sandbox.ErrSnapshotInUse) is no failure: retiring its checkpoint
-// succeeds and warns of nothing, the snapshot is kept, and it is removed
-// as soon as that fork is removed (here by the next restore), with no
-// other call.
+// answers sandbox.ErrSnapshotInUse) is no failure: once the controller
+// has deleted the checkpoint that named it, the next commit drops it and
+// warns of nothing, the snapshot is kept, and it is removed as soon as
+// that fork is removed (here by the next restore), with no other call.
 func TestSnapshotAForkUsesIsRemovedOnceTheForkIsGone(t *testing.T) {
 	f := newFixture(t, Options{})
 	var logs syncbuf.Buffer
 	f.o = New(Options{
-		Sandboxes:    &forkUser{Sandboxes: Local(f.b), users: map[string]string{}},
+		Sandboxes:    &forkUser{Lender: f.b.Lender(), users: map[string]string{}},
 		StopSandbox:  f.stop,
 		RemoveUnused: true,
 		Logger:       slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testWriter{t}), nil)),
 	})
-	ctx := context.Background()
-	f.seed(map[string]any{"files": map[string]string{"a.txt": "one"}})
-	c1, err := f.o.Snapshot(ctx, "c1")
-	if err != nil {
+	f.seedAt("k", map[string]any{"files": map[string]string{"a.txt": "one"}})
+	dir1 := t.TempDir()
+	s1 := f.commit("c1", dir1)["k"].State.Snapshot
+	f.restore("restore-c1", dir1, "k")
+	if err := os.RemoveAll(dir1); err != nil {
 		t.Fatal(err)
 	}
-	var s1 string
-	for _, snap := range c1 {
-		s1 = snap
-	}
-	if err := f.o.Restore(ctx, "c1"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.o.Snapshot(ctx, "c2"); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.o.RetireCheckpoint(ctx, "c1"); err != nil {
-		t.Fatalf("retire a checkpoint whose snapshot a fork uses: %v", err)
-	}
+	dir2 := t.TempDir()
+	f.commit("c2", dir2)
 	if !f.b.HasSnapshot(s1) {
 		t.Fatalf("the snapshot %s the fork uses is gone", s1)
 	}
 	if kept := f.o.KeptInUse(); !slices.Equal(kept, []string{s1}) {
 		t.Errorf("kept in use: %v, want %s", kept, s1)
 	}
-	if err := f.o.Restore(ctx, "c2"); err != nil {
-		t.Fatal(err)
-	}
+	f.restore("restore-c2", dir2, "k-a1")
 	if f.b.HasSnapshot(s1) {
 		t.Errorf("the snapshot %s is still there after the fork that used it was removed", s1)
 	}

@@ -1,4 +1,4 @@
-package localowner
+package lending
 
 import (
 	"context"
@@ -33,7 +33,7 @@ func attemptOf(key string) (gym.EpisodeID, bool, error) {
 	}
 	id, err := gym.ParseCaptureKey(key)
 	if err != nil {
-		return gym.EpisodeID{}, false, fmt.Errorf("localowner: %w", err)
+		return gym.EpisodeID{}, false, fmt.Errorf("owner: %w", err)
 	}
 	return id, true, nil
 }
@@ -188,7 +188,7 @@ func (o *Owner) endAtReopen(s *session) bool {
 // commit with stop removed (s.mu held).
 func (s *session) usable() error {
 	if s.failed {
-		return fmt.Errorf("localowner: %w: the seed of session %s failed", ErrUnknownSession, s.id)
+		return fmt.Errorf("owner: %w: the seed of session %s failed", ErrUnknownSession, s.id)
 	}
 	if s.parked {
 		return gym.Refuse(gym.ErrCheckpointParked, "resources session %s was parked by a commit with stop; restore the checkpoint to continue it", s.id)

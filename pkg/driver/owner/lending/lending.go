@@ -1,8 +1,8 @@
-// Package localowner is the embedded local sandbox owner: owner.Owner on
-// top of the local sandbox backend, so `ngdriver run` works with no other
-// server. With Options.Sandboxes it lends the sandboxes of any backend that
-// can create, snapshot, fork and remove them (OpenSandbox, docker,
-// kubectl) the same way.
+// Package lending is the sandbox owner ngharness brings: owner.Owner
+// lending the sandboxes of any backend through its lending contract
+// (sandbox.Lender: local, OpenSandbox, docker, kubectl), so `ngdriver run`
+// works with no other server and `ngdriver owner serve` is Gym's resources
+// server for them.
 //
 // Sessions are bound to the attempt a call names by its capture key (the
 // /ng-rollout/<key>/ prefix of Gym's resources servers), and belong to
@@ -14,8 +14,7 @@
 // restore (in a fresh process too) it forks each snapshot into a new
 // sandbox bound to the next attempt's key, and retire frees an attempt's
 // sessions. While a checkpoint has admission closed, session calls wait
-// for it to reopen (CloseAdmission). The older in-process checkpoint side (Snapshot, Restore,
-// RetireCheckpoint by checkpoint id) remains for `ngdriver run`.
+// for it to reopen (CloseAdmission).
 //
 // The run body of its tasks (JSON; fields it does not know are kept):
 //
@@ -29,7 +28,7 @@
 //
 // Sessions live in memory: an Owner forgets them when its process ends; a
 // checkpoint's records and snapshots are what a restore brings back.
-package localowner
+package lending
 
 import (
 	"context"
@@ -86,11 +85,6 @@ import (
 // time, whose secret was its id.
 const CookieName = "session_id"
 
-// ErrSessionCookie is a call on a session without that session's cookie
-// (none, a wrong secret, or another session's). It is refused as
-// gym.ErrUnauthorized (401 unauthorized); it names no session.
-var ErrSessionCookie = errors.New("no valid session cookie")
-
 // DefaultCheckTimeout bounds a verify's check when Options.CheckTimeout is 0.
 const DefaultCheckTimeout = 10 * time.Minute
 
@@ -102,16 +96,8 @@ const (
 	FailureCheckTimeout = "check_timeout"
 )
 
-// parallelism bounds the sandboxes copied at once by Snapshot and Restore.
+// parallelism bounds the sandboxes copied at once by Export and Install.
 const parallelism = 8
-
-// ErrUnknownSession means the cookies name no session of this owner (or no
-// session at all).
-var ErrUnknownSession = errors.New("unknown session")
-
-// ErrUnknownCheckpoint means the owner took no snapshot under that
-// checkpoint id (or retired it).
-var ErrUnknownCheckpoint = errors.New("unknown checkpoint")
 
 // Options configure an Owner.
 type Options struct {
@@ -119,9 +105,9 @@ type Options struct {
 	// Sandboxes is set.
 	Backend *local.Backend
 	// Sandboxes lends the sandboxes of any backend that can create,
-	// snapshot, fork and remove them (OpenSandbox, docker, kubectl); nil:
-	// Local(Backend).
-	Sandboxes Sandboxes
+	// snapshot, fork and remove them (local, OpenSandbox, docker, kubectl);
+	// nil: Backend.Lender().
+	Sandboxes sandbox.Lender
 	// StopSandbox ends every process of a sandbox (the driver passes a
 	// function that runs `ngsup stop` on each launch folder); nil: no
 	// process is stopped.
@@ -153,11 +139,15 @@ type Options struct {
 	KeepFailed bool
 }
 
-// Owner is the embedded local owner. Its methods are safe for concurrent
+// Owner is the lending owner. Its methods are safe for concurrent
 // use by many runs.
 type Owner struct {
 	opt Options
 	log *slog.Logger
+	// local is the local backend when the owner lends its sandboxes
+	// (taken before New wraps the lender, which hides it): its processes
+	// are ended by their mount namespace (kill, EndUnowned).
+	local *local.Backend
 
 	mu       sync.Mutex // guards sessions, byKey and the admission state below
 	sessions map[string]*session
@@ -172,11 +162,10 @@ type Owner struct {
 	ending       []*session            // verified during a checkpoint; they end when admission reopens
 	control      *gym.Control
 
-	// ckMu serializes the checkpoint side (Snapshot, Restore, Retire) and
-	// guards checkpoints. Lock order: ckMu, then a session's mu, then mu.
-	ckMu        sync.Mutex
-	checkpoints map[string]map[string]string // checkpoint id -> session id -> snapshot id
-	exports     map[string]*export           // Gym checkpoint id -> what its Export took (checkpoint.go)
+	// ckMu serializes the checkpoint side (Export, Install, Retire, ...)
+	// and guards exports. Lock order: ckMu, then a session's mu, then mu.
+	ckMu    sync.Mutex
+	exports map[string]*export // Gym checkpoint id -> what its Export took (checkpoint.go)
 }
 
 var _ owner.Owner = (*Owner)(nil)
@@ -244,9 +233,9 @@ type SessionInfo struct {
 func New(opt Options) *Owner {
 	if opt.Sandboxes == nil {
 		if opt.Backend == nil {
-			panic("localowner: Options.Backend and Options.Sandboxes are nil")
+			panic("owner: Options.Backend and Options.Sandboxes are nil")
 		}
-		opt.Sandboxes = Local(opt.Backend)
+		opt.Sandboxes = opt.Backend.Lender()
 	}
 	if opt.CheckTimeout <= 0 {
 		opt.CheckTimeout = DefaultCheckTimeout
@@ -255,14 +244,15 @@ func New(opt Options) *Owner {
 	if log == nil {
 		log = slog.Default()
 	}
-	// A snapshot a fork still uses is kept and removed later (inuse.go).
-	opt.Sandboxes = keepInUseOf(opt.Sandboxes, log.With("owner", "local"))
+	lb := local.LenderBackend(opt.Sandboxes)
+	// A snapshot a fork still uses is kept and removed later.
+	opt.Sandboxes = sandbox.KeepSnapshotsInUse(opt.Sandboxes, log.With("owner", "local"))
 	opened := make(chan struct{})
 	close(opened)
-	return &Owner{opt: opt, log: log.With("owner", "local"),
+	return &Owner{opt: opt, log: log.With("owner", "local"), local: lb,
 		sessions: map[string]*session{}, byKey: map[string]*session{},
 		accepting: true, opened: opened, requests: map[gym.EpisodeID]int{}, changed: make(chan struct{}),
-		checkpoints: map[string]map[string]string{}, exports: map[string]*export{}}
+		exports: map[string]*export{}}
 }
 
 func newSessionID() string {
@@ -314,7 +304,7 @@ func refuseCookie(call, key string) error {
 	if key != "" {
 		where = fmt.Sprintf("the session of attempt %q", key)
 	}
-	return fmt.Errorf("localowner: %w: %w", ErrSessionCookie,
+	return fmt.Errorf("owner: %w: %w", ErrSessionCookie,
 		gym.Refuse(gym.ErrUnauthorized, "%s on %s needs the %s cookie its seed set", call, where, CookieName))
 }
 
@@ -409,7 +399,7 @@ func (o *Owner) SeedSessionWith(ctx context.Context, key string, c owner.Cookies
 		sb, err := o.newSandbox(ctx, sandboxID(s.id, 0), rb.Files)
 		if err != nil {
 			o.unregister(s)
-			return owner.SeedReply{}, fmt.Errorf("localowner: seed session %s: %w", s.id, err)
+			return owner.SeedReply{}, fmt.Errorf("owner: seed session %s: %w", s.id, err)
 		}
 		s.sandboxID, s.workdir = sb.ID(), sb.Workdir()
 	}
@@ -427,10 +417,10 @@ func (o *Owner) seedAgain(s *session, cookie string) (owner.SeedReply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.failed {
-		return owner.SeedReply{}, fmt.Errorf("localowner: seed for session %s: a concurrent seed of the same attempt failed", s.id)
+		return owner.SeedReply{}, fmt.Errorf("owner: seed for session %s: a concurrent seed of the same attempt failed", s.id)
 	}
 	if s.closed {
-		return owner.SeedReply{}, fmt.Errorf("localowner: seed for session %s: %w", s.id, owner.ErrClosed)
+		return owner.SeedReply{}, fmt.Errorf("owner: seed for session %s: %w", s.id, owner.ErrClosed)
 	}
 	o.mu.Lock()
 	retired := s.retired
@@ -562,10 +552,10 @@ func (o *Owner) SandboxAccess(ctx context.Context, key string, c owner.Cookies) 
 		return owner.Access{}, err
 	}
 	if s.closed {
-		return owner.Access{}, fmt.Errorf("localowner: session %s: %w", s.id, owner.ErrClosed)
+		return owner.Access{}, fmt.Errorf("owner: session %s: %w", s.id, owner.ErrClosed)
 	}
 	if s.sandboxID == "" {
-		return owner.Access{}, fmt.Errorf("localowner: session %s: %w", s.id, owner.ErrNoSandbox)
+		return owner.Access{}, fmt.Errorf("owner: session %s: %w", s.id, owner.ErrNoSandbox)
 	}
 	var a owner.Access
 	a.Connection.Kind = "direct"
@@ -591,9 +581,9 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 	if err := o.Authenticate(callVerify, key, c); err != nil {
 		return owner.VerifyReply{}, err
 	}
-	req, err := parseObject("verify body", body)
+	req, err := jsonObject(body)
 	if err != nil {
-		return owner.VerifyReply{}, err
+		return owner.VerifyReply{}, fmt.Errorf("owner: %w: %v", ErrBadVerifyBody, err)
 	}
 	s, done, err := o.enter(ctx, callVerify, key, c)
 	if err != nil {
@@ -606,7 +596,7 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 		return owner.VerifyReply{}, err
 	}
 	if s.closed {
-		return owner.VerifyReply{}, fmt.Errorf("localowner: verify session %s: %w", s.id, owner.ErrClosed)
+		return owner.VerifyReply{}, fmt.Errorf("owner: verify session %s: %w", s.id, owner.ErrClosed)
 	}
 
 	reply := owner.VerifyReply{Reward: 1}
@@ -631,7 +621,7 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 			reply.FailureKind = FailureCheckTimeout
 			reply.FailureReason = fmt.Sprintf("the check %s did not finish within %s: %s", abbrev(s.body.Check), o.opt.CheckTimeout, outputTail(res))
 		case err != nil:
-			return owner.VerifyReply{}, fmt.Errorf("localowner: verify session %s: run the check: %w", s.id, err)
+			return owner.VerifyReply{}, fmt.Errorf("owner: verify session %s: run the check: %w", s.id, err)
 		case res.ExitCode != 0:
 			reply.Reward = 0
 			reply.FailureKind = FailureCheckFailed
@@ -652,7 +642,7 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 		out["failure_reason"] = reply.FailureReason
 	}
 	if reply.Body, err = json.Marshal(out); err != nil {
-		return owner.VerifyReply{}, fmt.Errorf("localowner: verify session %s: %w", s.id, err)
+		return owner.VerifyReply{}, fmt.Errorf("owner: verify session %s: %w", s.id, err)
 	}
 
 	o.log.Info("session verified", "session", s.id, "reward", reply.Reward, "failure_kind", reply.FailureKind)
@@ -757,11 +747,11 @@ func (o *Owner) kill(ctx context.Context, ids ...string) map[string]error {
 			todo = append(todo, id)
 		}
 	}
-	if l, ok := localOf(o.opt.Sandboxes); ok && l.b.Isolation() == local.IsolationNamespace {
+	if o.local != nil && o.local.Isolation() == local.IsolationNamespace {
 		if len(todo) == 0 {
 			return failed
 		}
-		if _, err := l.b.EndSandboxes(ctx, todo); err != nil {
+		if _, err := o.local.EndSandboxes(ctx, todo); err != nil {
 			for _, id := range todo {
 				failed[id] = err
 			}
@@ -836,7 +826,7 @@ func (o *Owner) CloseSession(ctx context.Context, key string, c owner.Cookies) e
 		return nil
 	}
 	if err := o.stop(ctx, s.sandboxID); err != nil {
-		return fmt.Errorf("localowner: close session %s: stop sandbox %s: %w", s.id, s.sandboxID, err)
+		return fmt.Errorf("owner: close session %s: stop sandbox %s: %w", s.id, s.sandboxID, err)
 	}
 	s.closed = true
 	o.log.Info("session closed", "session", s.id)
@@ -921,152 +911,6 @@ func (o *Owner) allSessions() []*session {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
 	return out
-}
-
-// Snapshot snapshots the sandbox of every open session under the
-// checkpoint (the caller has paused them) and returns session id ->
-// snapshot id. Sessions snapshotted by an earlier call for the same
-// checkpoint are not copied again, so a failed call can be retried; the
-// map then holds every snapshot of the checkpoint, and the error names the
-// sessions that failed.
-func (o *Owner) Snapshot(ctx context.Context, checkpointID string) (map[string]string, error) {
-	if checkpointID == "" {
-		return nil, errors.New("localowner: snapshot: empty checkpoint id")
-	}
-	o.ckMu.Lock()
-	defer o.ckMu.Unlock()
-	taken := o.checkpoints[checkpointID]
-	if taken == nil {
-		taken = map[string]string{}
-	}
-	var mu sync.Mutex // guards taken while sessions are copied at once
-	err := forEach(o.allSessions(), func(s *session) error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.closed || s.sandboxID == "" {
-			return nil
-		}
-		mu.Lock()
-		_, done := taken[s.id]
-		mu.Unlock()
-		if done {
-			return nil
-		}
-		start := time.Now()
-		// A snapshot of that name left by a call that failed after
-		// copying is taken again.
-		snap, err := o.opt.Sandboxes.Snapshot(ctx, s.sandboxID, snapshotID(checkpointID, s.id))
-		if err != nil {
-			return fmt.Errorf("session %s: %w", s.id, err)
-		}
-		s.snapshots[checkpointID] = snap
-		mu.Lock()
-		taken[s.id] = snap
-		mu.Unlock()
-		o.log.Info("sandbox snapshotted", "checkpoint", checkpointID, "session", s.id,
-			"sandbox", s.sandboxID, "snapshot", snap, "took", time.Since(start))
-		return nil
-	})
-	if len(taken) > 0 {
-		o.checkpoints[checkpointID] = taken
-	}
-	out := make(map[string]string, len(taken))
-	for k, v := range taken {
-		out[k] = v
-	}
-	if err != nil {
-		return out, fmt.Errorf("localowner: snapshot for checkpoint %s: %w", checkpointID, err)
-	}
-	return out, nil
-}
-
-// Restore rewinds every session of the checkpoint to its snapshot: it
-// stops the session's current sandbox (StopSandbox; a failure is logged,
-// the old sandbox is abandoned either way), forks the snapshot under a NEW
-// sandbox id (sb-<session>-<n+1>), makes the session current on the fork
-// and reopens it (not closed, not verified). A checkpoint with no snapshots
-// is ErrUnknownCheckpoint. The error names the sessions that could not be
-// restored; the others are.
-func (o *Owner) Restore(ctx context.Context, checkpointID string) error {
-	o.ckMu.Lock()
-	defer o.ckMu.Unlock()
-	taken := o.checkpoints[checkpointID]
-	if len(taken) == 0 {
-		return fmt.Errorf("localowner: restore %q: %w", checkpointID, ErrUnknownCheckpoint)
-	}
-	var sessions []*session
-	o.mu.Lock()
-	for id := range taken {
-		if s := o.sessions[id]; s != nil {
-			sessions = append(sessions, s)
-		}
-	}
-	o.mu.Unlock()
-	err := forEach(sessions, func(s *session) error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		snap := taken[s.id]
-		old := s.sandboxID
-		killErr := o.kill(ctx, old)[old]
-		if killErr != nil {
-			o.log.Warn("stop the sandbox a restore replaces; it is kept", "session", s.id, "sandbox", old, "err", killErr)
-		}
-		fork, gen, err := o.forkNext(ctx, snap, s.id, s.generation)
-		if err != nil {
-			return fmt.Errorf("session %s: %w", s.id, err)
-		}
-		s.sandboxID, s.workdir, s.generation = fork.ID(), fork.Workdir(), gen
-		s.closed, s.verified = false, false
-		o.log.Info("session restored", "checkpoint", checkpointID, "session", s.id,
-			"snapshot", snap, "old_sandbox", old, "sandbox", fork.ID())
-		if old != fork.ID() && killErr == nil {
-			o.removeUnused(ctx, s, old)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("localowner: restore %s: %w", checkpointID, err)
-	}
-	return nil
-}
-
-// RetireCheckpoint removes the checkpoint's snapshots (the in-process
-// side; gym's Retire frees an attempt). Retiring a checkpoint with no
-// snapshots (or one retired already) does nothing. A snapshot that could
-// not be removed stays recorded, so a later call tries again.
-func (o *Owner) RetireCheckpoint(ctx context.Context, checkpointID string) error {
-	o.ckMu.Lock()
-	defer o.ckMu.Unlock()
-	taken := o.checkpoints[checkpointID]
-	var errs []error
-	ids := make([]string, 0, len(taken))
-	for id := range taken {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	for _, id := range ids {
-		snap := taken[id]
-		if err := o.opt.Sandboxes.RemoveSnapshot(ctx, snap); err != nil {
-			errs = append(errs, fmt.Errorf("session %s: %w", id, err))
-			continue
-		}
-		delete(taken, id)
-		o.mu.Lock()
-		s := o.sessions[id]
-		o.mu.Unlock()
-		if s != nil {
-			s.mu.Lock()
-			delete(s.snapshots, checkpointID)
-			s.mu.Unlock()
-		}
-	}
-	if len(taken) == 0 {
-		delete(o.checkpoints, checkpointID)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("localowner: retire %s: %w", checkpointID, err)
-	}
-	return nil
 }
 
 // forkNext forks the snapshot into the first free sandbox name

@@ -1,4 +1,4 @@
-package localowner
+package lending
 
 import (
 	"context"
@@ -57,7 +57,7 @@ type Record struct {
 // body it was seeded with (its flags and files), and where its sandbox
 // was.
 type SessionState struct {
-	// Provider is the lender's name (Sandboxes.Name); a restore refuses a
+	// Provider is the lender's name (sandbox.Lender.Name); a restore refuses a
 	// record of another provider.
 	Provider string `json:"provider"`
 	// Snapshot is the id of the snapshot taken at the commit.
@@ -240,7 +240,7 @@ func (o *Owner) Export(ctx context.Context, scope []gym.EpisodeID) ([]gym.Record
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("localowner: export for checkpoint %s: %w", checkpointID, err)
+		return nil, fmt.Errorf("owner: export for checkpoint %s: %w", checkpointID, err)
 	}
 	out := make([]gym.Record, 0, len(records))
 	for _, r := range records {
@@ -431,7 +431,7 @@ func (o *Owner) Install(ctx context.Context, records []gym.Record, scope []gym.E
 				o.log.Warn("remove a fork of a failed restore", "sandbox", in.fork.ID(), "err", rerr)
 			}
 		}
-		return fmt.Errorf("localowner: restore: %w", err)
+		return fmt.Errorf("owner: restore: %w", err)
 	}
 	var replaced []string
 	by := map[string]string{} // replaced sandbox -> its session
@@ -520,7 +520,7 @@ func (o *Owner) DeleteRestored(ctx context.Context, id gym.EpisodeID) error {
 	}
 	o.mu.Unlock()
 	if err := o.free(ctx, s); err != nil {
-		return fmt.Errorf("localowner: delete the restored session of %s: %w", id.CaptureKey(), err)
+		return fmt.Errorf("owner: delete the restored session of %s: %w", id.CaptureKey(), err)
 	}
 	o.mu.Lock()
 	if o.byKey[id.CaptureKey()] == s {
@@ -593,7 +593,7 @@ func (o *Owner) Retire(ctx context.Context, id gym.EpisodeID) error {
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return fmt.Errorf("localowner: retire %s: waiting for its calls in flight: %w", id.CaptureKey(), ctx.Err())
+			return fmt.Errorf("owner: retire %s: waiting for its calls in flight: %w", id.CaptureKey(), ctx.Err())
 		}
 	}
 	var errs []error
@@ -610,7 +610,7 @@ func (o *Owner) Retire(ctx context.Context, id gym.EpisodeID) error {
 	}
 	o.notify()
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("localowner: retire %s: %w", id.CaptureKey(), err)
+		return fmt.Errorf("owner: retire %s: %w", id.CaptureKey(), err)
 	}
 	return nil
 }
@@ -652,7 +652,7 @@ func (o *Owner) ParkExported(ctx context.Context, records []gym.Record) error {
 		s.mu.Unlock()
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("localowner: park the exported sandboxes: %w", err)
+		return fmt.Errorf("owner: park the exported sandboxes: %w", err)
 	}
 	return nil
 }

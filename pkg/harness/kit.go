@@ -1,9 +1,9 @@
-package driver
+package harness
 
 // Helpers for adapters of command-line harnesses (OpenCode, Codex, Claude
-// Code): the checks of their common options, the state folder's name in
-// the state, the rollout's segment of the model URL, the task as one
-// argument, the newest session file of a state folder, the session's
+// Code): the checks of their common options, the state folder and its
+// name in the state, the rollout's segment of the model URL, the task (as
+// one argument), the newest session file of a state folder, the session's
 // JSON lines kept in a response and read back for Gym. They hold no
 // harness's names; each adapter passes its own (the name that starts its
 // errors and its config section).
@@ -69,6 +69,72 @@ func StateHome(adapter string, raw json.RawMessage) (string, error) {
 		return s.Home, fmt.Errorf("%s: the state %s names no absolute folder", adapter, raw)
 	}
 	return s.Home, nil
+}
+
+// StateDir is a new folder for one attempt's harness state (its HOME, its
+// session files) under the sandbox's ngharness root, so the sandbox's
+// snapshot carries it: <root>/state/<adapter>/<rollout>-a<attempt>-<ns>,
+// the rollout id with every character outside [A-Za-z0-9_-] made '_'. The
+// nanosecond suffix keeps a relaunch that starts over apart from the
+// folder it left.
+func StateDir(sb LentSandbox, adapter, rollout string, attempt int) string {
+	clean := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, rollout)
+	return path.Join(sb.Root(), "state", adapter, fmt.Sprintf("%s-a%d-%d", clean, attempt, time.Now().UnixNano()))
+}
+
+// TaskText reads a harness's task from a run body: "task", else the last
+// user input of responses_create_params (a string, or a message whose
+// content is a string or text parts, joined by newlines). Every adapter
+// that gives its harness one prompt reads it this way.
+func TaskText(body json.RawMessage) (string, error) {
+	var b struct {
+		Task   *string `json:"task"`
+		Params struct {
+			Input json.RawMessage `json:"input"`
+		} `json:"responses_create_params"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return "", fmt.Errorf("read the task: %w", err)
+	}
+	if b.Task != nil && *b.Task != "" {
+		return *b.Task, nil
+	}
+	var s string
+	if json.Unmarshal(b.Params.Input, &s) == nil && s != "" {
+		return s, nil
+	}
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if json.Unmarshal(b.Params.Input, &msgs) == nil {
+		for i := len(msgs) - 1; i >= 0; i-- {
+			if msgs[i].Role != "user" {
+				continue
+			}
+			if json.Unmarshal(msgs[i].Content, &s) == nil && s != "" {
+				return s, nil
+			}
+			var parts []struct {
+				Text string `json:"text"`
+			}
+			if json.Unmarshal(msgs[i].Content, &parts) == nil {
+				var t []string
+				for _, p := range parts {
+					t = append(t, p.Text)
+				}
+				if j := strings.Join(t, "\n"); j != "" {
+					return j, nil
+				}
+			}
+		}
+	}
+	return "", errors.New("the run body has no task (a \"task\" string or responses_create_params.input)")
 }
 
 // RolloutSegment is the path segment that attributes model calls to a

@@ -1,4 +1,4 @@
-package localowner
+package lending
 
 import (
 	"encoding/json"
@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// runBody is what the local owner reads from a run body; the body's other
+// runBody is what the lending owner reads from a run body; the body's other
 // fields are the framework's and are left as they are.
 type runBody struct {
 	RolloutID  string
@@ -19,8 +19,10 @@ type runBody struct {
 	VerifyMode string
 }
 
-// parseObject decodes body as a JSON object, keeping every field.
-func parseObject(what string, body json.RawMessage) (map[string]json.RawMessage, error) {
+// jsonObject decodes body as a JSON object, keeping every field; the
+// error says what body is instead ("invalid JSON (...)", "null (...)",
+// "not a JSON object (...)").
+func jsonObject(body json.RawMessage) (map[string]json.RawMessage, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil || m == nil {
 		kind := "invalid JSON"
@@ -29,7 +31,7 @@ func parseObject(what string, body json.RawMessage) (map[string]json.RawMessage,
 		} else if t := strings.TrimSpace(string(body)); t != "" && t[0] != '{' {
 			kind = "not a JSON object"
 		}
-		return nil, fmt.Errorf("localowner: the %s is %s (%.80q)", what, kind, body)
+		return nil, fmt.Errorf("%s (%.80q)", kind, body)
 	}
 	return m, nil
 }
@@ -42,15 +44,17 @@ func field(m map[string]json.RawMessage, key, want string, out any) error {
 		return nil
 	}
 	if err := json.Unmarshal(raw, out); err != nil {
-		return fmt.Errorf("localowner: run body field %q must be %s, got %.80s", key, want, raw)
+		return fmt.Errorf("field %q must be %s, got %.80s", key, want, raw)
 	}
 	return nil
 }
 
+// parseRunBody reads the owner's fields of a run body; an error wraps
+// ErrBadRunBody and says what is wrong.
 func parseRunBody(body json.RawMessage) (runBody, error) {
-	m, err := parseObject("run body", body)
+	m, err := jsonObject(body)
 	if err != nil {
-		return runBody{}, err
+		return runBody{}, fmt.Errorf("owner: %w: %v", ErrBadRunBody, err)
 	}
 	var rb runBody
 	for _, f := range []struct {
@@ -66,11 +70,11 @@ func parseRunBody(body json.RawMessage) (runBody, error) {
 		{"verify_mode", `"replay" or ""`, &rb.VerifyMode},
 	} {
 		if err := field(m, f.key, f.want, f.out); err != nil {
-			return runBody{}, err
+			return runBody{}, fmt.Errorf("owner: %w: %v", ErrBadRunBody, err)
 		}
 	}
 	if rb.VerifyMode != "" && rb.VerifyMode != "replay" {
-		return runBody{}, fmt.Errorf(`localowner: run body field "verify_mode" must be "replay" or "", got %q`, rb.VerifyMode)
+		return runBody{}, fmt.Errorf(`owner: %w: field "verify_mode" must be "replay" or "", got %q`, ErrBadRunBody, rb.VerifyMode)
 	}
 	for p := range rb.Files {
 		if err := checkFilePath(p); err != nil {
@@ -83,7 +87,7 @@ func parseRunBody(body json.RawMessage) (runBody, error) {
 // checkFilePath accepts a relative path that stays inside the workdir.
 func checkFilePath(p string) error {
 	if strings.IndexByte(p, 0) >= 0 || !filepath.IsLocal(p) || filepath.Clean(p) == "." {
-		return fmt.Errorf("localowner: run body file %q is not a relative path inside the workdir", p)
+		return fmt.Errorf("owner: %w: file %q is not a relative path inside the workdir", ErrBadRunBody, p)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package driver_test
+package harness_test
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/hosttest"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/harness"
 )
 
 // TestReadNewestFile: on a real /bin/sh, in a folder whose name holds
@@ -24,10 +24,10 @@ import (
 // folder's name is never shell text (the $(...) touches nothing).
 func TestReadNewestFile(t *testing.T) {
 	sb := hosttest.New(t)
-	lent := driver.LentSandbox{Sandbox: sb}
+	lent := harness.LentSandbox{Sandbox: sb}
 	dir := filepath.Join(sb.Dir, `a b 'q' "dq" $(touch pwned) *`)
 	ctx := context.Background()
-	if file, data, err := driver.ReadNewestFile(ctx, lent, dir, "projects/*/*.jsonl"); err != nil || file != "" || data != nil {
+	if file, data, err := harness.ReadNewestFile(ctx, lent, dir, "projects/*/*.jsonl"); err != nil || file != "" || data != nil {
 		t.Fatalf("no folder: %q %q %v", file, data, err)
 	}
 	write := func(rel, content string, age time.Duration) string {
@@ -51,19 +51,19 @@ func TestReadNewestFile(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(dir, "projects", "p", "d.jsonl"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	file, data, err := driver.ReadNewestFile(ctx, lent, dir, "projects/*/*.jsonl")
+	file, data, err := harness.ReadNewestFile(ctx, lent, dir, "projects/*/*.jsonl")
 	if err != nil || file != newest || string(data) != "{\"a\":1}\n\n{\"b\":2}" {
 		t.Errorf("newest: %q %q %v; want %q", file, data, err, newest)
 	}
 	if _, err := os.Stat(filepath.Join(sb.Workdir(), "pwned")); err == nil {
 		t.Error("the folder's name ran as shell text")
 	}
-	if file, data, err := driver.ReadNewestFile(ctx, lent, dir, "sessions/*.jsonl"); err != nil || file != "" || data != nil {
+	if file, data, err := harness.ReadNewestFile(ctx, lent, dir, "sessions/*.jsonl"); err != nil || file != "" || data != nil {
 		t.Errorf("none matching: %q %q %v", file, data, err)
 	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, _, err := driver.ReadNewestFile(cancelled, lent, dir, "projects/*/*.jsonl"); err == nil || !strings.Contains(err.Error(), "projects/*/*.jsonl") {
+	if _, _, err := harness.ReadNewestFile(cancelled, lent, dir, "projects/*/*.jsonl"); err == nil || !strings.Contains(err.Error(), "projects/*/*.jsonl") {
 		t.Errorf("a cancelled read: %v, want an error naming what was read", err)
 	}
 }
@@ -73,17 +73,17 @@ func TestReadNewestFile(t *testing.T) {
 // error.
 func TestReadSandboxFile(t *testing.T) {
 	sb := hosttest.New(t)
-	lent := driver.LentSandbox{Sandbox: sb}
+	lent := harness.LentSandbox{Sandbox: sb}
 	p := filepath.Join(sb.Dir, `-n 'q' "dq"`, "-task.txt")
 	want := "-e line\n$(id) `id`\n\x01"
 	if err := sb.Upload(context.Background(), p, []byte(want), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	data, ok, err := driver.ReadSandboxFile(context.Background(), lent, p)
+	data, ok, err := harness.ReadSandboxFile(context.Background(), lent, p)
 	if err != nil || !ok || string(data) != want {
 		t.Errorf("read %q %v %v, want %q", data, ok, err, want)
 	}
-	data, ok, err = driver.ReadSandboxFile(context.Background(), lent, p+".missing")
+	data, ok, err = harness.ReadSandboxFile(context.Background(), lent, p+".missing")
 	if err != nil || ok || len(data) != 0 {
 		t.Errorf("a missing file: %q %v %v", data, ok, err)
 	}
@@ -95,23 +95,23 @@ func TestReadSandboxFile(t *testing.T) {
 // error.
 func TestJSONLinesArray(t *testing.T) {
 	in := "{\"a\":1}\n\n  [1,2]  \n\"s\"\n{\"cut\":"
-	arr := driver.JSONLinesArray([]byte(in))
+	arr := harness.JSONLinesArray([]byte(in))
 	if string(arr) != `[{"a":1},[1,2],"s"]` || !json.Valid(arr) {
 		t.Errorf("array %s", arr)
 	}
-	if got := driver.JSONLinesArray(nil); string(got) != "[]" {
+	if got := harness.JSONLinesArray(nil); string(got) != "[]" {
 		t.Errorf("no lines: %s", got)
 	}
-	back, err := driver.ArrayJSONLines(arr)
+	back, err := harness.ArrayJSONLines(arr)
 	if err != nil || string(back) != "{\"a\":1}\n[1,2]\n\"s\"\n" {
 		t.Errorf("back %q %v", back, err)
 	}
 	for _, raw := range []string{"", "null"} {
-		if data, err := driver.ArrayJSONLines(json.RawMessage(raw)); data != nil || err != nil {
+		if data, err := harness.ArrayJSONLines(json.RawMessage(raw)); data != nil || err != nil {
 			t.Errorf("%q: %q %v", raw, data, err)
 		}
 	}
-	if _, err := driver.ArrayJSONLines(json.RawMessage(`{"a":1}`)); err == nil || !strings.Contains(err.Error(), "not a list of lines") {
+	if _, err := harness.ArrayJSONLines(json.RawMessage(`{"a":1}`)); err == nil || !strings.Contains(err.Error(), "not a list of lines") {
 		t.Errorf("an object: %v", err)
 	}
 }
@@ -128,25 +128,25 @@ func TestAdapterOptionChecks(t *testing.T) {
 		{"http://", `x: model_url "http://" is not an http(s) URL`},
 		{"http://h/%zz", `x: model_url "http://h/%zz" is not an http(s) URL`},
 	} {
-		if err := driver.CheckModelURL("x", c.url); (err == nil) != (c.want == "") || err != nil && err.Error() != c.want {
+		if err := harness.CheckModelURL("x", c.url); (err == nil) != (c.want == "") || err != nil && err.Error() != c.want {
 			t.Errorf("CheckModelURL(%q): %v, want %q", c.url, err, c.want)
 		}
 	}
-	if err := driver.CheckEnvNames("x", map[string]string{"A_B": "=", "c": ""}); err != nil {
+	if err := harness.CheckEnvNames("x", map[string]string{"A_B": "=", "c": ""}); err != nil {
 		t.Errorf("good names: %v", err)
 	}
 	for _, k := range []string{"", "A=B", "A\x00"} {
-		if err := driver.CheckEnvNames("x", map[string]string{k: "1"}); err == nil || err.Error() != fmt.Sprintf("x: env name %q is not a variable name", k) {
+		if err := harness.CheckEnvNames("x", map[string]string{k: "1"}); err == nil || err.Error() != fmt.Sprintf("x: env name %q is not a variable name", k) {
 			t.Errorf("env name %q: %v", k, err)
 		}
 	}
-	if d, err := driver.ParseTimeout("x", ""); d != 0 || err != nil {
+	if d, err := harness.ParseTimeout("x", ""); d != 0 || err != nil {
 		t.Errorf("no timeout: %v %v", d, err)
 	}
-	if d, err := driver.ParseTimeout("x", "1m30s"); d != 90*time.Second || err != nil {
+	if d, err := harness.ParseTimeout("x", "1m30s"); d != 90*time.Second || err != nil {
 		t.Errorf("1m30s: %v %v", d, err)
 	}
-	if _, err := driver.ParseTimeout("x", "soon"); err == nil || err.Error() != `x: timeout "soon": time: invalid duration "soon"` {
+	if _, err := harness.ParseTimeout("x", "soon"); err == nil || err.Error() != `x: timeout "soon": time: invalid duration "soon"` {
 		t.Errorf("a bad timeout: %v", err)
 	}
 }
@@ -155,15 +155,15 @@ func TestAdapterOptionChecks(t *testing.T) {
 // error names the adapter and the state; the rollout segment escapes the
 // id as one path segment.
 func TestStateHomeAndSegment(t *testing.T) {
-	if home, err := driver.StateHome("x", json.RawMessage(`{"home":"/s/a b"}`)); home != "/s/a b" || err != nil {
+	if home, err := harness.StateHome("x", json.RawMessage(`{"home":"/s/a b"}`)); home != "/s/a b" || err != nil {
 		t.Errorf("a good state: %q %v", home, err)
 	}
 	for _, raw := range []string{`{"home":"rel"}`, `{}`, `nope`, `{"home":7}`} {
-		if _, err := driver.StateHome("x", json.RawMessage(raw)); err == nil || err.Error() != "x: the state "+raw+" names no absolute folder" {
+		if _, err := harness.StateHome("x", json.RawMessage(raw)); err == nil || err.Error() != "x: the state "+raw+" names no absolute folder" {
 			t.Errorf("state %s: %v", raw, err)
 		}
 	}
-	if got := driver.RolloutSegment("r/1?#% x", 2); got != "r%2F1%3F%23%25%20x-a2" {
+	if got := harness.RolloutSegment("r/1?#% x", 2); got != "r%2F1%3F%23%25%20x-a2" {
 		t.Errorf("segment %q", got)
 	}
 }
@@ -174,27 +174,27 @@ func TestStateHomeAndSegment(t *testing.T) {
 // its JSON fields.
 func TestReadStoredRun(t *testing.T) {
 	raw := json.RawMessage(`{"exit_code":3,"session":[{"a":1},{"b":2}],"session_path":"/p","stdout_tail":"o","stderr_tail":"e","other":1}`)
-	r, data, err := driver.ReadStoredRun("x", raw)
+	r, data, err := harness.ReadStoredRun("x", raw)
 	if err != nil || r.ExitCode != 3 || r.SessionPath != "/p" || r.Stdout != "o" || r.Stderr != "e" || string(data) != "{\"a\":1}\n{\"b\":2}\n" {
 		t.Errorf("read %+v %q %v", r, data, err)
 	}
-	if _, data, err := driver.ReadStoredRun("x", json.RawMessage(`{"exit_code":1}`)); err != nil || data != nil {
+	if _, data, err := harness.ReadStoredRun("x", json.RawMessage(`{"exit_code":1}`)); err != nil || data != nil {
 		t.Errorf("no session: %q %v", data, err)
 	}
-	if _, _, err := driver.ReadStoredRun("x", json.RawMessage(`[1]`)); err == nil || !strings.HasPrefix(err.Error(), "x: the stored response is not the adapter's: ") {
+	if _, _, err := harness.ReadStoredRun("x", json.RawMessage(`[1]`)); err == nil || !strings.HasPrefix(err.Error(), "x: the stored response is not the adapter's: ") {
 		t.Errorf("an array: %v", err)
 	}
-	if _, _, err := driver.ReadStoredRun("x", json.RawMessage(`{"session":{}}`)); err == nil || !strings.HasPrefix(err.Error(), "x: the stored session is not a list of lines") {
+	if _, _, err := harness.ReadStoredRun("x", json.RawMessage(`{"session":{}}`)); err == nil || !strings.HasPrefix(err.Error(), "x: the stored session is not a list of lines") {
 		t.Errorf("a session object: %v", err)
 	}
-	fields, err := driver.JSONFields(struct {
+	fields, err := harness.JSONFields(struct {
 		A string `json:"x_a"`
 		B bool   `json:"x_b"`
 	}{"s", true})
 	if err != nil || len(fields) != 2 || string(fields["x_a"]) != `"s"` || string(fields["x_b"]) != "true" {
 		t.Errorf("fields %v %v", fields, err)
 	}
-	if _, err := driver.JSONFields(7); err == nil {
+	if _, err := harness.JSONFields(7); err == nil {
 		t.Error("a number split into fields")
 	}
 }
@@ -218,20 +218,20 @@ func TestLinesGymResult(t *testing.T) {
 		}
 		return r
 	}
-	fields := func(r driver.StoredRun, found bool) any {
+	fields := func(r harness.StoredRun, found bool) any {
 		return map[string]any{"x_found": found, "x_exit": r.ExitCode}
 	}
 	body := json.RawMessage(`{"responses_create_params":{"input":"hi"}}`)
-	resp, f, err := driver.LinesGymResult("x", json.RawMessage(`{"exit_code":2,"session":[{"a":1}]}`), body, "served", parse, build, fields)
+	resp, f, err := harness.LinesGymResult("x", json.RawMessage(`{"exit_code":2,"session":[{"a":1}]}`), body, "served", parse, build, fields)
 	if err != nil || !strings.Contains(string(resp), `"text":"{\"a\":1}\n"`) || !strings.Contains(string(resp), `"model":"served"`) ||
 		string(f["x_found"]) != "true" || string(f["x_exit"]) != "2" {
 		t.Errorf("a session: %s %v %v", resp, f, err)
 	}
-	resp, f, err = driver.LinesGymResult("x", json.RawMessage(`{"exit_code":0}`), body, "served", parse, build, fields)
+	resp, f, err = harness.LinesGymResult("x", json.RawMessage(`{"exit_code":0}`), body, "served", parse, build, fields)
 	if err != nil || !strings.Contains(string(resp), `"output":[]`) || string(f["x_found"]) != "false" {
 		t.Errorf("no session: %s %v %v", resp, f, err)
 	}
-	if _, _, err := driver.LinesGymResult("x", json.RawMessage(`{"session":["bad"]}`), body, "served", parse, build, fields); err == nil || err.Error() != "x: the stored session: line 1 is bad" {
+	if _, _, err := harness.LinesGymResult("x", json.RawMessage(`{"session":["bad"]}`), body, "served", parse, build, fields); err == nil || err.Error() != "x: the stored session: line 1 is bad" {
 		t.Errorf("a bad session: %v", err)
 	}
 }
@@ -242,7 +242,7 @@ func TestLinesGymResult(t *testing.T) {
 // none; a cancelled ctx is the one error.
 func TestReadSavedSession(t *testing.T) {
 	sb := hosttest.New(t)
-	lent := driver.LentSandbox{Sandbox: sb}
+	lent := harness.LentSandbox{Sandbox: sb}
 	dir, task := filepath.Join(sb.Dir, "st ate"), filepath.Join(sb.Dir, "st ate", "task.txt")
 	parse := func(data []byte) (string, error) {
 		if strings.HasPrefix(string(data), "bad") {
@@ -252,7 +252,7 @@ func TestReadSavedSession(t *testing.T) {
 	}
 	ctx := context.Background()
 	read := func() (string, string, string, error) {
-		return driver.ReadSavedSession(ctx, lent, dir, "s/*.jsonl", task, "THE_DIR", parse)
+		return harness.ReadSavedSession(ctx, lent, dir, "s/*.jsonl", task, "THE_DIR", parse)
 	}
 	if _, _, why, err := read(); err != nil || why != "the saved THE_DIR holds no session" {
 		t.Errorf("no session: %q %v", why, err)
@@ -277,7 +277,7 @@ func TestReadSavedSession(t *testing.T) {
 	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, _, why, err := driver.ReadSavedSession(cancelled, lent, dir, "s/*.jsonl", task, "THE_DIR", parse); err == nil || why != "" {
+	if _, _, why, err := harness.ReadSavedSession(cancelled, lent, dir, "s/*.jsonl", task, "THE_DIR", parse); err == nil || why != "" {
 		t.Errorf("cancelled: %q %v", why, err)
 	}
 }
