@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The pinned versions (the test/fakemodel tests expect the same ones).
+# The pinned versions (the internal/fake/model tests expect the same ones).
 codex_version=0.171.0
 claude_version=2.1.332
 

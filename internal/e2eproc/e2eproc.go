@@ -479,7 +479,7 @@ func Build(pkg string) (Binaries, error) {
 }
 
 // BuildProgram builds one more program of the module (target, such as
-// "./test/fakemodel/cmd/fakemodel") into dir as name, as Build builds the
+// "./internal/fake/model/cmd/fakemodel") into dir as name, as Build builds the
 // others (static, -trimpath; never with the race detector), and returns
 // its path.
 func BuildProgram(pkg, dir, name, target string) (string, error) {

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/proto"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // Hold is how long a checkpoint in these tests keeps a launch paused

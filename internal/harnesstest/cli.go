@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/ngharness/ngharness/test/fakemodel"
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 )
 
 // CLIRun is what one `ngdriver run` of a real harness left: its result,

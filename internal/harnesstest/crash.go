@@ -3,10 +3,10 @@ package harnesstest
 import (
 	"errors"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // Crash is what CrashAfterSnapshot leaves: the sandbox attempt 1 ran in,

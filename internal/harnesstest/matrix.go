@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/harness"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // Harness is what a real harness's e2e suite supplies to run the matrix

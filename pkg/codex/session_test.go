@@ -10,7 +10,7 @@ import (
 )
 
 // The testdata sessions are real Codex 0.171.0 session files, against the
-// fake model (test/fakemodel's DefaultScript) with the task "run the
+// fake model (internal/fake/model's DefaultScript) with the task "run the
 // tool": finished.jsonl a whole run (exec_command `echo hi`, then "done"),
 // midtool.jsonl a run SIGKILLed while its tool call (`sleep 30; touch
 // done.txt`) ran.

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/pkg/harness"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // baseURL is the model URL the adapter gives OpenCode's provider for a

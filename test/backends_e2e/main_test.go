@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/cgrouptest"
-	"github.com/ngharness/ngharness/test/backends_e2e/fakecli/build"
+	"github.com/ngharness/ngharness/internal/fake/cli/build"
 )
 
 var (

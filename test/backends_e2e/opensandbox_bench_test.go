@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
-	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
 // TestOpenSandboxPrepareFigures prints what a checkpoint of N launches in

@@ -12,13 +12,13 @@ import (
 	"testing"
 	"time"
 
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
-	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
 // The tests of this file run against the real OpenSandbox server that

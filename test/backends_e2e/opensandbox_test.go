@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
-	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
 // modeRun runs one rollout through the opensandbox backend with a

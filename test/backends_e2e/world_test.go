@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
@@ -33,7 +34,6 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/proto"
-	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
 // Patience bounds every wait of a test (never an assertion on speed).

@@ -10,12 +10,12 @@ import (
 	"strings"
 	"testing"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/claude"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/harness"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // userTurns are the user turns of a request, each byte for byte: the text

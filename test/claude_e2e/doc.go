@@ -4,7 +4,7 @@
 // driver.Participant, in process), under the real static ngsup, in real
 // local sandboxes (a mount namespace per exec, the sandbox's folder at
 // /sandbox), lent by the real lending owner, with the project's fake model
-// server (test/fakemodel, on the Messages API) standing in for the model.
+// server (internal/fake/model, on the Messages API) standing in for the model.
 //
 // The tests prove: a run goes to a verified result with its
 // NeMoGymResponse built from Claude Code's session file; a checkpoint

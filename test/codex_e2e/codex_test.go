@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/codex"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // userTurns are the user messages of a request that the user gave (the

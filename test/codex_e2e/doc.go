@@ -3,7 +3,7 @@
 // .tools/) driven by the real driver (driver.Runner and driver.Participant,
 // in process), under the real static ngsup, in real local sandboxes (a
 // mount namespace per exec, the sandbox's folder at /sandbox), lent by the
-// real lending owner, with the project's fake model server (test/fakemodel,
+// real lending owner, with the project's fake model server (internal/fake/model,
 // on the Responses API) standing in for the model.
 //
 // The tests prove: a run goes to a verified result with its NeMoGymResponse

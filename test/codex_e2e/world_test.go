@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/codex"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/harness"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // patience bounds every wait on something that should happen: generous

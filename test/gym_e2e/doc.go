@@ -3,9 +3,9 @@
 // drives real `ngdriver serve` (the agent participant, kind "agent",
 // configured from a Gym config file with --gym-config/--gym-instance),
 // `ngdriver owner serve` (the resources participant, kind "resources") and
-// the fake model (test/fakemodel/cmd/fakemodel with -checkpoint-token-env,
-// the policy model participant, kind "model", which Gym's coordinator
-// requires) processes built from this repository, over HTTP on loopback.
+// the fake model (internal/fake/model/cmd/fakemodel with
+// -checkpoint-token-env, the policy model participant, kind "model", which
+// Gym's coordinator requires) processes built from this repository, over HTTP on loopback.
 //
 // The client follows Gym's code as stored for NVIDIA-NeMo/Gym:
 // nemo_gym/_checkpoint/coordination.py at 011c338 (discover with Gym's

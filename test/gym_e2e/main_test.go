@@ -16,7 +16,7 @@ var (
 	binDir string
 	// ngdriverBin and ngsupBin are their paths.
 	ngdriverBin, ngsupBin string
-	// fakemodelBin is the fake model (test/fakemodel/cmd/fakemodel), the
+	// fakemodelBin is the fake model (internal/fake/model/cmd/fakemodel), the
 	// deployment's policy model taking part in checkpoints.
 	fakemodelBin string
 )
@@ -36,7 +36,7 @@ func testMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(bins.Dir)
 	binDir, ngdriverBin, ngsupBin = bins.Dir, bins.Ngdriver, bins.Ngsup
-	if fakemodelBin, err = e2eproc.BuildProgram("gym-e2e", bins.Dir, "fakemodel", "./test/fakemodel/cmd/fakemodel"); err != nil {
+	if fakemodelBin, err = e2eproc.BuildProgram("gym-e2e", bins.Dir, "fakemodel", "./internal/fake/model/cmd/fakemodel"); err != nil {
 		fmt.Fprintln(os.Stderr, "gym_e2e:", err)
 		return 1
 	}

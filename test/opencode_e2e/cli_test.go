@@ -3,8 +3,8 @@ package opencodee2e
 import (
 	"testing"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // TestNgdriverRunOpenCode: the path a user takes by hand, `ngdriver run

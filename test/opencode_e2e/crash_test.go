@@ -10,10 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/proto"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // crashed is what crashAfterSnapshot leaves: the sandbox attempt 1 ran in,

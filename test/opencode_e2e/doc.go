@@ -4,7 +4,7 @@
 // process), under the real static ngsup, in real local sandboxes (a mount
 // namespace per exec, the sandbox's folder at /sandbox), lent by the real
 // lending owner, with the project's fake OpenAI-compatible model server
-// (test/fakemodel) standing in for the model.
+// (internal/fake/model) standing in for the model.
 //
 // The tests prove what the issue asks of OpenCode at checkpoints: a launch
 // paused mid-tool, mid-stream (the model's reply still arriving) or while a

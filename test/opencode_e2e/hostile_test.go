@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // hostileLine is one line of the hostile task: quotes of both kinds, a

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // mainTurns keeps the requests that offer tools (OpenCode's main turns; the

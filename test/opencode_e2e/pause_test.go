@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // TestPauseMidTool: a checkpoint pauses OpenCode while its bash tool call

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // The tool call of TestPausedTimeCountsTowardToolTimeout: toolSteps steps

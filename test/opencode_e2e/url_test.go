@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"testing"
 
+	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/harness"
-	"github.com/ngharness/ngharness/test/fakemodel"
 )
 
 // TestRolloutURLEscapedInOpenCode: real OpenCode, launched as the adapter

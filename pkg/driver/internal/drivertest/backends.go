@@ -7,18 +7,18 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/dockertest"
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
-	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
 // BackendEnv names the backend the driver's tests run through: "" or
 // "local" (the default), "opensandbox" (the fake OpenSandbox of
-// test/fakeexecd) or "docker" (the docker client found on PATH, which must
-// be the fake of test/backends_e2e/fakecli). Either fake keeps its
-// sandboxes in the Env's local backend, so every helper that looks at a
+// internal/fake/execd) or "docker" (the docker client found on PATH, which
+// must be the fake of internal/fake/cli). Either fake keeps its sandboxes
+// in the Env's local backend, so every helper that looks at a
 // sandbox on the host works unchanged; only the driver's execs and
 // uploads, and the owner's create, snapshot, fork and remove, go through
 // the backend named.

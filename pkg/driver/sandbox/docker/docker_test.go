@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/fake/cli/build"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/internal/sandboxtest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
-	"github.com/ngharness/ngharness/test/backends_e2e/fakecli/build"
 )
 
 // fakeDocker is the fake docker client built for this test binary.

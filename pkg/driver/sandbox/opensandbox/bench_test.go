@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
-	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
 // benchFixture is a fake OpenSandbox at real execd's timing (1 s graceful

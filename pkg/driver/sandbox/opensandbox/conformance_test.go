@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/internal/sandboxtest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
-	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
 // TestConformance runs the sandbox conformance suite over the opensandbox

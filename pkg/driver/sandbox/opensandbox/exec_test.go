@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
-	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
 // TestExecExactBytes proves the output comes back byte for byte although

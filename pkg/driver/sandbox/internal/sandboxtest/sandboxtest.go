@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
-	"github.com/ngharness/ngharness/test/fakeexecd"
 )
 
 // Fixture is a backend under test. Its sandboxes keep their Root and
