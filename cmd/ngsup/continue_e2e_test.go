@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -29,7 +30,7 @@ func TestContinueResumesExactlyWhatPauseStopped(t *testing.T) {
 	if err := unix.Kill(other.PID, unix.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the unrelated process to stop", func() (bool, string) {
+	testkit.Eventually(t, "the unrelated process to stop", func() (bool, string) {
 		st, _ := readStat(other.PID)
 		return st.State == 'T', fmt.Sprintf("state %c", st.State)
 	})
@@ -73,7 +74,7 @@ func TestContinueCountsKilledAsSkipped(t *testing.T) {
 	if err := unix.Kill(bg.PID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the killed process to be a zombie of its stopped parent", func() (bool, string) {
+	testkit.Eventually(t, "the killed process to be a zombie of its stopped parent", func() (bool, string) {
 		st, err := readStat(bg.PID)
 		return err == nil && st.State == 'Z', fmt.Sprintf("state %c, err %v", st.State, err)
 	})

@@ -25,6 +25,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -86,6 +87,7 @@ func testMain(m *testing.M) int {
 	if os.Getenv("GORACE") == "" {
 		os.Setenv("GORACE", "atexit_sleep_ms=0")
 	}
+	testkit.Patience = waitLimit
 	return m.Run()
 }
 
@@ -376,7 +378,7 @@ func (l *launch) stop(grace string) proto.StopResult {
 func (l *launch) role(role string) proc {
 	l.t.Helper()
 	var p proc
-	waitFor(l.t, "fixture "+role+" to record its pid", func() (bool, string) {
+	testkit.Eventually(l.t, "fixture "+role+" to record its pid", func() (bool, string) {
 		var err error
 		p, err = readRecord(filepath.Join(l.Rec, role))
 		if err == nil {
@@ -422,7 +424,7 @@ func (l *launch) diagnose() string {
 func (l *launch) harness() proc {
 	l.t.Helper()
 	var p proc
-	waitFor(l.t, "the receipt to say the harness started", func() (bool, string) {
+	testkit.Eventually(l.t, "the receipt to say the harness started", func() (bool, string) {
 		rc, err := proto.ReadReceipt(l.Dir)
 		if err != nil {
 			return false, err.Error()
@@ -785,7 +787,7 @@ func waitRunning(t testing.TB, procs map[string]proc) {
 	t.Helper()
 	for _, name := range sortedKeys(procs) {
 		p := procs[name]
-		waitFor(t, name+" to run again", func() (bool, string) { return running(p) })
+		testkit.Eventually(t, name+" to run again", func() (bool, string) { return running(p) })
 	}
 }
 
@@ -796,23 +798,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
-}
-
-// waitFor polls cond until it holds, failing the test after waitLimit with
-// the last reason cond gave.
-func waitFor(t testing.TB, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %s for %s: %s", waitLimit, what, why)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func exists(path string) bool {
@@ -927,7 +912,7 @@ func wantGone(t *testing.T, procs map[string]proc) {
 	t.Helper()
 	for _, name := range sortedKeys(procs) {
 		p := procs[name]
-		waitFor(t, name+" to be gone", func() (bool, string) {
+		testkit.Eventually(t, name+" to be gone", func() (bool, string) {
 			st, _ := readStat(p.PID)
 			return !alive(p), fmt.Sprintf("%v alive in state %c", p, st.State)
 		})

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -51,7 +52,7 @@ func TestPauseRecoversAbandonedFreeze(t *testing.T) {
 	if err := os.WriteFile(file, []byte(frozen), 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the cgroup to freeze", func() (bool, string) { return cgroupFrozen(rc), rc.Cgroup })
+	testkit.Eventually(t, "the cgroup to freeze", func() (bool, string) { return cgroupFrozen(rc), rc.Cgroup })
 	r := l.verb("pause")
 	wantCode(t, r, 0)
 	var res proto.PauseResult

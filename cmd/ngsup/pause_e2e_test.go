@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -66,7 +67,7 @@ func TestPauseAfterSupervisorKilled(t *testing.T) {
 			procs[role] = l.role(role)
 		}
 		daemon := procs["daemon"]
-		waitFor(t, "the daemon to be adopted by the supervisor", func() (bool, string) {
+		testkit.Eventually(t, "the daemon to be adopted by the supervisor", func() (bool, string) {
 			st, _ := readStat(daemon.PID)
 			return st.PPID == l.Sup.PID, "ppid " + itoa(st.PPID)
 		})
@@ -74,7 +75,7 @@ func TestPauseAfterSupervisorKilled(t *testing.T) {
 		if err := unix.Kill(sup.PID, unix.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the supervisor to die", func() (bool, string) { return !alive(sup), "alive" })
+		testkit.Eventually(t, "the supervisor to die", func() (bool, string) { return !alive(sup), "alive" })
 		res := l.pause()
 		if res.Supervised || res.Method != proto.MethodScan {
 			t.Errorf("pause: supervised %v method %q, want false %q", res.Supervised, res.Method, proto.MethodScan)
@@ -141,7 +142,7 @@ func TestPauseZombieLeaderWithLiveThreads(t *testing.T) {
 		l := newLaunch(t)
 		l.detach(runFlags, helper("harness", "-setsid-helper", "zombie-lead"))
 		h := l.role("zombie-lead")
-		waitFor(t, "the leader to be a zombie with live threads", func() (bool, string) {
+		testkit.Eventually(t, "the leader to be a zombie with live threads", func() (bool, string) {
 			st, err := readStat(h.PID)
 			if err != nil {
 				return false, err.Error()
@@ -170,7 +171,7 @@ func TestPauseZombieLeaderWithLiveThreads(t *testing.T) {
 			t.Errorf("pause holds %d processes: the zombie leader with live threads must count", res.Processes)
 		}
 		l.resume()
-		waitFor(t, "the threads to run again", func() (bool, string) {
+		testkit.Eventually(t, "the threads to run again", func() (bool, string) {
 			for _, tid := range tids(h.PID) {
 				if ts, err := readTaskStat(h.PID, tid); err == nil && isStoppedState(ts.State) {
 					return false, fmt.Sprintf("thread %d state %c", tid, ts.State)
@@ -210,7 +211,7 @@ func testVforkParent(t *testing.T, runFlags []string, method string, cmd command
 	l.detach(runFlags, cmd)
 	h := l.harness()
 	var child proc
-	waitFor(t, "the vfork parent to wait in D for its child", func() (bool, string) {
+	testkit.Eventually(t, "the vfork parent to wait in D for its child", func() (bool, string) {
 		ts, err := readTaskStat(h.PID, h.PID)
 		if err != nil {
 			return false, err.Error()
@@ -317,7 +318,7 @@ func TestPauseForkingTree(t *testing.T) {
 		l := newLaunch(t)
 		l.detach(runFlags, helper("storm", "-every", "2ms", "-life", "1"))
 		h := l.role("harness")
-		waitFor(t, "the tree to grow", func() (bool, string) {
+		testkit.Eventually(t, "the tree to grow", func() (bool, string) {
 			n := len(l.tagged())
 			return n >= 20, fmt.Sprintf("%d processes", n)
 		})
@@ -344,7 +345,7 @@ func TestPauseForkingTree(t *testing.T) {
 		}
 		t.Logf("paused %d processes (pause says %d) in %.1f ms, %d passes", len(before), res.Processes, res.ElapsedMS, res.Passes)
 		l.resume()
-		waitFor(t, "the tree to fork again", func() (bool, string) {
+		testkit.Eventually(t, "the tree to fork again", func() (bool, string) {
 			n := len(minus(procSet(l.tagged()), before))
 			return n > 0, "no new process"
 		})
@@ -382,7 +383,7 @@ func TestPauseFilesUnchanged(t *testing.T) {
 	procs := map[string]proc{"harness": l.role("harness"), "counter-child": l.role("counter-child")}
 	files := []string{file, file + ".child"}
 	for _, f := range files {
-		waitFor(t, f+" to count", func() (bool, string) {
+		testkit.Eventually(t, f+" to count", func() (bool, string) {
 			data, _ := os.ReadFile(f)
 			n, _ := strconv.Atoi(strings.TrimSpace(string(data)))
 			return n >= 3, fmt.Sprintf("%q", data)
@@ -402,7 +403,7 @@ func TestPauseFilesUnchanged(t *testing.T) {
 	}
 	l.resume()
 	for _, f := range files {
-		waitFor(t, filepath.Base(f)+" to change after continue", func() (bool, string) {
+		testkit.Eventually(t, filepath.Base(f)+" to change after continue", func() (bool, string) {
 			now := statFile(t, f)
 			return now.data != before[f].data && !now.mtime.Equal(before[f].mtime), fmt.Sprintf("%+v", now)
 		})
@@ -423,7 +424,7 @@ func TestPausedTwiceLosesNoStep(t *testing.T) {
 	lines := func() int { return bytes.Count(readFile(file), []byte("\n")) }
 	last := 0
 	for round := 1; round <= 2; round++ {
-		waitFor(t, "more steps", func() (bool, string) {
+		testkit.Eventually(t, "more steps", func() (bool, string) {
 			c := lines()
 			return c >= last+3, fmt.Sprintf("%d steps", c)
 		})

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -18,7 +19,7 @@ func TestRunSupervisorIsSubreaper(t *testing.T) {
 	l := newLaunch(t)
 	l.detach(nil, helper("harness", "-daemon"))
 	daemon := l.role("daemon")
-	waitFor(t, "the daemon to be re-parented to the supervisor", func() (bool, string) {
+	testkit.Eventually(t, "the daemon to be re-parented to the supervisor", func() (bool, string) {
 		st, err := readStat(daemon.PID)
 		if err != nil {
 			return false, err.Error()
@@ -174,7 +175,7 @@ func TestRunCleansUpProcessGroup(t *testing.T) {
 	if rc.ExitCode != 0 || !rc.CleanupConfirmed || rc.Error != "" {
 		t.Errorf("receipt: exit %d cleanup_confirmed %v error %q, want 0 true \"\"", rc.ExitCode, rc.CleanupConfirmed, rc.Error)
 	}
-	waitFor(t, "the background sleep to be gone", func() (bool, string) {
+	testkit.Eventually(t, "the background sleep to be gone", func() (bool, string) {
 		return !alive(bg), "bg " + bg.String() + " alive"
 	})
 }

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -219,7 +220,7 @@ func TestStopBoundedWhenSomethingCannotDie(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cg, "freezer.state"), []byte("FROZEN"), 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the freezer to freeze", func() (bool, string) {
+	testkit.Eventually(t, "the freezer to freeze", func() (bool, string) {
 		state := strings.TrimSpace(string(readFile(filepath.Join(cg, "freezer.state"))))
 		return state == "FROZEN", state
 	})
@@ -266,7 +267,7 @@ func TestStopPausedRespawningDaemon(t *testing.T) {
 		l := newLaunch(t)
 		l.detach([]string{"--no-cgroup"}, helper("harness", "-daemon-of", "respawner"))
 		l.role("respawner")
-		waitFor(t, "the respawner's children", func() (bool, string) {
+		testkit.Eventually(t, "the respawner's children", func() (bool, string) {
 			n := len(l.tagged())
 			return n >= respawnerKids+2, fmt.Sprintf("%d tagged processes", n)
 		})
@@ -408,7 +409,7 @@ echo $! >"$`+recEnv+`/bg.pid"
 while :; do sleep 0.5; done`))
 	procs := map[string]proc{}
 	for _, role := range []string{"untagged", "bg"} {
-		waitFor(t, role+" to record its pid", func() (bool, string) {
+		testkit.Eventually(t, role+" to record its pid", func() (bool, string) {
 			data, err := os.ReadFile(filepath.Join(l.Rec, role+".pid"))
 			if err != nil {
 				return false, err.Error()

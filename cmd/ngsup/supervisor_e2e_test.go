@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -162,7 +163,7 @@ func killSupervisor(t *testing.T, l *launch) proc {
 	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the supervisor to die", func() (bool, string) { return !alive(sup), "alive" })
+	testkit.Eventually(t, "the supervisor to die", func() (bool, string) { return !alive(sup), "alive" })
 	return sup
 }
 
@@ -240,7 +241,7 @@ func TestStopFindsAdoptedAfterSupervisorKilled(t *testing.T) {
 		h, d := l.role("harness"), l.role("escaper")
 		l.own(d) // the cleanup kills it by pid and start time if stop did not
 		tag := proto.TagEnv + "=" + l.ID
-		waitFor(t, "the escaper to be adopted by the supervisor and to drop its tag", func() (bool, string) {
+		testkit.Eventually(t, "the escaper to be adopted by the supervisor and to drop its tag", func() (bool, string) {
 			st, err := readStat(d.PID)
 			if err != nil || st.Start != d.Start {
 				return false, fmt.Sprintf("escaper %v gone: %v", d, err)

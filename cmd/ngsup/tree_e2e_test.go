@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -21,7 +22,7 @@ func TestTree(t *testing.T) {
 		procs[role] = l.role(role)
 	}
 	daemon := procs["daemon"]
-	waitFor(t, "the daemon to be adopted by the supervisor", func() (bool, string) {
+	testkit.Eventually(t, "the daemon to be adopted by the supervisor", func() (bool, string) {
 		st, _ := readStat(daemon.PID)
 		return st.PPID == l.Sup.PID, "ppid " + itoa(st.PPID)
 	})

@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // Proc is a server process of a test, in a process group of its own.
@@ -133,18 +135,18 @@ var listenLine = regexp.MustCompile(`listening on (http://[0-9.:\[\]]+)`)
 // returns the address; the test fails if none comes.
 func (p *Proc) URL(t *testing.T) string {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
+	var url string
+	testkit.Eventually(t, p.Name+"'s listening line", func() (bool, string) {
 		if m := listenLine.FindStringSubmatch(p.Out.String()); m != nil {
-			return m[1]
+			url = m[1]
+			return true, ""
 		}
 		if p.Exited() {
 			t.Fatalf("%s exited (%v) before listening; stderr:\n%s", p.Name, p.State, Tail(p.Errs.String(), 3000))
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s printed no listening line; stderr:\n%s", p.Name, Tail(p.Errs.String(), 3000))
-	return ""
+		return false, "none printed; stderr:\n" + Tail(p.Errs.String(), 3000)
+	})
+	return url
 }
 
 // KillTree ends the process and every descendant it has now: each is

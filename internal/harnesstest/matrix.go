@@ -11,6 +11,7 @@ import (
 	"time"
 
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/harness"
 )
@@ -193,7 +194,7 @@ func PauseHeldReply(t *testing.T, k Harness) {
 	w.WaitHeld(1)
 	// Side requests go beside the main turn; let them be answered.
 	want := 1 + k.SideRequests
-	w.Eventually("the side requests", func() (bool, string) {
+	testkit.Eventually(w.T, "the side requests", func() (bool, string) {
 		n := len(w.Model.Requests())
 		return n >= want, fmt.Sprintf("%d requests", n)
 	})
@@ -217,7 +218,7 @@ func PauseHeldReply(t *testing.T, k Harness) {
 		t.Errorf("%d model requests while paused, want the %d before it", n, want)
 	}
 	w.Resume(p, "ck-1")
-	w.Eventually(k.Name+" reading the reply", func() (bool, string) {
+	testkit.Eventually(w.T, k.Name+" reading the reply", func() (bool, string) {
 		q, err := RxQueued(port)
 		return err == nil && q <= base, fmt.Sprintf("%d bytes unread (%v)", q, err)
 	})
@@ -249,7 +250,7 @@ func PauseMidStream(t *testing.T, k Harness) {
 	}})
 	p := k.NewParticipant()
 	h := w.Start(w.Runner(w.Adapter(), p), 1)
-	w.Eventually("the main turn's request", func() (bool, string) {
+	testkit.Eventually(w.T, "the main turn's request", func() (bool, string) {
 		n := len(k.mainTurns(w.Model.Requests()))
 		return n >= 1, fmt.Sprintf("%d main-turn requests", n)
 	})

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 )
 
@@ -91,7 +92,7 @@ func (w *World) ReleaseSettled(port, base int) int {
 	w.T.Helper()
 	w.Model.Release()
 	queued, since := base, time.Now()
-	w.Eventually(fmt.Sprintf("the released reply in %s's socket", w.harness), func() (bool, string) {
+	testkit.Eventually(w.T, fmt.Sprintf("the released reply in %s's socket", w.harness), func() (bool, string) {
 		q, err := RxQueued(port)
 		if err != nil {
 			return false, err.Error()

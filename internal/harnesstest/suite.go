@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/cgrouptest"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -49,7 +50,8 @@ type Suite struct {
 	// log (driver, owner, fake model) to stderr as it is written.
 	VerboseEnv string
 	// Patience bounds every wait on something that should happen:
-	// generous, never an assertion about speed.
+	// generous, never an assertion about speed. Main makes it
+	// testkit.Patience, the bound of testkit.Eventually.
 	Patience time.Duration
 
 	// ModuleRoot is the folder of go.mod (set by Main).
@@ -82,6 +84,7 @@ func (s *Suite) Main(m *testing.M) int {
 		return 1
 	}
 	s.ModuleRoot = root
+	testkit.Patience = s.Patience
 	s.RunTag = fmt.Sprintf("%s%d", s.TagPrefix, os.Getpid())
 	if !s.SkipBuild {
 		dir, err := os.MkdirTemp("", s.RunTag+"-bin-")

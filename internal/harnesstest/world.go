@@ -21,6 +21,7 @@ import (
 
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/syncbuf"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
@@ -376,29 +377,12 @@ func (w *World) Receipt(sandboxID, launchID string) *proto.Receipt {
 	return r
 }
 
-// Eventually polls cond until it holds; past Patience the test fails with
-// what cond last said.
-func (w *World) Eventually(what string, cond func() (bool, string)) {
-	w.T.Helper()
-	deadline := time.Now().Add(w.Suite.Patience)
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			w.T.Fatalf("%s: not within %s: %s", what, w.Suite.Patience, why)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // WaitSandbox waits until the world has n sandboxes and returns the last
 // (sandbox ids sort by generation within one session).
 func (w *World) WaitSandbox(n int) string {
 	w.T.Helper()
 	var ids []string
-	w.Eventually(fmt.Sprintf("%d sandboxes", n), func() (bool, string) {
+	testkit.Eventually(w.T, fmt.Sprintf("%d sandboxes", n), func() (bool, string) {
 		ids = w.Sandboxes()
 		return len(ids) >= n, fmt.Sprintf("sandboxes %v", ids)
 	})
@@ -410,7 +394,7 @@ func (w *World) WaitSandbox(n int) string {
 func (w *World) WaitProc(sandboxID, launchID, comm string) proto.TreeResult {
 	w.T.Helper()
 	var tr proto.TreeResult
-	w.Eventually(fmt.Sprintf("a %s process in launch %s", comm, launchID), func() (bool, string) {
+	testkit.Eventually(w.T, fmt.Sprintf("a %s process in launch %s", comm, launchID), func() (bool, string) {
 		if _, err := os.Stat(filepath.Join(w.LaunchDir(sandboxID, launchID), proto.ReceiptFile)); err != nil {
 			return false, "no receipt yet"
 		}
@@ -466,7 +450,7 @@ func (o *Observer) Continued(_ time.Duration, ok bool, _ string) {
 // the continue of the last one.
 func (w *World) WaitContinued(n int) {
 	w.T.Helper()
-	w.Eventually(fmt.Sprintf("%d continued launches", n), func() (bool, string) {
+	testkit.Eventually(w.T, fmt.Sprintf("%d continued launches", n), func() (bool, string) {
 		w.Obs.mu.Lock()
 		defer w.Obs.mu.Unlock()
 		if w.Obs.failed > 0 {
@@ -479,7 +463,7 @@ func (w *World) WaitContinued(n int) {
 // WaitHeld waits until the fake model holds n requests.
 func (w *World) WaitHeld(n int) {
 	w.T.Helper()
-	w.Eventually(fmt.Sprintf("%d held model requests", n), func() (bool, string) {
+	testkit.Eventually(w.T, fmt.Sprintf("%d held model requests", n), func() (bool, string) {
 		got := w.Model.Held()
 		return got >= n, fmt.Sprintf("%d held, %d requests", got, len(w.Model.Requests()))
 	})

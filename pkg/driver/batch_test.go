@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
@@ -200,7 +201,7 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 	await(t, held, "the driver waits on the short launch", hShort)
 	shortSb := e.Session(short).SandboxID
 	shortLaunch := driver.LaunchID(short, 1, 1, shortSb)
-	drivertest.Eventually(t, "the short harness has ended", func() (bool, string) {
+	testkit.Eventually(t, "the short harness has ended", func() (bool, string) {
 		r := e.Receipt(shortSb, shortLaunch)
 		return r != nil && r.Ended, "no ended receipt"
 	})

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -175,7 +176,7 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 		t.Errorf("participant runs %+v: want the restart run still in its harness step", runs)
 	}
 	held := len(drivertest.Steps(sess0))
-	drivertest.Eventually(t, "the restart run goes on during the checkpoint", func() (bool, string) {
+	testkit.Eventually(t, "the restart run goes on during the checkpoint", func() (bool, string) {
 		n := len(drivertest.Steps(sess0))
 		return n > held, fmt.Sprintf("steps %d", n)
 	})
@@ -275,7 +276,7 @@ func TestNoSandboxRunIsARestartInItsOwnSandbox(t *testing.T) {
 		t.Errorf("the prepare exported a run in the driver's own sandbox")
 	}
 	held := len(drivertest.Steps(sess))
-	drivertest.Eventually(t, "the run goes on during the checkpoint", func() (bool, string) {
+	testkit.Eventually(t, "the run goes on during the checkpoint", func() (bool, string) {
 		n := len(drivertest.Steps(sess))
 		return n > held, fmt.Sprintf("steps %d", n)
 	})

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -275,7 +276,7 @@ func TestGymQueuedRunDoesNotBlockAndIsExportedAtSeed(t *testing.T) {
 	first, ha, _, _ := inHarness(t, e, rn, "first", 0, nil)
 	queued := e.Rollout("queued")
 	hb := e.Start(rn, queued, 2, drivertest.Task(queued, steps, stepS, nil))
-	drivertest.Eventually(t, "the second run is queued", func() (bool, string) {
+	testkit.Eventually(t, "the second run is queued", func() (bool, string) {
 		info, ok := runInfo(p, queued)
 		return ok && info.State == "queued", "not queued yet"
 	})
@@ -717,7 +718,7 @@ func TestGymLeaseExpiryResumesOnItsOwn(t *testing.T) {
 	if err != nil || rep.Phase != gym.PhasePrepared {
 		t.Fatalf("the prepare answered %+v, %v; want prepared", rep, err)
 	}
-	drivertest.Eventually(t, "the lease expires and the checkpoint resumes", func() (bool, string) {
+	testkit.Eventually(t, "the lease expires and the checkpoint resumes", func() (bool, string) {
 		st := c.Status()
 		return st.Phase == gym.PhaseIdle, "phase " + string(st.Phase)
 	})
@@ -764,7 +765,7 @@ func TestGymRestoredReplacementAdmittedWhileClosed(t *testing.T) {
 	}
 	prepare(t, p, "ckpt-1")
 	h := e.Start(rn, ro, 3, drivertest.Task(ro, 3, 0.1, nil))
-	drivertest.Eventually(t, "the restored attempt is admitted", func() (bool, string) {
+	testkit.Eventually(t, "the restored attempt is admitted", func() (bool, string) {
 		_, ok := runInfo(p, ro)
 		return ok, "not registered"
 	})
@@ -828,7 +829,7 @@ func TestGymRunBecomesRestartOnlyOutsideCheckpoint(t *testing.T) {
 		t.Errorf("the run in its seed step was exported at %s, want seed", bm.Next)
 	}
 	once.Do(func() { close(release) })
-	drivertest.Eventually(t, "the seed has returned", func() (bool, string) {
+	testkit.Eventually(t, "the seed has returned", func() (bool, string) {
 		n := e.Owner.Count(drivertest.CallSeed, ro)
 		return n == 1, fmt.Sprintf("%d seeds", n)
 	})
@@ -872,7 +873,7 @@ func inVerify(t *testing.T, e *drivertest.Env, rn *driver.Runner, p *driver.Part
 		fields[k] = v
 	}
 	h = e.Start(rn, ro, 1, drivertest.Task(ro, 3, 0.1, fields))
-	drivertest.Eventually(t, "the run is in its verify step", func() (bool, string) {
+	testkit.Eventually(t, "the run is in its verify step", func() (bool, string) {
 		info, _ := runInfo(p, ro)
 		return info.Next == driver.StageVerify, "next " + string(info.Next)
 	})
@@ -993,11 +994,11 @@ func TestGymStepEndingDuringCheckpointParksBeforeReplying(t *testing.T) {
 				}
 				prepared <- err
 			}()
-			drivertest.Eventually(t, "admission is closed", func() (bool, string) {
+			testkit.Eventually(t, "admission is closed", func() (bool, string) {
 				return accepting(p) == false, "still accepting"
 			})
 			letGo()
-			drivertest.Eventually(t, "the verify has ended", func() (bool, string) {
+			testkit.Eventually(t, "the verify has ended", func() (bool, string) {
 				info, ok := runInfo(p, ro)
 				select {
 				case <-h.Done():

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -43,7 +44,7 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 	sessA := e.WaitSession(sbA, first)
 	e.WaitSteps(sessA, 1)
 	hb := e.Start(rn, queued, 1, drivertest.Task(queued, steps, stepS, nil))
-	drivertest.Eventually(t, "the second run is registered", func() (bool, string) {
+	testkit.Eventually(t, "the second run is registered", func() (bool, string) {
 		_, ok := runInfo(p, queued)
 		return ok, "not registered"
 	})
@@ -110,7 +111,7 @@ func TestParkBeforeLaunch(t *testing.T) {
 		t.Errorf("the run in its seed step was exported at %s, want seed", bm.Next)
 	}
 	close(release)
-	drivertest.Eventually(t, "the run parks before launching", func() (bool, string) {
+	testkit.Eventually(t, "the run parks before launching", func() (bool, string) {
 		info, _ := runInfo(p, ro)
 		return info.State == "parked", "state " + info.State
 	})

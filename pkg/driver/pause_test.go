@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
@@ -98,14 +99,14 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 		commit(t, e, p, id, false)
 		resume(t, p, id)
 		// The same processes go on: the steps grow and none was relaunched.
-		drivertest.Eventually(t, id+": the launch goes on", func() (bool, string) {
+		testkit.Eventually(t, id+": the launch goes on", func() (bool, string) {
 			got := drivertest.Steps(sess)
 			return len(got) > len(held), "steps still " + itoa(len(got))
 		})
 		// Resume returns before the run's `ngsup continue` does, and the
 		// harness's group is continued before the processes outside it:
 		// the states are checked once that command has returned.
-		drivertest.Eventually(t, id+": ngsup continue returns", func() (bool, string) {
+		testkit.Eventually(t, id+": ngsup continue returns", func() (bool, string) {
 			n := len(e.Backend.Verbs("continue"))
 			return n == i+1, itoa(n) + " continue commands returned"
 		})
@@ -193,7 +194,7 @@ func TestPausedTimeIsRecorded(t *testing.T) {
 		prepare(t, p, id)
 		time.Sleep(hold)
 		resume(t, p, id)
-		drivertest.Eventually(t, id+": ngsup continue returns", func() (bool, string) {
+		testkit.Eventually(t, id+": ngsup continue returns", func() (bool, string) {
 			n := len(e.Backend.Verbs("continue"))
 			return n == i+1, itoa(n) + " continue commands returned"
 		})
@@ -291,7 +292,7 @@ func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
 	await(t, held, "the driver waits on the launch", h)
 	sbID := e.Session(ro).SandboxID
 	launchID := driver.LaunchID(ro, 1, 1, sbID)
-	drivertest.Eventually(t, "the harness has ended", func() (bool, string) {
+	testkit.Eventually(t, "the harness has ended", func() (bool, string) {
 		r := e.Receipt(sbID, launchID)
 		return r != nil && r.Ended, "no ended receipt"
 	})
@@ -439,7 +440,7 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 	drivertest.CheckGone(t, "killed behind the driver's back", append(held, procs...))
 	// Reaped too: ngsup's continue counts a zombie it still finds in the
 	// launch's tree as continued.
-	drivertest.Eventually(t, "the killed processes are reaped", func() (bool, string) {
+	testkit.Eventually(t, "the killed processes are reaped", func() (bool, string) {
 		for _, pr := range held {
 			if st, ok := drivertest.ReadStat(pr.PID); ok && st.StartTicks == pr.StartTicks {
 				return false, fmt.Sprintf("%d is still there in state %c", pr.PID, st.State)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
@@ -73,7 +74,7 @@ func TestCheckpointStopsLaunch(t *testing.T) {
 				sess := e.WaitSession(sbID, ro)
 				var procs []drivertest.Proc
 				if c.install {
-					drivertest.Eventually(t, "the install began", func() (bool, string) {
+					testkit.Eventually(t, "the install began", func() (bool, string) {
 						_, err := os.Stat(filepath.Join(sess, "install"))
 						return err == nil, "no install folder"
 					})

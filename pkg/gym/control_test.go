@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 var bg = context.Background()
@@ -22,7 +24,7 @@ func TestPrepareWaitsUntilReadyThenResumeReopens(t *testing.T) {
 	f.setBlockers("r")
 	done := make(chan *PrepareReply)
 	go func() { done <- must(c.Prepare(bg, in("c1", 30))) }()
-	eventually(t, "admission closed", func() bool { return !f.isOpen() })
+	testkit.Eventually(t, "admission closed", func() (bool, string) { return !f.isOpen(), "" })
 	f.setBlockers()
 	got := <-done
 	if got.Phase != PhasePrepared || !got.Report.Ready {
@@ -161,7 +163,7 @@ func TestResumeWhilePrepareWaits(t *testing.T) {
 	f.setBlockers("r")
 	done := make(chan *PrepareReply)
 	go func() { done <- must(c.Prepare(bg, in("c1", 30))) }()
-	eventually(t, "admission closed", func() bool { return !f.isOpen() })
+	testkit.Eventually(t, "admission closed", func() (bool, string) { return !f.isOpen(), "" })
 	must(c.Resume(bg, in("c1", 5)))
 	if got := <-done; got.Phase != PhaseIdle {
 		t.Fatalf("prepare ended by resume = %+v, want idle", got)
@@ -191,7 +193,7 @@ func TestLeaseRenewAndExpiry(t *testing.T) {
 	f2, c2 := newFake(t, 0)
 	f2.setBlockers("r")
 	must(c2.Prepare(bg, in("c1", 0.05)))
-	eventually(t, "lease expiry resumes", func() bool { return c2.Status().Phase == PhaseIdle && f2.isOpen() })
+	testkit.Eventually(t, "lease expiry resumes", func() (bool, string) { return c2.Status().Phase == PhaseIdle && f2.isOpen(), "" })
 	_, err = c2.Prepare(bg, in("c1", 5))
 	wantCode(t, err, CodeStaleCheckpoint)
 	if s := c2.Status(); s.LeaseExpiresAt != nil {
@@ -342,9 +344,9 @@ func TestResumeStopsAWriteBeforeItPublishes(t *testing.T) {
 	must(c.Resume(bg, in("c1", 5)))
 	release()
 	pdir := filepath.Join(dir, "gym", "agent", "inst")
-	eventually(t, "the stopped write cleans up", func() bool {
+	testkit.Eventually(t, "the stopped write cleans up", func() (bool, string) {
 		entries, _ := os.ReadDir(pdir)
-		return len(entries) == 0
+		return len(entries) == 0, ""
 	})
 	if _, err := os.Stat(filepath.Join(pdir, ManifestName)); !os.IsNotExist(err) {
 		t.Fatalf("a manifest appeared after resume: %v", err)
@@ -471,7 +473,7 @@ func TestRestoreFailures(t *testing.T) {
 		t.Fatal("admission reopened while the install still runs")
 	}
 	close(slow)
-	eventually(t, "admission reopens after the install", h.isOpen)
+	testkit.Eventually(t, "admission reopens after the install", func() (bool, string) { return h.isOpen(), "" })
 }
 
 // Status carries Gym's fields, nulls when idle, and the participant's

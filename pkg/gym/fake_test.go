@@ -196,15 +196,4 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-// eventually polls cond; the bound only proves "not minutes".
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("never happened: %s", what)
-}
-
 var errBoom = errors.New("boom")

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // Ports test_random_sequences_keep_checkpoints_safe
@@ -88,10 +90,10 @@ func (g *writeGate) setPassing(passing bool) {
 // new ones again.
 func (g *writeGate) drain(t *testing.T) {
 	g.setPassing(true)
-	eventually(t, "held writes finish", func() bool {
+	testkit.Eventually(t, "held writes finish", func() (bool, string) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
-		return g.running == 0
+		return g.running == 0, ""
 	})
 	g.setPassing(false)
 }

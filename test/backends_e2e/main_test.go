@@ -11,6 +11,7 @@ import (
 
 	"github.com/ngharness/ngharness/internal/cgrouptest"
 	"github.com/ngharness/ngharness/internal/fake/cli/build"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 var (
@@ -69,6 +70,7 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	runTag = fmt.Sprintf("bk%d", os.Getpid())
+	testkit.Patience = Patience
 	code := m.Run()
 	// A sandbox deleted behind the owner's back (TestSandboxDeletedMidRun)
 	// leaves its launch's empty cgroup: a real service would take it along.

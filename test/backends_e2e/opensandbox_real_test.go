@@ -14,6 +14,7 @@ import (
 
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/internal/syncbuf"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
@@ -135,7 +136,7 @@ func TestRealServerPausedInPlace(t *testing.T) {
 	p := newParticipant()
 	h := w.start(w.runner(p, nil), ro, 1, task(ro, "count", 8, 0.5))
 	sb := w.session(ro).SandboxID
-	eventually(t, "two steps", func() (bool, string) {
+	testkit.Eventually(t, "two steps", func() (bool, string) {
 		n := stepsIn(t, w, sb, ro)
 		return n >= 2, "steps so far"
 	})

@@ -22,6 +22,7 @@ import (
 
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/internal/syncbuf"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
@@ -305,27 +306,11 @@ func (h *handle) mustSucceed(t testing.TB) result {
 	return r
 }
 
-// eventually polls cond until it holds or Patience passes.
-func eventually(t testing.TB, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(Patience)
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %s", what, Patience, why)
-		}
-		time.Sleep(30 * time.Millisecond)
-	}
-}
-
 // session is the owner's view of rollout's latest session, once seeded.
 func (w *world) session(rollout string) lending.SessionInfo {
 	w.t.Helper()
 	var c owner.Cookies
-	eventually(w.t, "the seed of "+rollout, func() (bool, string) {
+	testkit.Eventually(w.t, "the seed of "+rollout, func() (bool, string) {
 		cs := w.owner.seeds(rollout)
 		if len(cs) == 0 {
 			return false, "not seeded"
@@ -345,7 +330,7 @@ func (w *world) session(rollout string) lending.SessionInfo {
 func (w *world) sessionDir(sandboxID, rollout string) string {
 	w.t.Helper()
 	var dir string
-	eventually(w.t, "a fake session of "+rollout, func() (bool, string) {
+	testkit.Eventually(w.t, "a fake session of "+rollout, func() (bool, string) {
 		m, _ := filepath.Glob(filepath.Join(w.hostFolder(sandboxID), local.RootFolder, "state", "fake", "*-a*-*"))
 		var mine []string
 		for _, d := range m {
@@ -391,7 +376,7 @@ func steps(dir string) []int {
 
 func waitSteps(t testing.TB, dir string, n int) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%d steps in %s", n, dir), func() (bool, string) {
+	testkit.Eventually(t, fmt.Sprintf("%d steps in %s", n, dir), func() (bool, string) {
 		got := steps(dir)
 		return len(got) >= n, fmt.Sprintf("steps %v", got)
 	})
@@ -441,7 +426,7 @@ func (w *world) procs() []int {
 // checkNoProcs waits until no process runs in the given sandboxes' folders.
 func (w *world) checkNoProcs(what string, ids ...string) {
 	w.t.Helper()
-	eventually(w.t, what+": no process left", func() (bool, string) {
+	testkit.Eventually(w.t, what+": no process left", func() (bool, string) {
 		var left []string
 		for _, id := range ids {
 			for _, p := range fakeexecd.ProcsIn(w.hostFolder(id), mountPoint) {

@@ -12,6 +12,7 @@ import (
 
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/claude"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
@@ -238,7 +239,7 @@ func TestClaudeCrashAfterToolResumes(t *testing.T) {
 	// it is continued as TestClaudeCrashMidToolResumes shows).
 	ready := func(sandboxID, _ string) {
 		w.WaitHeld(1)
-		w.Eventually("the tool result in the session file", func() (bool, string) {
+		testkit.Eventually(w.T, "the tool result in the session file", func() (bool, string) {
 			files, _ := filepath.Glob(filepath.Join(w.Local.HostPath(sandboxID), local.RootFolder, "state", "claude", "*", "config", "projects", "*", "*.jsonl"))
 			for _, f := range files {
 				if data, err := os.ReadFile(f); err == nil && strings.Contains(string(data), `"type":"tool_result"`) {

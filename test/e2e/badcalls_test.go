@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/serve"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -426,7 +427,7 @@ func TestClientGone(t *testing.T) {
 	if r := <-ch; r.err == nil {
 		t.Fatalf("the cancelled request got a reply: %s", r)
 	}
-	eventually(t, "the cancelled run's launch is killed and the run forgotten", func() (bool, string) {
+	testkit.Eventually(t, "the cancelled run's launch is killed and the run forgotten", func() (bool, string) {
 		left := e.leftovers()
 		h := e.health()
 		return len(left) == 0 && h.Runs == 0, fmt.Sprintf("processes %v, runs %d", left, h.Runs)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
@@ -69,7 +70,7 @@ func runCheckpointFlow(t *testing.T, e *env, n, steps int) flow {
 		}
 		e.resumeAll(ck.id)
 		// The same processes go on: each paused run takes another step.
-		eventually(t, "every paused run goes on after the resume", func() (bool, string) {
+		testkit.Eventually(t, "every paused run goes on after the resume", func() (bool, string) {
 			for id, nb := range before {
 				if na := len(e.sessionSteps(id)); na <= nb && na < steps {
 					return false, fmt.Sprintf("%s still at %d steps", id, na)

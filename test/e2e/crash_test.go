@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
@@ -62,7 +63,7 @@ func TestCrashRestore(t *testing.T) {
 	queued := e.rollout("queued")
 	bodies[queued] = e.body(queued, 3, 0.1)
 	chans[queued] = e.startRun("/run", queued, bodies[queued])
-	eventually(t, "the sixth run waits for a slot", func() (bool, string) {
+	testkit.Eventually(t, "the sixth run waits for a slot", func() (bool, string) {
 		q, _ := e.scrape().sum("ngdriver_runs", `state="queued"`)
 		return q == 1, fmt.Sprintf("%v queued", q)
 	})
@@ -166,7 +167,7 @@ func TestCrashRestore(t *testing.T) {
 			again[id] = e.startRun("/run", id, withAttempt(bodies[id], 1))
 		}
 	}
-	eventually(t, "the restored attempts are admitted while admission is closed", func() (bool, string) {
+	testkit.Eventually(t, "the restored attempts are admitted while admission is closed", func() (bool, string) {
 		h := e.health()
 		return h.Runs == len(again), fmt.Sprintf("%d runs registered, want %d", h.Runs, len(again))
 	})

@@ -10,8 +10,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/ngharness/ngharness/internal/e2eproc"
-	"github.com/ngharness/ngharness/internal/harnesstest"
 	"io"
 	"net/http"
 	"os"
@@ -21,6 +19,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/harnesstest"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // waitLimit bounds every wait on a state in these tests: generous, never a
@@ -509,28 +511,10 @@ func wantSteps(from, to int) []string {
 	return out
 }
 
-// eventually polls cond until it holds or waitLimit passes.
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	last := ""
-	for {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		last = msg
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %s (%s)", what, waitLimit, last)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // waitStepped waits until every rollout's session holds at least one step.
 func (e *env) waitStepped(rollouts ...string) {
 	e.t.Helper()
-	eventually(e.t, "every run has taken a step", func() (bool, string) {
+	testkit.Eventually(e.t, "every run has taken a step", func() (bool, string) {
 		var missing []string
 		for _, r := range rollouts {
 			if len(e.sessionSteps(r)) == 0 {

@@ -2,12 +2,13 @@ package e2e
 
 import (
 	"fmt"
-	"github.com/ngharness/ngharness/internal/e2eproc"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/ngharness/ngharness/internal/e2eproc"
 )
 
 // freePort is a loopback port nothing listens on right now.

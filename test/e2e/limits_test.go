@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"fmt"
-	"github.com/ngharness/ngharness/internal/e2eproc"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // concurrency watches how many runs hold a slot at once, two ways: the
@@ -105,7 +107,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	}
 	// Two take a step; two wait in the queue.
 	var running, queued []string
-	eventually(t, "2 runs stepping and 2 queued", func() (bool, string) {
+	testkit.Eventually(t, "2 runs stepping and 2 queued", func() (bool, string) {
 		m := e.scrape()
 		watch.observeMetrics(m)
 		q, _ := m.sum("ngdriver_runs", `state="queued"`)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 var (
@@ -37,5 +38,6 @@ func testMain(m *testing.M) int {
 	defer os.RemoveAll(bins.Dir)
 	binDir, ngdriverBin, ngsupBin = bins.Dir, bins.Ngdriver, bins.Ngsup
 	runTag = fmt.Sprintf("ngE2E%d", os.Getpid())
+	testkit.Patience = waitLimit
 	return m.Run()
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // recordedProcs waits until the fake harness of a rollout has recorded
@@ -20,7 +21,7 @@ func (e *env) recordedProcs(rollout string) (string, []e2eproc.Info) {
 	e.t.Helper()
 	var sandbox string
 	var procs []e2eproc.Info
-	eventually(e.t, "the harness of "+rollout+" recorded its processes", func() (bool, string) {
+	testkit.Eventually(e.t, "the harness of "+rollout+" recorded its processes", func() (bool, string) {
 		files, _ := filepath.Glob(filepath.Join(e.base, "sandboxes", "*", ".ngharness", "state", "fake", rollout+"-a*", "pids"))
 		if len(files) != 1 {
 			return false, fmt.Sprintf("pids files %v", files)
@@ -103,7 +104,7 @@ func TestFinishedSandboxesAreRemovedByDefault(t *testing.T) {
 	if r := <-ch; r.err == nil {
 		t.Fatalf("the cancelled request got a reply: %s", r)
 	}
-	eventually(t, "the cancelled run's session is closed and its processes ended", func() (bool, string) {
+	testkit.Eventually(t, "the cancelled run's session is closed and its processes ended", func() (bool, string) {
 		s := e.own.status(t)
 		left := alive(procs)
 		return s.Report.Counts["sessions"] == 0 && len(left) == 0, fmt.Sprintf("owner sessions %d, alive %v", s.Report.Counts["sessions"], left)

@@ -1,12 +1,14 @@
 package e2e
 
 import (
-	"github.com/ngharness/ngharness/internal/e2eproc"
 	"net/http"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // TestGracefulShutdown: SIGTERM while runs are in flight with a short
@@ -28,7 +30,7 @@ func TestGracefulShutdown(t *testing.T) {
 	if err := syscall.Kill(d.PID(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the driver logs that it is shutting down", func() (bool, string) {
+	testkit.Eventually(t, "the driver logs that it is shutting down", func() (bool, string) {
 		return strings.Contains(d.Errs.String(), `"msg":"shutting down"`), "no log line yet"
 	})
 	late := e.rollout("late")

@@ -10,9 +10,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
@@ -82,14 +82,15 @@ func TestOwnerStartSweepsTheCopyOfAKilledOwner(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	for deadline := time.Now().Add(waitLimit); ; time.Sleep(20 * time.Millisecond) {
+	testkit.Eventually(t, "the commit's snapshot copy", func() (bool, string) {
 		if _, err := os.Stat(marker); err == nil {
-			break
+			return true, ""
 		}
-		if first.Exited() || time.Now().After(deadline) {
-			t.Fatalf("the commit's snapshot copy was never made; owner stderr:\n%s", e2eproc.Tail(first.Errs.String(), 3000))
+		if first.Exited() {
+			t.Fatalf("the owner exited (%v) before the commit's snapshot copy was made; owner stderr:\n%s", first.State, e2eproc.Tail(first.Errs.String(), 3000))
 		}
-	}
+		return false, "never made; owner stderr:\n" + e2eproc.Tail(first.Errs.String(), 3000)
+	})
 	first.KillTree()
 	<-committing
 	left, _ := filepath.Glob(filepath.Join(base, "snapshots", ".copy-ck-*"))

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -28,7 +29,7 @@ func TestPrepareMissesDeadline(t *testing.T) {
 	r := w.coll.row(1, 0, job{steps: 1, stepS: 0.05})
 	r["check"] = `touch verify-started && sleep 12 && [ "$(cat progress)" = "step 1" ]`
 	ch := w.coll.start(r)
-	eventually(t, "the run's verify has started", func() (bool, string) {
+	testkit.Eventually(t, "the run's verify has started", func() (bool, string) {
 		return w.findInSandboxes("verify-started"), "no verify-started marker in any sandbox"
 	})
 	id := ckID("late")
@@ -76,7 +77,7 @@ func TestPrepareMissesDeadline(t *testing.T) {
 		}
 		waiting <- r
 	}()
-	eventually(t, "the second prepare waits for the verify", func() (bool, string) {
+	testkit.Eventually(t, "the second prepare waits for the verify", func() (bool, string) {
 		st := w.coord.status(agentM)
 		return st.Phase == gym.PhasePreparing && deref(st.CheckpointID) == again, fmt.Sprintf("phase %s checkpoint %v", st.Phase, deref(st.CheckpointID))
 	})

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -81,7 +82,7 @@ func TestCheckpointPausedInPlace(t *testing.T) {
 	}
 	// A second checkpoint once every run has moved on: each is paused in
 	// place again, and its bookmark counts both pauses of its launch.
-	eventually(t, "every run steps after the resume", func() (bool, string) {
+	testkit.Eventually(t, "every run steps after the resume", func() (bool, string) {
 		for _, r := range ids {
 			if len(w.sessionSteps(r)) <= len(atCommit[r]) {
 				return false, r + " has not stepped"

@@ -11,13 +11,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/ngharness/ngharness/internal/e2eproc"
-	"github.com/ngharness/ngharness/internal/harnesstest"
 	"io"
 	"math"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/harnesstest"
 
 	"github.com/ngharness/ngharness/pkg/gym"
 )

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -51,7 +52,7 @@ func TestCrashRestore(t *testing.T) {
 	w.waitSteps(3, ids...)
 	queued := w.coll.row(6, 0, job{steps: 3, stepS: 0.1})
 	chans[rolloutID(queued)] = w.coll.start(queued)
-	eventually(t, "the sixth row is taken in and waits for a slot", func() (bool, string) {
+	testkit.Eventually(t, "the sixth row is taken in and waits for a slot", func() (bool, string) {
 		st := w.coord.status(w.coord.member(gym.KindAgent))
 		return st.Report.Counts["sessions"] == 6, fmt.Sprintf("counts %v", st.Report.Counts)
 	})

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 var (
@@ -40,5 +41,6 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "gym_e2e:", err)
 		return 1
 	}
+	testkit.Patience = waitLimit
 	return m.Run()
 }

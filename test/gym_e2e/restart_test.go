@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -37,7 +38,7 @@ func TestRestartRuns(t *testing.T) {
 	}
 	// The restart keeps running while the checkpoint is open.
 	before := len(w.sessionSteps(rolloutID(restart)))
-	eventually(t, "the restart run steps while prepared", func() (bool, string) {
+	testkit.Eventually(t, "the restart run steps while prepared", func() (bool, string) {
 		n := len(w.sessionSteps(rolloutID(restart)))
 		return n > before || n == steps, "no step since prepare"
 	})

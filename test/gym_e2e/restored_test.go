@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -165,7 +166,7 @@ func TestCrashMidReplayVerify(t *testing.T) {
 	r["verify_mode"] = "replay"
 	r["check"] = `touch verify-started && sleep 5 && [ "$(cat progress)" = "$(seq -f 'step %g' 1 2)" ] && touch verify-done`
 	ch := w.coll.start(r)
-	eventually(t, "the row's verify has started", func() (bool, string) {
+	testkit.Eventually(t, "the row's verify has started", func() (bool, string) {
 		return w.findInSandboxes("verify-started"), "no verify-started marker"
 	})
 	ck := w.checkpoint(ckID("verify"), episodes(r), false)
@@ -182,7 +183,7 @@ func TestCrashMidReplayVerify(t *testing.T) {
 	}
 	// The verify ends while the checkpoint is open: the run parks at the
 	// boundary after it (steps.py), its reply held until resume.
-	eventually(t, "the first verify has ended", func() (bool, string) {
+	testkit.Eventually(t, "the first verify has ended", func() (bool, string) {
 		return w.findInSandboxes("verify-done"), "no verify-done marker"
 	})
 	select {
@@ -278,11 +279,11 @@ func TestReplayVerifyHeldUntilResume(t *testing.T) {
 	r["verify_mode"] = "replay"
 	r["check"] = `touch verify-started && sleep 3 && [ "$(cat progress)" = "$(seq -f 'step %g' 1 2)" ] && touch verify-done`
 	ch := w.coll.start(r)
-	eventually(t, "the row's verify has started", func() (bool, string) {
+	testkit.Eventually(t, "the row's verify has started", func() (bool, string) {
 		return w.findInSandboxes("verify-started"), "no verify-started marker"
 	})
 	ck := w.checkpoint(ckID("held"), episodes(r), false)
-	eventually(t, "the verify has ended", func() (bool, string) {
+	testkit.Eventually(t, "the verify has ended", func() (bool, string) {
 		return w.findInSandboxes("verify-done"), "no verify-done marker"
 	})
 	select {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/ngharness/ngharness/internal/e2eproc"
 	"io"
 	"math"
 	"net/http"
@@ -14,6 +13,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/testkit"
 
 	"github.com/ngharness/ngharness/pkg/gym"
 )
@@ -144,7 +146,7 @@ func TestLeaseExpiry(t *testing.T) {
 			t.Errorf("%s: renew to a later deadline answered %f, want %f", name, rr.LeaseExpiresAt, deadline+3)
 		}
 	}
-	eventually(t, "every participant resumes on its own once the lease passed", func() (bool, string) {
+	testkit.Eventually(t, "every participant resumes on its own once the lease passed", func() (bool, string) {
 		var open []string
 		for _, m := range w.coord.members {
 			if st := w.coord.status(m); st.Phase != gym.PhaseIdle || (st.Accepting != nil && !*st.Accepting) {
@@ -216,7 +218,7 @@ func TestLeaseExpiresAfterRestore(t *testing.T) {
 	w.startServers()
 	rid := restoreID()
 	w.coord.restore(rid, ck.dir, ck.scope, deadlineIn(8*time.Second))
-	eventually(t, "every participant resumes on its own once the restore's lease passed", func() (bool, string) {
+	testkit.Eventually(t, "every participant resumes on its own once the restore's lease passed", func() (bool, string) {
 		var open []string
 		for _, m := range w.coord.members {
 			if st := w.coord.status(m); st.Phase != gym.PhaseIdle || (st.Accepting != nil && !*st.Accepting) {

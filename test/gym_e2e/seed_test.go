@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -34,7 +35,7 @@ func TestSeedHeldDuringCheckpoint(t *testing.T) {
 	}
 	r := w.coll.row(1, 0, job{steps: 3, stepS: 0.05})
 	ch := w.coll.start(r)
-	eventually(t, "the agent has taken the row in", func() (bool, string) {
+	testkit.Eventually(t, "the agent has taken the row in", func() (bool, string) {
 		st := w.coord.status(agent)
 		return st.Report.Counts["sessions"] == 1, fmt.Sprintf("counts %v", st.Report.Counts)
 	})

@@ -8,10 +8,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/ngharness/ngharness/internal/e2eproc"
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/ngharness/ngharness/internal/e2eproc"
 )
 
 // want is the JSON type a field must hold.

@@ -1,13 +1,14 @@
 package gyme2e
 
 import (
-	"github.com/ngharness/ngharness/internal/e2eproc"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ngharness/ngharness/internal/e2eproc"
 
 	"github.com/ngharness/ngharness/pkg/gym"
 )

@@ -12,7 +12,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"github.com/ngharness/ngharness/internal/e2eproc"
 	"net"
 	"os"
 	"path/filepath"
@@ -21,6 +20,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/e2eproc"
+	"github.com/ngharness/ngharness/internal/testkit"
 
 	"github.com/ngharness/ngharness/pkg/driver/config/gymconfig"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -352,22 +354,6 @@ func wantSteps(from, to int) []string {
 	return out
 }
 
-// eventually polls cond until it holds or waitLimit passes.
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %s (%s)", what, waitLimit, msg)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // waitStepped waits until every rollout's session holds at least one step.
 func (w *world) waitStepped(rollouts ...string) {
 	w.t.Helper()
@@ -377,7 +363,7 @@ func (w *world) waitStepped(rollouts ...string) {
 // waitSteps waits until every rollout's session holds at least n steps.
 func (w *world) waitSteps(n int, rollouts ...string) {
 	w.t.Helper()
-	eventually(w.t, fmt.Sprintf("every run has taken %d steps", n), func() (bool, string) {
+	testkit.Eventually(w.t, fmt.Sprintf("every run has taken %d steps", n), func() (bool, string) {
 		var missing []string
 		for _, r := range rollouts {
 			if len(w.sessionSteps(r)) < n {

@@ -12,6 +12,7 @@ import (
 
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
@@ -211,7 +212,7 @@ func testCrashNoModelResponse(t *testing.T, ver openCode) {
 	w.Model.Hold(1)
 	held := func(string, string) {
 		w.WaitHeld(1)
-		w.Eventually("the title request", func() (bool, string) {
+		testkit.Eventually(w.T, "the title request", func() (bool, string) {
 			n := len(w.Model.Requests())
 			return n >= 2, fmt.Sprintf("%d requests", n)
 		})
@@ -295,7 +296,7 @@ func testCrashResumeWithOldPython(t *testing.T, ver openCode) {
 	var helperPath string
 	during := func() {
 		l2 := w.LaunchID(2, 2, c.Fork)
-		w.Eventually("ngresume running in the relaunch", func() (bool, string) {
+		testkit.Eventually(w.T, "ngresume running in the relaunch", func() (bool, string) {
 			tr, err := suite.Tree(w.LaunchDir(c.Fork, l2))
 			if err != nil {
 				return false, err.Error()

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"os/exec"
+
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // TestOpenCodeInterface: each version offers what the adapter and ngresume
@@ -226,20 +228,17 @@ func startServe(t *testing.T, bin string, env []string, dir string) (string, str
 	}
 	// A request sent just as the port opens can hang: poll with a short
 	// timeout.
-	for deadline := time.Now().Add(patience); ; time.Sleep(200 * time.Millisecond) {
+	testkit.Eventually(t, "opencode serve at "+base+" healthy", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/global/health", nil)
 		req.SetBasicAuth("opencode", password)
 		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
+		if err != nil {
+			return false, err.Error()
 		}
-		cancel()
-		if err == nil && resp.StatusCode == http.StatusOK {
-			return base, password
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("opencode serve at %s not healthy within %s: %v", base, patience, err)
-		}
-	}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, resp.Status
+	})
+	return base, password
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/fake/execd"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 const key = "k"
@@ -61,13 +62,12 @@ func start(t *testing.T, opt execd.Options) *fx {
 	return f
 }
 
-// waitExecd waits (up to a minute) until execd answers GET /ping: a new
-// sandbox reports Running before execd listens, as the real server's do.
-// It returns how many pings failed first, and how.
+// waitExecd waits until execd answers GET /ping: a new sandbox reports
+// Running before execd listens, as the real server's do. It returns how
+// many pings failed first, and how.
 func (f *fx) waitExecd() (failed []error) {
 	f.t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testkit.Eventually(f.t, "execd answers its ping", func() (bool, string) {
 		req, _ := http.NewRequest("GET", f.endpoint+"/ping", nil)
 		for k, v := range f.headers {
 			req.Header.Set(k, v)
@@ -76,16 +76,14 @@ func (f *fx) waitExecd() (failed []error) {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return failed
+				return true, ""
 			}
 			err = fmt.Errorf("HTTP %d", resp.StatusCode)
 		}
 		failed = append(failed, err)
-		if time.Now().After(deadline) {
-			f.t.Fatalf("execd never answered its ping: %v", failed)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false, fmt.Sprint(failed)
+	})
+	return failed
 }
 
 func (f *fx) call(method, url, apiKey string, body io.Reader, header map[string]string) (*http.Response, []byte) {
@@ -263,16 +261,10 @@ func TestDisconnectDoesNotEndTheCommand(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(filepath.Join(f.srv.HostPath(f.id), "after")); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the command ended with its client")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.Eventually(t, "the command outlives its client", func() (bool, string) {
+		_, err := os.Stat(filepath.Join(f.srv.HostPath(f.id), "after"))
+		return err == nil, fmt.Sprint(err)
+	})
 }
 
 // TestBackgroundAndInterrupt proves a background command is unknown to
@@ -303,14 +295,10 @@ func TestBackgroundAndInterrupt(t *testing.T) {
 	if d := time.Since(t0); d < 450*time.Millisecond {
 		t.Errorf("the interrupt answered after %s, want it to block its grace (500 ms)", d)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.Eventually(t, "the interrupted command ends", func() (bool, string) {
 		_, data = f.execd("GET", "/command/status/"+id, nil)
-		if strings.Contains(string(data), `"running":false`) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strings.Contains(string(data), `"running":false`), string(data)
+	})
 	if !strings.Contains(string(data), `"exit_code":-1`) {
 		t.Errorf("the interrupted command: %s, want exit_code -1", data)
 	}
@@ -468,9 +456,9 @@ func TestDeleteAnswersFailedBeforeGone(t *testing.T) {
 	deleted := make(chan int, 1)
 	go func() { deleted <- f.lifecycle("DELETE", "/sandboxes/"+f.id, nil, nil) }()
 	var sb sandboxReply
-	waitUntil(t, "the sandbox to say Failed", func() bool {
+	testkit.Eventually(t, "the sandbox to say Failed", func() (bool, string) {
 		f.lifecycle("GET", "/sandboxes/"+f.id, nil, &sb)
-		return sb.Status.State == "Failed"
+		return sb.Status.State == "Failed", ""
 	})
 	if sb.Status.Reason != "CONTAINER_EXITED_ERROR" {
 		t.Errorf("the deleted sandbox says %+v", sb.Status)
@@ -489,17 +477,6 @@ func TestDeleteAnswersFailedBeforeGone(t *testing.T) {
 	}
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // snapshot takes a snapshot of the sandbox and waits until it is Ready.
 func (f *fx) snapshot(name string) string {
 	f.t.Helper()
@@ -507,9 +484,9 @@ func (f *fx) snapshot(name string) string {
 	if code := f.lifecycle("POST", "/sandboxes/"+f.id+"/snapshots", map[string]string{"name": name}, &sn); code != http.StatusAccepted || sn.Status.State != "Creating" {
 		f.t.Fatalf("snapshot: %d %+v", code, sn)
 	}
-	waitUntil(f.t, "the snapshot to be ready", func() bool {
+	testkit.Eventually(f.t, "the snapshot to be ready", func() (bool, string) {
 		f.lifecycle("GET", "/snapshots/"+sn.ID, nil, &sn)
-		return sn.Status.State == "Ready"
+		return sn.Status.State == "Ready", ""
 	})
 	return sn.ID
 }
@@ -578,40 +555,40 @@ func TestSnapshotFreezesTheSandbox(t *testing.T) {
 	f.run(map[string]any{"command": "sleep 300 & echo $! > " + mp + "/running; setsid sh -c 'kill -STOP $$; exec sleep 300' </dev/null >/dev/null 2>&1 & echo $! > " + mp + "/stopped", "background": true})
 	pidOf := func(name string) int {
 		var pid int
-		waitUntil(t, name+"'s pid", func() bool {
+		testkit.Eventually(t, name+"'s pid", func() (bool, string) {
 			data, _ := os.ReadFile(filepath.Join(f.srv.HostPath(f.id), name))
 			_, err := fmt.Sscan(string(data), &pid)
-			return err == nil && pid > 0
+			return err == nil && pid > 0, ""
 		})
 		return pid
 	}
 	// The stopped one is in a session of its own: stopped in a group left
 	// orphaned it would get SIGHUP and SIGCONT.
 	running, stopped := pidOf("running"), pidOf("stopped")
-	waitUntil(t, "the stopped one to stop", func() bool { return procState(stopped) == 'T' })
+	testkit.Eventually(t, "the stopped one to stop", func() (bool, string) { return procState(stopped) == 'T', "" })
 	inFlight := make(chan []ev, 1)
 	go func() {
 		evs, _ := f.run(map[string]any{"command": "sleep 1; echo finished > " + mp + "/in-flight"})
 		inFlight <- evs
 	}()
-	waitUntil(t, "the command in flight to start", func() bool { return len(f.srv.Commands(f.id)) >= 2 })
+	testkit.Eventually(t, "the command in flight to start", func() (bool, string) { return len(f.srv.Commands(f.id)) >= 2, "" })
 	var sn snapshotReply
 	f.lifecycle("POST", "/sandboxes/"+f.id+"/snapshots", map[string]string{"name": "freeze"}, &sn)
-	waitUntil(t, "the freeze", func() bool { return procState(running) == 'T' })
+	testkit.Eventually(t, "the freeze", func() (bool, string) { return procState(running) == 'T', "" })
 	afterc := make(chan []ev, 1)
 	go func() {
 		evs, _ := f.run(map[string]any{"command": "date +%s%N"})
 		afterc <- evs
 	}()
-	waitUntil(t, "the snapshot to be ready", func() bool {
+	testkit.Eventually(t, "the snapshot to be ready", func() (bool, string) {
 		f.lifecycle("GET", "/snapshots/"+sn.ID, nil, &sn)
-		return sn.Status.State == "Ready"
+		return sn.Status.State == "Ready", ""
 	})
 	fz := f.srv.Freezes()
 	if len(fz) != 1 || fz[0].Processes < 2 {
 		t.Fatalf("freezes %+v, want one that stopped the sandbox's processes", fz)
 	}
-	waitUntil(t, "the thaw", func() bool { return procState(running) != 'T' })
+	testkit.Eventually(t, "the thaw", func() (bool, string) { return procState(running) != 'T', "" })
 	if st := procState(stopped); st != 'T' {
 		t.Errorf("the process stopped before the snapshot is %c after it, want still T", st)
 	}
@@ -621,9 +598,9 @@ func TestSnapshotFreezesTheSandbox(t *testing.T) {
 			t.Errorf("the stream in flight at the thaw ended with its final event: %+v", evs)
 		}
 	}
-	waitUntil(t, "the command in flight to finish", func() bool {
+	testkit.Eventually(t, "the command in flight to finish", func() (bool, string) {
 		_, err := os.Stat(filepath.Join(f.srv.HostPath(f.id), "in-flight"))
-		return err == nil
+		return err == nil, ""
 	})
 	after := <-afterc
 	var ns int64
@@ -647,9 +624,9 @@ func TestEndStreamsEndsWithoutTheFinalEvent(t *testing.T) {
 	if last(evs).Type != "init" {
 		t.Errorf("early: events %+v, want init and no more", evs)
 	}
-	waitUntil(t, "the early command to finish", func() bool {
+	testkit.Eventually(t, "the early command to finish", func() (bool, string) {
 		_, err := os.Stat(filepath.Join(f.srv.HostPath(f.id), "early"))
-		return err == nil
+		return err == nil, ""
 	})
 	evs, _ = f.run(map[string]any{"command": "echo late; exit 3"})
 	if got := strings.Join(texts(evs, "stdout"), ""); got != "late" || last(evs).Type != "stdout" {

@@ -9,17 +9,27 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // waitLimit bounds every wait on a state in these tests: generous, never a
 // speed test.
 const waitLimit = 10 * time.Second
+
+// TestMain bounds testkit.Eventually's waits by waitLimit: the server runs
+// in process, so a wait that takes longer has failed.
+func TestMain(m *testing.M) {
+	testkit.Patience = waitLimit
+	os.Exit(m.Run())
+}
 
 // start starts a server logging to t and closes it when t ends.
 func start(t *testing.T, opt Options) *Server {
@@ -672,7 +682,7 @@ func TestConcurrentWhileHeld(t *testing.T) {
 	url := s.URL() + "/v1/chat/completions"
 	mainDone := make(chan fetched, 1)
 	go func() { mainDone <- fetch(url, chatBody(true, true, true, user("run"))) }()
-	waitFor(t, "the main turn held", func() bool { return s.Held() == 1 })
+	testkit.Eventually(t, "the main turn held", func() (bool, string) { return s.Held() == 1, "" })
 
 	st := streamPost(t, url, chatBody(true, true, false, user("title")), true)
 	if st.text != DefaultTitle {
@@ -720,7 +730,7 @@ func TestHoldRelease(t *testing.T) {
 	if err := s.WaitRequests(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "two held and one answered", func() bool { return s.Held() == 2 && answered.Load() == 1 })
+	testkit.Eventually(t, "two held and one answered", func() (bool, string) { return s.Held() == 2 && answered.Load() == 1, "" })
 	if n := logs.count(" held"); n != 2 {
 		t.Errorf("%d 'held' log lines, want 2", n)
 	}
@@ -758,7 +768,7 @@ func TestHoldCounts(t *testing.T) {
 	postCompletion(t, url, chatBody(false, false, false, user("title"))) // not holdable
 	done := make(chan fetched, 1)
 	go func() { done <- fetch(url, chatBody(false, false, true, user("x"))) }()
-	waitFor(t, "one held", func() bool { return s.Held() == 1 })
+	testkit.Eventually(t, "one held", func() (bool, string) { return s.Held() == 1, "" })
 	postCompletion(t, url, chatBody(false, false, true, user("x"))) // the count is used up
 	s.Release()
 	if f := <-done; f.err != nil || f.res.StatusCode != http.StatusOK {
@@ -784,12 +794,12 @@ func TestHeldClientGone(t *testing.T) {
 		}
 		errc <- err
 	}()
-	waitFor(t, "held", func() bool { return s.Held() == 1 })
+	testkit.Eventually(t, "held", func() (bool, string) { return s.Held() == 1, "" })
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Errorf("client error %v", err)
 	}
-	waitFor(t, "the hold ended", func() bool { return s.Held() == 0 && logs.count("client went away") == 1 })
+	testkit.Eventually(t, "the hold ended", func() (bool, string) { return s.Held() == 0 && logs.count("client went away") == 1, "" })
 	s.Release()
 	if s.Held() != 0 || len(s.Requests()) != 1 {
 		t.Errorf("held %d requests %d", s.Held(), len(s.Requests()))
@@ -873,7 +883,7 @@ func TestCloseWhileHeld(t *testing.T) {
 			errs <- err
 		}()
 	}
-	waitFor(t, "three held", func() bool { return s.Held() == 3 })
+	testkit.Eventually(t, "three held", func() (bool, string) { return s.Held() == 3, "" })
 	t0 := time.Now()
 	s.Close()
 	closed.Store(true)
@@ -937,18 +947,6 @@ func TestPieces(t *testing.T) {
 				t.Errorf("%q: piece %q splits a character", s, p)
 			}
 		}
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after waitLimit.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

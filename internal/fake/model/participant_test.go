@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -201,10 +202,10 @@ func TestModelStreamingResponseBlocksPrepareAndNewCallsWait(t *testing.T) {
 		t.Errorf("prepare with a stream started: %v, want preparing, blocked by r-a1", f)
 	}
 	later := generate(s, "other")
-	waitFor(t, "the new call waits for the resume", func() bool { return s.waitingCalls() == 1 })
+	testkit.Eventually(t, "the new call waits for the resume", func() (bool, string) { return s.waitingCalls() == 1, "" })
 	cancel()
 	res.Body.Close()
-	waitFor(t, "the stream ended", func() bool { return report(t, ok(t, s, gym.OpStatus, nil)).Counts["inflight"] == 0 })
+	testkit.Eventually(t, "the stream ended", func() (bool, string) { return report(t, ok(t, s, gym.OpStatus, nil)).Counts["inflight"] == 0, "" })
 	ok(t, s, gym.OpResume, ck("c1", nil))
 	if got := answered(t, later); got.err != nil || got.res.StatusCode != http.StatusOK {
 		t.Errorf("the call that waited: %+v", got)
@@ -226,13 +227,13 @@ func TestModelUndeliveredResponseIsHeldAndLeftOut(t *testing.T) {
 	s := startModel(t, Options{})
 	s.Hold(1)
 	call := generate(s, "r")
-	waitFor(t, "the call held before its reply", func() bool { return s.Held() == 1 })
+	testkit.Eventually(t, "the call held before its reply", func() (bool, string) { return s.Held() == 1, "" })
 	f := ok(t, s, gym.OpPrepare, ck("c1", nil))
 	if r := report(t, f); str(f["phase"]) != "prepared" || r.Counts["held"] != 1 || r.Counts["inflight"] != 1 {
 		t.Errorf("prepare with an undelivered call: %v", f)
 	}
 	s.Release()
-	waitFor(t, "the reply held for the resume", func() bool { return s.waitingCalls() == 1 })
+	testkit.Eventually(t, "the reply held for the resume", func() (bool, string) { return s.waitingCalls() == 1, "" })
 	dir := t.TempDir()
 	c := ok(t, s, gym.OpCommit, ck("c1", map[string]any{"checkpoint_dir": dir, "episode_ids": scope("r")}))
 	if string(c["episode_ids"]) != "[]" || !strings.Contains(string(c["manifest"]), `"record_count":0`) {
@@ -273,7 +274,7 @@ func TestModelRetireCancelsACallAndFencesItsAttempt(t *testing.T) {
 	s := startModel(t, Options{})
 	s.Hold(1)
 	call := generate(s, "r-a1")
-	waitFor(t, "the call held", func() bool { return s.Held() == 1 })
+	testkit.Eventually(t, "the call held", func() (bool, string) { return s.Held() == 1, "" })
 	f := ok(t, s, gym.OpRetire, ck("x", map[string]any{"episode_ids": []map[string]any{{"rollout_id": "r", "attempt": 1}}}))
 	if string(f["retired"]) != `["r-a1"]` {
 		t.Errorf("retire: %v", f)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // wireCase is one API with bodies of the same conversation and a reader
@@ -73,7 +75,7 @@ func TestEveryAPIHeld(t *testing.T) {
 			s.Hold(1)
 			done := make(chan fetched, 1)
 			go func() { done <- fetch(s.URL()+"/ng-rollout/r7-a3"+c.path, c.body) }()
-			waitFor(t, "held", func() bool { return s.Held() == 1 })
+			testkit.Eventually(t, "held", func() (bool, string) { return s.Held() == 1, "" })
 			r := s.Requests()[0]
 			if r.API != c.api || r.Rollout != "r7-a3" || r.Attempt != 3 || r.Path != "/ng-rollout/r7-a3"+c.path {
 				t.Errorf("held request %s rollout %q attempt %d", r.summary(), r.Rollout, r.Attempt)
@@ -119,7 +121,7 @@ func TestEveryAPIPaceClientGone(t *testing.T) {
 			}
 			cancel()
 			res.Body.Close()
-			waitFor(t, "the stream cut short", func() bool { return logs.count("the client went away") == 1 })
+			testkit.Eventually(t, "the stream cut short", func() (bool, string) { return logs.count("the client went away") == 1, "" })
 			s.Close()
 		})
 	}

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/syncbuf"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
@@ -332,25 +333,6 @@ func ParseResult(t testing.TB, raw json.RawMessage) Result {
 	return r
 }
 
-// Eventually polls cond until it holds or Patience passes; then the test
-// fails with what cond last said.
-func Eventually(t testing.TB, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(Patience)
-	wait := 10 * time.Millisecond
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %s", what, Patience, why)
-		}
-		time.Sleep(wait)
-		wait = min(wait*2, 100*time.Millisecond)
-	}
-}
-
 // Cookies returns the cookies of rollout's latest seed.
 func (e *Env) Cookies(rollout string) owner.Cookies {
 	e.T.Helper()
@@ -442,7 +424,7 @@ func (e *Env) SessionOf(sandboxID string, state json.RawMessage) string {
 func (e *Env) WaitSession(sandboxID, rollout string) string {
 	e.T.Helper()
 	var dir string
-	Eventually(e.T, "a fake session of "+rollout, func() (bool, string) {
+	testkit.Eventually(e.T, "a fake session of "+rollout, func() (bool, string) {
 		s := e.FakeSessions(sandboxID, rollout)
 		if len(s) == 0 {
 			return false, "none in " + sandboxID
@@ -472,7 +454,7 @@ func Steps(hostSessionDir string) []int {
 // WaitSteps waits until the session holds at least n steps.
 func (e *Env) WaitSteps(hostSessionDir string, n int) {
 	e.T.Helper()
-	Eventually(e.T, fmt.Sprintf("%d steps in %s", n, hostSessionDir), func() (bool, string) {
+	testkit.Eventually(e.T, fmt.Sprintf("%d steps in %s", n, hostSessionDir), func() (bool, string) {
 		got := Steps(hostSessionDir)
 		return len(got) >= n, fmt.Sprintf("steps %v", got)
 	})
@@ -497,7 +479,7 @@ func CheckStepsOnce(t testing.TB, hostSessionDir string, n int) {
 func (e *Env) WaitPids(hostSessionDir string, kinds ...string) []Proc {
 	e.T.Helper()
 	var procs []Proc
-	Eventually(e.T, fmt.Sprintf("pids %v in %s", kinds, hostSessionDir), func() (bool, string) {
+	testkit.Eventually(e.T, fmt.Sprintf("pids %v in %s", kinds, hostSessionDir), func() (bool, string) {
 		var err error
 		procs, err = readPids(hostSessionDir, e.view.hostPids(hostSessionDir))
 		if err != nil {
@@ -518,7 +500,7 @@ func (e *Env) WaitPids(hostSessionDir string, kinds ...string) []Proc {
 // changed); the test fails naming the survivors.
 func CheckGone(t testing.TB, what string, procs []Proc) {
 	t.Helper()
-	Eventually(t, what+": every process gone", func() (bool, string) {
+	testkit.Eventually(t, what+": every process gone", func() (bool, string) {
 		live := Live(procs)
 		var names []string
 		for _, p := range live {
@@ -560,7 +542,7 @@ func (e *Env) ours(pid int) bool {
 // of the Env when none is given) except those keep accepts.
 func (e *Env) CheckNoProcs(what string, sandboxIDs ...string) {
 	e.T.Helper()
-	Eventually(e.T, what+": no process left in the sandbox", func() (bool, string) {
+	testkit.Eventually(e.T, what+": no process left in the sandbox", func() (bool, string) {
 		left := e.ProcsIn(sandboxIDs...)
 		var names []string
 		for _, pid := range left {
@@ -684,7 +666,7 @@ func (e *Env) cleanup() {
 // owner's view of its latest session.
 func (e *Env) WaitSeeded(rollout string, n int) lending.SessionInfo {
 	e.T.Helper()
-	Eventually(e.T, fmt.Sprintf("seed %d of %s", n, rollout), func() (bool, string) {
+	testkit.Eventually(e.T, fmt.Sprintf("seed %d of %s", n, rollout), func() (bool, string) {
 		got := len(e.Owner.Cookies(rollout))
 		var failed []string
 		for _, c := range e.Owner.Calls(rollout) {

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/httpowner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
@@ -485,12 +486,12 @@ func TestARetireWaitsForTheSessionsCallInFlight(t *testing.T) {
 	sb := handle(t, seeded)
 	verifying := make(chan reply, 1)
 	go func() { verifying <- s.post("/ng-rollout/r/verify", seeded.cookies, map[string]any{}) }()
-	waitFor(t, "the verify in flight", func() bool { return s.counts()["inflight"] == float64(1) })
+	testkit.Eventually(t, "the verify in flight", func() (bool, string) { return s.counts()["inflight"] == float64(1), "" })
 	retiring := make(chan reply, 1)
 	go func() {
 		retiring <- s.control("retire", "retire", 30*time.Second, map[string]any{"episode_ids": episodes("r")})
 	}()
-	waitFor(t, "the retire's mark", func() bool { return s.status().body["retired_sessions"] == float64(1) })
+	testkit.Eventually(t, "the retire's mark", func() (bool, string) { return s.status().body["retired_sessions"] == float64(1), "" })
 	select {
 	case r := <-retiring:
 		t.Fatalf("the retire answered %d %s while a call was in flight", r.status, r.raw)
@@ -513,7 +514,7 @@ func TestInFlightVerifyBlocksPrepareAndVerifyEndsTheSession(t *testing.T) {
 	seeded := s.mustSeed("r", map[string]any{"check": "while [ ! -f release ]; do sleep 0.02; done"})
 	verifying := make(chan reply, 1)
 	go func() { verifying <- s.post("/ng-rollout/r/verify", seeded.cookies, map[string]any{}) }()
-	waitFor(t, "the verify in flight", func() bool { return s.counts()["inflight"] == float64(1) })
+	testkit.Eventually(t, "the verify in flight", func() (bool, string) { return s.counts()["inflight"] == float64(1), "" })
 	missed := ok(t, "prepare", s.control("prepare", "c1", 300*time.Millisecond, nil))
 	report, _ := missed.body["report"].(map[string]any)
 	if missed.body["phase"] != "preparing" || fmt.Sprint(report["counts"]) != "map[inflight:1 sessions:1]" {
@@ -708,18 +709,6 @@ func TestACommitThatNoLongerContinuesARestoredSessionRetiresIt(t *testing.T) {
 	}
 }
 
-// waitFor polls cond (a state this test brings about) until it holds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not happen", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestAReplayableVerifyDuringACheckpointKeepsTheSessionExported ports
 // test_a_replayable_verify_during_a_checkpoint_keeps_the_session_exported:
 // the checkpoint does not wait for a verify that replays, and the session
@@ -795,7 +784,7 @@ func TestASessionWhoseRetireWasCutShortStaysUntilARetryFreesItAndBlocksMeanwhile
 	sb := handle(t, seeded)
 	verifying := make(chan reply, 1)
 	go func() { verifying <- s.post("/ng-rollout/r/verify", seeded.cookies, map[string]any{}) }()
-	waitFor(t, "the verify in flight", func() bool { return s.counts()["inflight"] == float64(1) })
+	testkit.Eventually(t, "the verify in flight", func() (bool, string) { return s.counts()["inflight"] == float64(1), "" })
 	cut := s.control("retire", "retire", 300*time.Millisecond, map[string]any{"episode_ids": episodes("r")})
 	want(t, "a retire cut short", cut, http.StatusConflict, gym.CodeDeadlineExceeded)
 	s.writeFile(sb, "release", "")

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
@@ -159,26 +160,22 @@ func (p *proc) waitExit(d time.Duration) bool {
 
 func (p *proc) alive() bool { return !p.waitExit(0) }
 
-// waitFile waits until the host file p exists and is not empty, and
-// returns its content.
-func waitFile(t *testing.T, p string, d time.Duration) []byte {
+// waitFile waits until the host file p holds whole lines, and returns its
+// content.
+func waitFile(t *testing.T, p string) []byte {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		b, err := os.ReadFile(p)
-		if err == nil && len(b) > 0 && bytes.HasSuffix(b, []byte("\n")) {
-			return b
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not appear within %s", p, d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	var b []byte
+	testkit.Eventually(t, p+" written", func() (bool, string) {
+		var err error
+		b, err = os.ReadFile(p)
+		return err == nil && len(b) > 0 && bytes.HasSuffix(b, []byte("\n")), fmt.Sprintf("%q %v", b, err)
+	})
+	return b
 }
 
 func readPid(t *testing.T, p string) int {
 	t.Helper()
-	b := waitFile(t, p, 30*time.Second)
+	b := waitFile(t, p)
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil {
 		t.Fatalf("%s: %v", p, err)

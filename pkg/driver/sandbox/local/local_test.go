@@ -392,8 +392,8 @@ func TestNamespaceTwoSandboxesAtOnce(t *testing.T) {
 			results[id] = strings.TrimSpace(string(res.Stdout))
 		}()
 	}
-	waitFile(t, filepath.Join(b.HostPath("one"), "work", "who"), 30*time.Second)
-	waitFile(t, filepath.Join(b.HostPath("two"), "work", "who"), 30*time.Second)
+	waitFile(t, filepath.Join(b.HostPath("one"), "work", "who"))
+	waitFile(t, filepath.Join(b.HostPath("two"), "work", "who"))
 	if err := os.WriteFile(flag, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -439,10 +439,10 @@ exec sleep 300`, sandbox.Quote(flag), sandbox.Quote(mp))
 	if err := os.WriteFile(flag, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got := waitFile(t, filepath.Join(host, "seen"), 30*time.Second); string(got) != "after the exec\n" {
+	if got := waitFile(t, filepath.Join(host, "seen")); string(got) != "after the exec\n" {
 		t.Fatalf("the background process read %q at %s/work/msg", got, mp)
 	}
-	if got := waitFile(t, filepath.Join(host, "bg.cwd"), 30*time.Second); strings.TrimSpace(string(got)) != sb.Workdir() {
+	if got := waitFile(t, filepath.Join(host, "bg.cwd")); strings.TrimSpace(string(got)) != sb.Workdir() {
 		t.Errorf("background cwd %q, want %q", got, sb.Workdir())
 	}
 	mi, _ := os.ReadFile(filepath.Join(host, "bg.mountinfo"))

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
@@ -177,25 +178,17 @@ setsid sh -c 'sleep 300 & exec chroot "$0" /bin/sleep 300' "$J" </dev/null >/dev
 		t.Fatalf("pid: %q (stderr %q)", res.Stdout, res.Stderr)
 	}
 	jailed := adopt(t, pid, tag)
-	var plain *proc
-	for deadline := time.Now().Add(10 * time.Second); plain == nil; time.Sleep(10 * time.Millisecond) {
+	var child int
+	testkit.Eventually(t, fmt.Sprintf("the plain sleep under %d", pid), func() (bool, string) {
 		data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-		var child int
-		if _, err := fmt.Sscan(string(data), &child); err == nil {
-			plain = adopt(t, child, tag)
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the plain sleep under %d never showed", pid)
-		}
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, err := fmt.Sscan(string(data), &child)
+		return err == nil, fmt.Sprintf("children %q", data)
+	})
+	plain := adopt(t, child, tag)
+	testkit.Eventually(t, fmt.Sprintf("process %d in its chroot", pid), func() (bool, string) {
 		root, _ := os.Readlink(fmt.Sprintf("/proc/%d/root", pid))
-		if strings.HasSuffix(root, "/jail") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("process %d never changed its root (root %q)", pid, root)
-		}
-	}
+		return strings.HasSuffix(root, "/jail"), "root " + root
+	})
 	if _, err := b.EndSandboxes(context.Background(), []string{"jailed"}); err != nil {
 		t.Fatalf("end the sandbox: %v", err)
 	}

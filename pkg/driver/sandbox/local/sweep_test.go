@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
@@ -120,19 +121,18 @@ func TestSweepLeavesACopyInProgressAndRemovesOneAKilledProcessLeft(t *testing.T)
 		}
 	}
 	t.Cleanup(killGroup)
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(marker); err == nil {
-			break
+	testkit.Eventually(t, "the helper's copy", func() (bool, string) {
+		_, err := os.Stat(marker)
+		if err == nil {
+			return true, ""
 		}
 		select {
 		case <-done:
 			t.Fatalf("the helper ended (%v) before its copy was made", waitErr)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the helper's copy was not made within a minute")
-		}
-	}
+		return false, err.Error()
+	})
 	copies, _ := filepath.Glob(filepath.Join(snaps, ".copy-ck-1-*"))
 	if len(copies) != 1 {
 		t.Fatalf("temporary copies of ck-1: %v, want one", copies)

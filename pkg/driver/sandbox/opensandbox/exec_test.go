@@ -13,6 +13,7 @@ import (
 
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/internal/sandboxtest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 )
 
@@ -155,5 +156,5 @@ func TestExecStoppedCommand(t *testing.T) {
 	if !errors.Is(err, sandbox.ErrTimeout) {
 		t.Errorf("a command stopped for good: %v, want ErrTimeout", err)
 	}
-	waitNoProcs(t, f, sb.ID())
+	sandboxtest.WaitNoProcs(t, f.srv.HostPath(sb.ID()), f.srv.MountPoint())
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 )
@@ -68,7 +69,7 @@ func TestFailedIsGone(t *testing.T) {
 	sb := f.create("failed")
 	deleted := make(chan error, 1)
 	go func() { deleted <- f.srv.Delete(sb.ID()) }()
-	waitFor(t, "the sandbox to say Failed", func() bool { return f.srv.State(sb.ID()) == opensandbox.StateFailed })
+	testkit.Eventually(t, "the sandbox to say Failed", func() (bool, string) { return f.srv.State(sb.ID()) == opensandbox.StateFailed, "" })
 	_, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}})
 	if !errors.Is(err, sandbox.ErrGone) || !strings.Contains(err.Error(), sb.ID()) {
 		t.Errorf("exec in a Failed sandbox: %v, want ErrGone naming %s", err, sb.ID())
@@ -138,23 +139,23 @@ func TestExecAcrossASnapshot(t *testing.T) {
 		defer wg.Done()
 		inFlight, inFlightErr = sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sh", "-c", "touch started; sleep 1; echo in-flight; exit 4"}})
 	}()
-	waitFor(t, "the exec in flight to start", func() bool {
+	testkit.Eventually(t, "the exec in flight to start", func() (bool, string) {
 		_, err := os.Stat(f.host(sb, "/sandbox/work/started"))
-		return err == nil
+		return err == nil, ""
 	})
 	snapped := make(chan error, 1)
 	go func() {
 		_, err := f.b.Snapshot(ctx, sb.ID(), "across")
 		snapped <- err
 	}()
-	waitFor(t, "the freeze", func() bool {
+	testkit.Eventually(t, "the freeze", func() (bool, string) {
 		procs := fakeexecd.ProcsIn(f.srv.HostPath(sb.ID()), f.srv.MountPoint())
 		for _, p := range procs {
 			if !strings.Contains(fakeexecd.Describe(p), " T ") {
-				return false
+				return false, ""
 			}
 		}
-		return len(procs) > 0
+		return len(procs) > 0, ""
 	})
 	during, duringErr = sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"date", "+%s%N"}})
 	wg.Wait()

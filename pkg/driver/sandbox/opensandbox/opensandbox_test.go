@@ -14,7 +14,9 @@ import (
 	"time"
 
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/internal/sandboxtest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 )
 
@@ -144,26 +146,7 @@ func TestExecTimeoutKillsInside(t *testing.T) {
 	if !strings.Contains(err.Error(), sb.ID()) {
 		t.Errorf("the error does not name the sandbox: %v", err)
 	}
-	waitNoProcs(t, f, sb.ID())
-}
-
-func waitNoProcs(t *testing.T, f *fixture, id string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		left := fakeexecd.ProcsIn(f.srv.HostPath(id), f.srv.MountPoint())
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			var d []string
-			for _, p := range left {
-				d = append(d, fakeexecd.Describe(p))
-			}
-			t.Fatalf("processes left in sandbox %s: %v", id, d)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	sandboxtest.WaitNoProcs(t, f.srv.HostPath(sb.ID()), f.srv.MountPoint())
 }
 
 // TestUploadDownload proves that an upload lands with its mode in folders
@@ -295,9 +278,9 @@ func TestExecdRestartAndDroppedStreams(t *testing.T) {
 		defer wg.Done()
 		_, longErr = sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sh", "-c", "echo started >>count; sleep 300"}})
 	}()
-	waitFor(t, "the long command to start", func() bool {
+	testkit.Eventually(t, "the long command to start", func() (bool, string) {
 		data, _ := os.ReadFile(f.host(sb, "/sandbox/work/count"))
-		return len(data) > 0
+		return len(data) > 0, ""
 	})
 	restarted := make(chan error, 1)
 	go func() { restarted <- f.srv.RestartExecd(sb.ID(), time.Second) }()
@@ -330,18 +313,7 @@ func TestExecdRestartAndDroppedStreams(t *testing.T) {
 	if n := strings.Count(string(data), "drop"); n > 2 || !strings.Contains(string(data), "drop1") {
 		t.Errorf("dropped holds %q: the command dropped before its end ran once, none ran twice", data)
 	}
-	waitNoProcs(t, f, sb.ID())
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	sandboxtest.WaitNoProcs(t, f.srv.HostPath(sb.ID()), f.srv.MountPoint())
 }
 
 // TestLifecycleSnapshotForkRemoveRenew proves the owner's side: a sandbox

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // TestParseMarkers proves the markers are read wherever the command's own
@@ -97,14 +99,14 @@ func waitGone(t *testing.T, pid int, what string) {
 
 func readPID(t *testing.T, file string) int {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	var pid int
+	testkit.Eventually(t, "the command writes "+file, func() (bool, string) {
 		b, _ := os.ReadFile(file)
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && strings.HasSuffix(string(b), "\n") {
-			return pid
-		}
-	}
-	t.Fatalf("the command did not write %s", file)
-	return 0
+		var err error
+		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && strings.HasSuffix(string(b), "\n"), fmt.Sprintf("%q", b)
+	})
+	return pid
 }
 
 // TestKillScriptEndsTheCommand proves that the kill script ends a running

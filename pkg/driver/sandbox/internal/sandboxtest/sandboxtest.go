@@ -19,6 +19,7 @@ import (
 	"time"
 
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
@@ -202,16 +203,12 @@ func exists(t *testing.T, f Fixture, sb sandbox.Sandbox, inside string) bool {
 	return run(t, sb, sandbox.ExecRequest{Argv: []string{"test", "-e", inside}, Dir: "/"}).ExitCode == 0
 }
 
-// waitFile waits (up to a minute) until the file exists in the sandbox.
+// waitFile waits until the file exists in the sandbox.
 func waitFile(t *testing.T, f Fixture, sb sandbox.Sandbox, inside string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !exists(t, f, sb, inside) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not appear in %s", inside, sb.ID())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, inside+" in "+sb.ID(), func() (bool, string) {
+		return exists(t, f, sb, inside), "missing"
+	})
 }
 
 // readFile reads a file of the sandbox, with its permission bits.
@@ -256,13 +253,12 @@ func listDir(t *testing.T, f Fixture, sb sandbox.Sandbox, inside string) []strin
 	return strings.Fields(string(res.Stdout))
 }
 
-// waitProcs waits (up to a minute) until n processes run in the sandbox;
-// in a sandbox this machine cannot see (HostFolder nil), n of the suite's
-// test commands, which are all `sleep 300`. The test fails naming them.
+// waitProcs waits until n processes run in the sandbox; in a sandbox this
+// machine cannot see (HostFolder nil), n of the suite's test commands,
+// which are all `sleep 300`. The test fails naming them.
 func waitProcs(t *testing.T, f Fixture, sb sandbox.Sandbox, n int) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testkit.Eventually(t, fmt.Sprintf("%d processes left in %s", n, sb.ID()), func() (bool, string) {
 		var left []string
 		if f.HostFolder != nil {
 			for _, p := range fakeexecd.ProcsIn(f.HostFolder(sb.ID()), f.MountPoint) {
@@ -273,35 +269,21 @@ func waitProcs(t *testing.T, f Fixture, sb sandbox.Sandbox, n int) {
 			res := run(t, sb, sandbox.ExecRequest{Argv: []string{"sh", "-c", script}, Dir: "/"})
 			left = strings.Fields(string(res.Stdout))
 		}
-		if len(left) == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("want %d processes left in %s, got %v", n, sb.ID(), left)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(left) == n, fmt.Sprintf("left: %v", left)
+	})
 }
 
-// WaitNoProcs waits (up to a minute) until no process runs in the sandbox
-// whose host folder is given; the test fails naming them.
+// WaitNoProcs waits until no process runs in the sandbox whose host
+// folder is given; the test fails naming them.
 func WaitNoProcs(t testing.TB, hostFolder, mountPoint string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		left := fakeexecd.ProcsIn(hostFolder, mountPoint)
-		if len(left) == 0 {
-			return
+	testkit.Eventually(t, "no process left in "+hostFolder, func() (bool, string) {
+		var d []string
+		for _, p := range fakeexecd.ProcsIn(hostFolder, mountPoint) {
+			d = append(d, fakeexecd.Describe(p))
 		}
-		if time.Now().After(deadline) {
-			var d []string
-			for _, p := range left {
-				d = append(d, fakeexecd.Describe(p))
-			}
-			t.Fatalf("processes left in %s: %v", hostFolder, d)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(d) == 0, fmt.Sprintf("left: %v", d)
+	})
 }
 
 func testUpload(t *testing.T, f Fixture) {
