@@ -21,6 +21,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/proctest"
 )
 
 // Environment variables.
@@ -253,13 +255,8 @@ func (e *Engine) Inspect(name string) (Container, error) {
 // left out.
 func (c Container) Procs() map[int]int {
 	out := map[int]int{}
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return out
-	}
-	for _, en := range ents {
-		pid, err := strconv.Atoi(en.Name())
-		if err != nil || pid == c.Pid {
+	for _, pid := range proctest.Pids() {
+		if pid == c.Pid {
 			continue
 		}
 		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || ns != c.pidNS {

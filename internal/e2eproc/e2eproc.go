@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 )
 
@@ -94,7 +95,7 @@ func StartProc(t *testing.T, bin, name, logDir string, env []string, args ...str
 	if err := p.Cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	p.Start, _ = StartTicks(p.Cmd.Process.Pid)
+	p.Start, _ = proctest.StartTicks(p.Cmd.Process.Pid)
 	go func() {
 		p.Cmd.Wait()
 		p.State = p.Cmd.ProcessState
@@ -171,7 +172,7 @@ func freezeTree(root int) []int {
 		pid := order[i]
 		syscall.Kill(pid, syscall.SIGSTOP)
 		waitStopped(pid)
-		for _, c := range children(pid) {
+		for _, c := range proctest.Children(pid) {
 			if !seen[c] {
 				seen[c] = true
 				order = append(order, c)
@@ -185,54 +186,12 @@ func freezeTree(root int) []int {
 // nothing more once its children are listed.
 func waitStopped(pid int) {
 	for range 50 {
-		f, ok := stat(pid)
-		if !ok || len(f) < 1 || f[0] == "T" || f[0] == "t" || f[0] == "Z" || f[0] == "X" {
+		switch proctest.State(pid) {
+		case 0, 'T', 't', 'Z', 'X':
 			return
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-}
-
-// children lists pid's children from every thread's children file.
-func children(pid int) []int {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	var out []int
-	for _, f := range tasks {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		for _, w := range strings.Fields(string(data)) {
-			if c, err := strconv.Atoi(w); err == nil {
-				out = append(out, c)
-			}
-		}
-	}
-	return out
-}
-
-// stat returns the fields of /proc/PID/stat after the command name.
-func stat(pid int) ([]string, bool) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil, false
-	}
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return nil, false
-	}
-	return strings.Fields(string(data[i+1:])), true
-}
-
-// StartTicks is pid's start time in clock ticks since boot (field 22 of
-// its stat).
-func StartTicks(pid int) (uint64, bool) {
-	f, ok := stat(pid)
-	if !ok || len(f) < 20 {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(f[19], 10, 64)
-	return v, err == nil
 }
 
 // Info describes a live process found by a scan.
@@ -252,44 +211,16 @@ func (p Info) String() string {
 
 // ReadProc reads one process; ok is false when it is gone.
 func ReadProc(pid int) (Info, bool) {
-	info := Info{PID: pid}
-	f, ok := stat(pid)
-	if !ok || len(f) < 20 {
-		return info, false
+	st, ok := proctest.ReadStat(pid)
+	if !ok {
+		return Info{PID: pid}, false
 	}
-	info.State = f[0]
-	info.Start, _ = strconv.ParseUint(f[19], 10, 64)
-	if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil {
-		info.Cmdline = strings.TrimSpace(strings.ReplaceAll(string(data), "\x00", " "))
-	}
-	if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid)); err == nil {
-		for _, kv := range strings.Split(string(data), "\x00") {
-			if v, ok := strings.CutPrefix(kv, "NEMO_GYM_HARNESS_LAUNCH="); ok {
-				info.Tag = v
-			}
-		}
-	}
-	return info, true
+	return Info{PID: pid, Start: st.StartTicks, State: string(st.State), Tag: proctest.Tag(pid), Cmdline: proctest.Cmdline(pid)}, true
 }
 
 // Alive reports whether p still runs as the same process (same start
 // time, not a zombie).
-func (p Info) Alive() bool {
-	now, ok := ReadProc(p.PID)
-	return ok && now.Start == p.Start && now.State != "Z" && now.State != "X"
-}
-
-// allPids lists the pids in /proc.
-func allPids() []int {
-	ents, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range ents {
-		if pid, err := strconv.Atoi(e.Name()); err == nil {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
+func (p Info) Alive() bool { return proctest.Same(p.PID, p.Start) }
 
 // OwnProcesses lists the live processes of launches whose ids start with
 // prefix: tagged with such a launch id, or naming the prefix on their
@@ -298,7 +229,7 @@ func allPids() []int {
 func OwnProcesses(prefix string) []Info {
 	var out []Info
 	self := os.Getpid()
-	for _, pid := range allPids() {
+	for _, pid := range proctest.Pids() {
 		if pid == self {
 			continue
 		}
@@ -374,13 +305,11 @@ func StopLaunches(t *testing.T, ngsup, base string) {
 	}
 }
 
-// KillLeftovers sends SIGKILL by pid to the processes whose start time did
-// not change since they were found.
+// KillLeftovers kills the processes that are still the ones found (same
+// start time), each held by a pidfd first.
 func KillLeftovers(ps []Info) {
 	for _, p := range ps {
-		if st, ok := StartTicks(p.PID); ok && st == p.Start {
-			syscall.Kill(p.PID, syscall.SIGKILL)
-		}
+		proctest.KillSame(p.PID, p.Start)
 	}
 }
 
@@ -395,22 +324,12 @@ type Orphans struct {
 // Add remembers every descendant root has now. Call it before killing
 // root.
 func (o *Orphans) Add(root int) {
-	seen := map[int]bool{}
 	var found []Info
-	var walk func(int)
-	walk = func(pid int) {
-		for _, c := range children(pid) {
-			if seen[c] {
-				continue
-			}
-			seen[c] = true
-			if info, ok := ReadProc(c); ok {
-				found = append(found, info)
-			}
-			walk(c)
+	for _, pid := range proctest.Descendants(root) {
+		if info, ok := ReadProc(pid); ok {
+			found = append(found, info)
 		}
 	}
-	walk(root)
 	o.mu.Lock()
 	o.list = append(o.list, found...)
 	o.mu.Unlock()

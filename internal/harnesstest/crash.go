@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
@@ -81,7 +82,7 @@ func (w *World) CrashAfterSnapshot(a harness.Adapter, p1 *driver.Participant, re
 		t.Fatalf("the restore did not fork: sandboxes %v", w.Sandboxes())
 	}
 	for _, p := range c.OldProcs {
-		if SameProc(p.PID, p.StartTicks) {
+		if proctest.Same(p.PID, p.StartTicks) {
 			t.Errorf("process %d (%s) of the crashed launch survived the restore", p.PID, p.Comm)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/harness"
@@ -326,7 +327,7 @@ func TwoRolloutsApart(t *testing.T, k Harness) {
 		if _, ok := a.Procs[q.PID]; ok {
 			t.Errorf("process %d (%s) of rollout B is among rollout A's paused processes", q.PID, q.Comm)
 		}
-		if st, ok := ReadStat(q.PID); ok && (st.State == 'T' || st.State == 't') {
+		if st, ok := proctest.ReadStat(q.PID); ok && (st.State == 'T' || st.State == 't') {
 			t.Errorf("process %d (%s) of rollout B is stopped while A is paused", q.PID, q.Comm)
 		}
 	}

@@ -4,8 +4,8 @@
 // static ngsup and friends built once, the leak check over the whole
 // process), the world of one test (World: its own fake model server, a
 // local backend in a folder of its own, a lending owner, runners, waits,
-// checkpoints, looks at a paused launch), the /proc helpers the leak
-// checks use, and the matrix every real harness passes (matrix.go:
+// checkpoints, looks at a paused launch), the leak checks (on
+// internal/proctest, the tests' one /proc reader), and the matrix every real harness passes (matrix.go:
 // PauseMidTool, PauseHeldReply, PauseMidStream, TwoRolloutsApart,
 // CrashBeforeResponse, HostileTask, RunVerified). What differs between
 // harnesses (the adapter, the harness binary, its script, what is read of

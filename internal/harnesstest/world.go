@@ -20,6 +20,7 @@ import (
 	"time"
 
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
@@ -602,9 +603,9 @@ type Still struct {
 	// At is when the look was taken.
 	At time.Time
 	// Supervisor is the launch's supervisor (ngsup run, never paused).
-	Supervisor ProcStat
+	Supervisor proctest.Stat
 	// Procs are the launch's other processes, by pid.
-	Procs map[int]ProcStat
+	Procs map[int]proctest.Stat
 	// Files are the sandbox's files by path relative to its host folder.
 	Files map[string]FileState
 	// Extra is what the world's Extra read, by name.
@@ -652,9 +653,9 @@ func (w *World) Observe(sandboxID, launchID string) Still {
 	if err != nil {
 		w.T.Fatal(err)
 	}
-	s := Still{At: time.Now(), Procs: map[int]ProcStat{}}
+	s := Still{At: time.Now(), Procs: map[int]proctest.Stat{}}
 	for _, p := range tr.Processes {
-		st, ok := ReadStat(p.PID)
+		st, ok := proctest.ReadStat(p.PID)
 		if !ok || st.StartTicks != p.StartTicks {
 			w.T.Errorf("process %d (%s) of launch %s went away while paused", p.PID, p.Comm, launchID)
 			continue
@@ -681,11 +682,11 @@ func (w *World) Observe(sandboxID, launchID string) Still {
 // writes), and a clock tick charged for that work after the first look is
 // not work done while paused. A supervisor that keeps working never
 // settles: its last reading is returned, and the next look still differs.
-func settled(st ProcStat) ProcStat {
+func settled(st proctest.Stat) proctest.Stat {
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
 		time.Sleep(300 * time.Millisecond)
-		again, ok := ReadStat(st.PID)
+		again, ok := proctest.ReadStat(st.PID)
 		if !ok || again.StartTicks != st.StartTicks {
 			return st
 		}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
@@ -38,8 +39,8 @@ func checkAllStopped(t *testing.T, e *drivertest.Env, what, sandboxID string) {
 			continue
 		}
 		n++
-		if st, ok := drivertest.ReadStat(pid); ok && st.State != 'T' && st.State != 't' && st.State != 'Z' {
-			t.Errorf("%s: %s is not stopped", what, drivertest.Describe(pid))
+		if st, ok := proctest.ReadStat(pid); ok && st.State != 'T' && st.State != 't' && st.State != 'Z' {
+			t.Errorf("%s: %s is not stopped", what, proctest.Describe(pid))
 		}
 	}
 	if n == 0 {
@@ -442,7 +443,7 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 	// launch's tree as continued.
 	testkit.Eventually(t, "the killed processes are reaped", func() (bool, string) {
 		for _, pr := range held {
-			if st, ok := drivertest.ReadStat(pr.PID); ok && st.StartTicks == pr.StartTicks {
+			if st, ok := proctest.ReadStat(pr.PID); ok && st.StartTicks == pr.StartTicks {
 				return false, fmt.Sprintf("%d is still there in state %c", pr.PID, st.State)
 			}
 		}

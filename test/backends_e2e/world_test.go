@@ -21,6 +21,7 @@ import (
 	"time"
 
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
@@ -430,7 +431,7 @@ func (w *world) checkNoProcs(what string, ids ...string) {
 		var left []string
 		for _, id := range ids {
 			for _, p := range fakeexecd.ProcsIn(w.hostFolder(id), mountPoint) {
-				left = append(left, fakeexecd.Describe(p))
+				left = append(left, proctest.Describe(p))
 			}
 		}
 		return len(left) == 0, fmt.Sprintf("running: %v", left)
@@ -495,7 +496,7 @@ func (w *world) cleanup() {
 			break
 		}
 		for _, p := range pids {
-			left = append(left, fakeexecd.Describe(p))
+			left = append(left, proctest.Describe(p))
 		}
 		for _, f := range w.sandboxes() {
 			fakeexecd.KillIn(f, mountPoint)

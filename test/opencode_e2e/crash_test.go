@@ -12,6 +12,7 @@ import (
 
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/proto"
@@ -303,7 +304,7 @@ func testCrashResumeWithOldPython(t *testing.T, ver openCode) {
 			}
 			for _, p := range tr.Processes {
 				if strings.HasPrefix(p.Comm, "ngresume") {
-					helperPath = harnesstest.EnvOf(p.PID, "PATH")
+					helperPath, _ = proctest.Env(p.PID, "PATH")
 					return helperPath != "", "no PATH read"
 				}
 			}

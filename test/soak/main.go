@@ -44,6 +44,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/proctest"
 )
 
 type config struct {
@@ -148,14 +150,8 @@ func usage(pid int) (peakMB float64, cpuS float64) {
 			}
 		}
 	}
-	if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-		s := string(data)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-		if len(f) > 13 {
-			u, _ := strconv.ParseFloat(f[11], 64)
-			k, _ := strconv.ParseFloat(f[12], 64)
-			cpuS = (u + k) / 100
-		}
+	if st, ok := proctest.ReadStat(pid); ok {
+		cpuS = float64(st.CPU()) / 100
 	}
 	return
 }

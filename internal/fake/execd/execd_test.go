@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/fake/execd"
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 )
 
@@ -529,19 +530,6 @@ func TestSnapshotAForkUsesIsNotDeleted(t *testing.T) {
 	}
 }
 
-// procState reads a process's state letter.
-func procState(pid int) byte {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 || i+2 >= len(data) {
-		return 0
-	}
-	return data[i+2]
-}
-
 // TestSnapshotFreezesTheSandbox proves a snapshot pauses the whole
 // sandbox for as long as it takes, as the Docker runtime's commit does:
 // every process stopped (one stopped before is left stopped after), an
@@ -565,7 +553,7 @@ func TestSnapshotFreezesTheSandbox(t *testing.T) {
 	// The stopped one is in a session of its own: stopped in a group left
 	// orphaned it would get SIGHUP and SIGCONT.
 	running, stopped := pidOf("running"), pidOf("stopped")
-	testkit.Eventually(t, "the stopped one to stop", func() (bool, string) { return procState(stopped) == 'T', "" })
+	testkit.Eventually(t, "the stopped one to stop", func() (bool, string) { return proctest.State(stopped) == 'T', "" })
 	inFlight := make(chan []ev, 1)
 	go func() {
 		evs, _ := f.run(map[string]any{"command": "sleep 1; echo finished > " + mp + "/in-flight"})
@@ -574,7 +562,7 @@ func TestSnapshotFreezesTheSandbox(t *testing.T) {
 	testkit.Eventually(t, "the command in flight to start", func() (bool, string) { return len(f.srv.Commands(f.id)) >= 2, "" })
 	var sn snapshotReply
 	f.lifecycle("POST", "/sandboxes/"+f.id+"/snapshots", map[string]string{"name": "freeze"}, &sn)
-	testkit.Eventually(t, "the freeze", func() (bool, string) { return procState(running) == 'T', "" })
+	testkit.Eventually(t, "the freeze", func() (bool, string) { return proctest.State(running) == 'T', "" })
 	afterc := make(chan []ev, 1)
 	go func() {
 		evs, _ := f.run(map[string]any{"command": "date +%s%N"})
@@ -588,8 +576,8 @@ func TestSnapshotFreezesTheSandbox(t *testing.T) {
 	if len(fz) != 1 || fz[0].Processes < 2 {
 		t.Fatalf("freezes %+v, want one that stopped the sandbox's processes", fz)
 	}
-	testkit.Eventually(t, "the thaw", func() (bool, string) { return procState(running) != 'T', "" })
-	if st := procState(stopped); st != 'T' {
+	testkit.Eventually(t, "the thaw", func() (bool, string) { return proctest.State(running) != 'T', "" })
+	if st := proctest.State(stopped); st != 'T' {
 		t.Errorf("the process stopped before the snapshot is %c after it, want still T", st)
 	}
 	evs := <-inFlight

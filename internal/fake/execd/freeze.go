@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ngharness/ngharness/internal/proctest"
 )
 
 // A snapshot on the real server's Docker runtime commits the container
@@ -39,8 +41,8 @@ func freezeProcs(hostFolder, mountPoint string) *frozen {
 				continue
 			}
 			seen[pid] = true
-			st, _, ok := stat(pid)
-			if !ok || st == 'T' || st == 't' {
+			switch proctest.State(pid) {
+			case 0, 'T', 't':
 				continue // gone, or stopped by someone else: left as it is
 			}
 			fd, err := unix.PidfdOpen(pid, 0)

@@ -16,11 +16,12 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ngharness/ngharness/internal/proctest"
 )
 
 const (
@@ -139,7 +140,7 @@ func (r *cliRun) exited() bool {
 // kill, while they are still its descendants).
 func (r *cliRun) kill(t *testing.T) {
 	pid := r.cmd.Process.Pid
-	desc := descendants(pid)
+	desc := proctest.Descendants(pid)
 	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("kill process group %d: %v", pid, err)
 	}
@@ -149,48 +150,6 @@ func (r *cliRun) kill(t *testing.T) {
 		}
 	}
 	t.Logf("killed %s process group %d and its descendants %v", r.name, pid, desc)
-}
-
-// descendants lists the processes below pid, from /proc.
-func descendants(pid int) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	children := map[int][]int{}
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(stat[i+1:]))
-		if len(fields) < 2 {
-			continue
-		}
-		if ppid, err := strconv.Atoi(fields[1]); err == nil {
-			children[ppid] = append(children[ppid], p)
-		}
-	}
-	var out []int
-	queue := []int{pid}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			out = append(out, c)
-			queue = append(queue, c)
-		}
-	}
-	return out
 }
 
 // wait waits for the harness to exit before deadline; past it, it kills it

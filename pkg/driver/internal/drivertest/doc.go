@@ -7,8 +7,9 @@
 // Around the real parts it adds only observation and, where a test asks,
 // interception: a backend that records every exec's argv (and lets a test
 // hold, fail or answer an exec), an owner that counts its calls per rollout,
-// and helpers that read /proc (process states, start times, the mount
-// namespaces of a sandbox) and the fake harness's session files.
+// and helpers that look at a sandbox's processes (through
+// internal/proctest, the tests' one /proc reader) and the fake harness's
+// session files.
 //
 // Every Env stops what its tests started: at cleanup it cancels the runs
 // still going, runs `ngsup stop --id` on every launch folder of every

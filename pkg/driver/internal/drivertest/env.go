@@ -1,7 +1,6 @@
 package drivertest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -24,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
@@ -504,7 +504,7 @@ func CheckGone(t testing.TB, what string, procs []Proc) {
 		live := Live(procs)
 		var names []string
 		for _, p := range live {
-			names = append(names, fmt.Sprintf("%s %s", p.Kind, Describe(p.PID)))
+			names = append(names, fmt.Sprintf("%s %s", p.Kind, proctest.Describe(p.PID)))
 		}
 		return len(live) == 0, fmt.Sprintf("alive: %v", names)
 	})
@@ -522,9 +522,9 @@ func (e *Env) ProcsIn(sandboxIDs ...string) []int { return e.view.procs(sandboxI
 // rollouts.
 func (e *Env) tagged() []int {
 	var out []int
-	for _, pid := range pids() {
-		if tag := tagOf(pid); tag != "" && strings.Contains(tag, e.Tag) {
-			if st, ok := ReadStat(pid); ok && st.State != 'Z' {
+	for _, pid := range proctest.Pids() {
+		if tag := proctest.Tag(pid); tag != "" && strings.Contains(tag, e.Tag) {
+			if st, ok := proctest.ReadStat(pid); ok && st.State != 'Z' {
 				out = append(out, pid)
 			}
 		}
@@ -546,7 +546,7 @@ func (e *Env) CheckNoProcs(what string, sandboxIDs ...string) {
 		left := e.ProcsIn(sandboxIDs...)
 		var names []string
 		for _, pid := range left {
-			names = append(names, Describe(pid))
+			names = append(names, proctest.Describe(pid))
 		}
 		return len(left) == 0, fmt.Sprintf("running: %v", names)
 	})
@@ -555,7 +555,7 @@ func (e *Env) CheckNoProcs(what string, sandboxIDs ...string) {
 // IsSupervisor reports whether pid is an ngsup process (its comm is
 // ngsup-<hash>, truncated).
 func IsSupervisor(pid int) bool {
-	st, ok := ReadStat(pid)
+	st, ok := proctest.ReadStat(pid)
 	return ok && strings.HasPrefix(st.Comm, "ngsup")
 }
 
@@ -601,8 +601,7 @@ const wrapperSettle = 3 * time.Second
 // isExecWrapper tells a process running the opensandbox backend's exec
 // script (opensandbox.Script), by the marker its text holds.
 func isExecWrapper(pid int) bool {
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && bytes.Contains(cmdline, []byte("m='@ngx-"))
+	return strings.Contains(proctest.Cmdline(pid), "m='@ngx-")
 }
 
 // cleanup cancels the runs still going, stops every launch, and fails the
@@ -646,8 +645,8 @@ func (e *Env) cleanup() {
 			continue
 		}
 		for _, pid := range pids {
-			d := Describe(pid)
-			if killByPidfd(pid, e.ours) {
+			d := proctest.Describe(pid)
+			if proctest.Kill(pid, e.ours) {
 				left = append(left, d)
 			}
 		}

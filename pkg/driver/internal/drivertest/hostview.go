@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/ngharness/ngharness/internal/dockertest"
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
@@ -61,12 +62,12 @@ func (v localView) procs(ids ...string) []int {
 	}
 	all := filepath.Join(v.lb.Base(), "sandboxes") + "/"
 	var out []int
-	for _, pid := range pids() {
-		st, ok := ReadStat(pid)
-		if !ok || st.State == 'Z' || st.State == 'X' {
+	for _, pid := range proctest.Pids() {
+		st, ok := proctest.ReadStat(pid)
+		if !ok || !st.Live() {
 			continue
 		}
-		for _, r := range bindRoots(pid, v.lb.MountPoint()) {
+		for _, r := range proctest.MountRoots(pid, v.lb.MountPoint()) {
 			if len(roots) == 0 && strings.HasPrefix(r, all) || slices.Contains(roots, r) {
 				out = append(out, pid)
 				break

@@ -1,7 +1,6 @@
 package lending
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -21,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
@@ -115,8 +115,7 @@ func open(pid int, tag string) (int, error) {
 	// execve: look again until it carries the tag or the process is gone.
 	// Only this test's processes carry its tag.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err == nil && bytes.Contains(env, []byte(tagVar+"="+tag+"\x00")) {
+		if v, ok := proctest.Env(pid, tagVar); ok && v == tag {
 			return fd, nil
 		}
 		if waitExit(fd, 0) || time.Now().After(deadline) {

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
@@ -124,13 +125,12 @@ func adopt(t *testing.T, pid int, tag string) *proc {
 	// execve: look again until it carries the tag or the process is gone.
 	// Only this test's processes carry its tag.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err == nil && bytes.Contains(env, []byte(tagVar+"="+tag+"\x00")) {
+		if v, ok := proctest.Env(pid, tagVar); ok && v == tag {
 			break
 		}
 		if !p.alive() || time.Now().After(deadline) {
 			unix.Close(fd)
-			t.Fatalf("pid %d is not one of this test's processes (%v)", pid, err)
+			t.Fatalf("pid %d is not one of this test's processes", pid)
 		}
 	}
 	t.Cleanup(func() {

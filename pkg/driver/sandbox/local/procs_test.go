@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
@@ -178,13 +179,12 @@ setsid sh -c 'sleep 300 & exec chroot "$0" /bin/sleep 300' "$J" </dev/null >/dev
 		t.Fatalf("pid: %q (stderr %q)", res.Stdout, res.Stderr)
 	}
 	jailed := adopt(t, pid, tag)
-	var child int
+	var children []int
 	testkit.Eventually(t, fmt.Sprintf("the plain sleep under %d", pid), func() (bool, string) {
-		data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-		_, err := fmt.Sscan(string(data), &child)
-		return err == nil, fmt.Sprintf("children %q", data)
+		children = proctest.Children(pid)
+		return len(children) > 0, fmt.Sprintf("children %v", children)
 	})
-	plain := adopt(t, child, tag)
+	plain := adopt(t, children[0], tag)
 	testkit.Eventually(t, fmt.Sprintf("process %d in its chroot", pid), func() (bool, string) {
 		root, _ := os.Readlink(fmt.Sprintf("/proc/%d/root", pid))
 		return strings.HasSuffix(root, "/jail"), "root " + root

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
@@ -151,7 +152,7 @@ func TestExecAcrossASnapshot(t *testing.T) {
 	testkit.Eventually(t, "the freeze", func() (bool, string) {
 		procs := fakeexecd.ProcsIn(f.srv.HostPath(sb.ID()), f.srv.MountPoint())
 		for _, p := range procs {
-			if !strings.Contains(fakeexecd.Describe(p), " T ") {
+			if !strings.Contains(proctest.Describe(p), " T ") {
 				return false, ""
 			}
 		}

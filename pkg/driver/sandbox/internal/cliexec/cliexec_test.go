@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 )
 
@@ -88,8 +89,7 @@ func runKill(t *testing.T, nonce, fence string) {
 func waitGone(t *testing.T, pid int, what string) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil || strings.Contains(string(st), ") Z ") {
+		if st, ok := proctest.ReadStat(pid); !ok || !st.Live() {
 			return
 		}
 	}

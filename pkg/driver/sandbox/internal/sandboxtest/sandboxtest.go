@@ -19,6 +19,7 @@ import (
 	"time"
 
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
@@ -262,7 +263,7 @@ func waitProcs(t *testing.T, f Fixture, sb sandbox.Sandbox, n int) {
 		var left []string
 		if f.HostFolder != nil {
 			for _, p := range fakeexecd.ProcsIn(f.HostFolder(sb.ID()), f.MountPoint) {
-				left = append(left, fakeexecd.Describe(p))
+				left = append(left, proctest.Describe(p))
 			}
 		} else {
 			script := `for p in /proc/[0-9]*; do if [ "$(tr '\000' ' ' <$p/cmdline 2>/dev/null)" = 'sleep 300 ' ]; then echo "${p#/proc/}"; fi; done`
@@ -280,7 +281,7 @@ func WaitNoProcs(t testing.TB, hostFolder, mountPoint string) {
 	testkit.Eventually(t, "no process left in "+hostFolder, func() (bool, string) {
 		var d []string
 		for _, p := range fakeexecd.ProcsIn(hostFolder, mountPoint) {
-			d = append(d, fakeexecd.Describe(p))
+			d = append(d, proctest.Describe(p))
 		}
 		return len(d) == 0, fmt.Sprintf("left: %v", d)
 	})
