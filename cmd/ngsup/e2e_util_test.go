@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,7 +41,7 @@ const (
 )
 
 var (
-	// ngsupBin is the ngsup binary built by TestMain.
+	// ngsupBin is the ngsup binary TestMain built (testkit.Build).
 	ngsupBin string
 	// testBin is this test binary, run again for the fixtures.
 	testBin string
@@ -58,23 +57,13 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
-	tmp, err := os.MkdirTemp("", "ngsup-e2e-bin-")
+	_, err := testkit.Build("ngsup")
+	defer testkit.RemoveBuilt()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(tmp)
-	ngsupBin = filepath.Join(tmp, "ngsup")
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	build := exec.Command(goTool, "build", "-o", ngsupBin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build ngsup: %v\n%s", err, out)
-		return 1
-	}
+	ngsupBin = testkit.Bin("ngsup")
 	if testBin, err = os.Executable(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

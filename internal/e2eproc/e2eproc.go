@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -361,98 +360,4 @@ func ErrorsIn(stderr string) []string {
 		}
 	}
 	return out
-}
-
-// RaceEnv, when "1", makes Build give ngdriver the race detector (the
-// servers then report data races on their stderr, which ErrorsIn finds).
-const RaceEnv = "NGHARNESS_E2E_RACE"
-
-// Binaries are the programs an end-to-end package runs, built once by its
-// TestMain into a folder of their own laid out as `make build` lays out
-// bin/ (ngdriver, and ngsup-linux-<GOARCH> beside it, where the driver
-// looks for it).
-type Binaries struct {
-	Dir, Ngdriver, Ngsup string
-}
-
-// Build builds ngdriver and ngsup from the module two levels above the
-// calling test package into a new temporary folder named after pkg (the
-// caller's name for its messages). Remove the folder when done.
-func Build(pkg string) (Binaries, error) {
-	root, err := moduleRoot()
-	if err != nil {
-		return Binaries{}, err
-	}
-	dir, err := os.MkdirTemp("", "ngharness-"+pkg+"-bin-")
-	if err != nil {
-		return Binaries{}, err
-	}
-	b := Binaries{Dir: dir, Ngdriver: filepath.Join(dir, "ngdriver"), Ngsup: filepath.Join(dir, "ngsup-linux-"+runtime.GOARCH)}
-	if err := build(pkg, root, b.Ngdriver, "./cmd/ngdriver", os.Getenv(RaceEnv) == "1"); err != nil {
-		os.RemoveAll(dir)
-		return Binaries{}, err
-	}
-	if err := build(pkg, root, b.Ngsup, "./cmd/ngsup", false); err != nil {
-		os.RemoveAll(dir)
-		return Binaries{}, err
-	}
-	return b, nil
-}
-
-// BuildProgram builds one more program of the module (target, such as
-// "./internal/fake/model/cmd/fakemodel") into dir as name, as Build builds the
-// others (static, -trimpath; never with the race detector), and returns
-// its path.
-func BuildProgram(pkg, dir, name, target string) (string, error) {
-	root, err := moduleRoot()
-	if err != nil {
-		return "", err
-	}
-	out := filepath.Join(dir, name)
-	if err := build(pkg, root, out, target, false); err != nil {
-		return "", err
-	}
-	return out, nil
-}
-
-// moduleRoot is the folder of go.mod, two levels above the test package
-// (a test runs in its package's folder).
-func moduleRoot() (string, error) {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		return "", err
-	}
-	data, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil || !strings.Contains(string(data), "module github.com/ngharness/ngharness") {
-		return "", fmt.Errorf("cannot find the module root above %s", root)
-	}
-	return root, nil
-}
-
-// build builds target into out as the Makefile does: static (no cgo),
-// -trimpath; with race, the race detector (which needs cgo).
-func build(pkg, root, out, target string, race bool) error {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	args := []string{"build", "-trimpath", "-o", out}
-	if race {
-		args = append(args, "-race")
-	}
-	args = append(args, target)
-	cmd := exec.Command(goBin, args...)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+runtime.GOARCH)
-	if !race {
-		cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
-	}
-	begin := time.Now()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	if testing.Verbose() {
-		fmt.Printf("%s: built %s in %s\n", pkg, filepath.Base(out), time.Since(begin).Round(time.Millisecond))
-	}
-	return nil
 }

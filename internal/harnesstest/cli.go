@@ -6,13 +6,12 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // CLIRun is what one `ngdriver run` of a real harness left: its result,
@@ -63,7 +62,7 @@ func (s *Suite) NgdriverRun(t *testing.T, adapter, bin string, script func(fakem
 	t.Cleanup(func() { os.RemoveAll(state) })
 	ctx, cancel := context.WithTimeout(t.Context(), s.Patience)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(s.BinDir, "ngdriver-linux-"+runtime.GOARCH), "run",
+	cmd := exec.CommandContext(ctx, testkit.Bin("ngdriver"), "run",
 		"--adapter", adapter, "--harness-bin", bin, "--model-url", srv.URL(),
 		"--task", task, "--check", check, "--rollout-id", s.RunTag+"-cli",
 		"--checkpoint-at", times.CheckpointAt, "--crash-at", times.CrashAt, "--state-dir", state)

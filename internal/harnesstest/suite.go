@@ -18,8 +18,6 @@ package harnesstest
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -37,9 +35,9 @@ type Suite struct {
 	// TagPrefix starts RunTag ("cxe2e"): the name of every rollout and
 	// base folder of this test process starts with RunTag.
 	TagPrefix string
-	// Binaries are the commands of the module Main builds static into
-	// BinDir as <name>-linux-<GOARCH> ("ngsup", "ngresume"): the names
-	// launch.FindBinaries looks for. ngsup must be among them.
+	// Binaries are the programs of the module Main builds into BinDir
+	// (testkit.Build: "ngsup", "ngresume", "ngdriver"). ngsup must be
+	// among them.
 	Binaries []string
 	// SkipBuild, when set, makes Main build nothing (BinDir and NgsupHost
 	// stay empty).
@@ -78,7 +76,7 @@ func (s *Suite) Main(m *testing.M) int {
 		fmt.Printf("%s: skipped, these tests need Linux (/proc, mount namespaces)\n", s.Name)
 		return 0
 	}
-	root, err := FindModuleRoot()
+	root, err := testkit.ModuleRoot()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", s.Name, err)
 		return 1
@@ -87,21 +85,14 @@ func (s *Suite) Main(m *testing.M) int {
 	testkit.Patience = s.Patience
 	s.RunTag = fmt.Sprintf("%s%d", s.TagPrefix, os.Getpid())
 	if !s.SkipBuild {
-		dir, err := os.MkdirTemp("", s.RunTag+"-bin-")
+		dir, err := testkit.Build(s.Binaries...)
+		defer testkit.RemoveBuilt()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", s.Name, err)
 			return 1
 		}
-		defer os.RemoveAll(dir)
-		for _, name := range s.Binaries {
-			out := filepath.Join(dir, name+"-linux-"+runtime.GOARCH)
-			if err := BuildStatic(root, out, "./cmd/"+name); err != nil {
-				fmt.Fprintf(os.Stderr, "%s: %v\n", s.Name, err)
-				return 1
-			}
-		}
 		s.BinDir = dir
-		s.NgsupHost = filepath.Join(dir, "ngsup-linux-"+runtime.GOARCH)
+		s.NgsupHost = testkit.Bin("ngsup")
 	}
 	if s.BeforeRun != nil {
 		s.BeforeRun()
@@ -128,36 +119,6 @@ func (s *Suite) Main(m *testing.M) int {
 // Tree is `ngsup tree` of the launch whose folder is at hostDir, run with
 // the suite's built ngsup.
 func (s *Suite) Tree(hostDir string) (proto.TreeResult, error) { return Tree(s.NgsupHost, hostDir) }
-
-// FindModuleRoot is the folder of go.mod, two levels above the test
-// package (the working directory of `go test`).
-func FindModuleRoot() (string, error) {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		return "", err
-	}
-	data, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil || !strings.Contains(string(data), "module github.com/ngharness/ngharness") {
-		return "", fmt.Errorf("cannot find the module root above %s", root)
-	}
-	return root, nil
-}
-
-// BuildStatic builds pkg into out as `make build` does: static (no cgo),
-// -trimpath, for this machine's architecture.
-func BuildStatic(root, out, pkg string) error {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, pkg)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build %s: %v\n%s", pkg, err, msg)
-	}
-	return nil
-}
 
 // RequireRoot skips t unless the test process runs as root (the local
 // sandboxes' mount namespaces need it).

@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/cgrouptest"
-	"github.com/ngharness/ngharness/internal/fake/cli/build"
 	"github.com/ngharness/ngharness/internal/testkit"
 )
 
@@ -32,36 +30,14 @@ func testMain(m *testing.M) int {
 		fmt.Println("backends_e2e: skipped, these tests need Linux")
 		return 0
 	}
-	dir, err := os.MkdirTemp("", "ngharness-backends-e2e-")
+	dir, err := testkit.Build("ngsup", "ngdriver", "docker", "kubectl")
+	defer testkit.RemoveBuilt()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "backends_e2e:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	binDir = dir
-	ngsupPath = filepath.Join(dir, "ngsup-linux-"+runtime.GOARCH)
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	cmd := exec.Command(goBin, "build", "-trimpath", "-o", ngsupPath, "github.com/ngharness/ngharness/cmd/ngsup")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "backends_e2e: build ngsup: %v\n%s", err, out)
-		return 1
-	}
-	ngdriverPath = filepath.Join(dir, "ngdriver")
-	cmd = exec.Command(goBin, "build", "-trimpath", "-o", ngdriverPath, "github.com/ngharness/ngharness/cmd/ngdriver")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "backends_e2e: build ngdriver: %v\n%s", err, out)
-		return 1
-	}
-	docker, _, err := build.Build(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "backends_e2e:", err)
-		return 1
-	}
+	binDir, ngsupPath, ngdriverPath = dir, testkit.Bin("ngsup"), testkit.Bin("ngdriver")
+	docker := testkit.Bin("docker")
 	// The fake docker and kubectl come first on PATH: the backends find
 	// them by name, as they would the real ones.
 	os.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))

@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/testkit"
 )
 
@@ -30,14 +29,14 @@ func testMain(m *testing.M) int {
 		fmt.Println("e2e: skipped, these tests need Linux (/proc, process groups, mount namespaces)")
 		return 0
 	}
-	bins, err := e2eproc.Build("e2e")
+	dir, err := testkit.Build("ngdriver", "ngsup")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
+		testkit.RemoveBuilt()
 		return 1
 	}
-	defer os.RemoveAll(bins.Dir)
-	binDir, ngdriverBin, ngsupBin = bins.Dir, bins.Ngdriver, bins.Ngsup
+	binDir, ngdriverBin, ngsupBin = dir, testkit.Bin("ngdriver"), testkit.Bin("ngsup")
 	runTag = fmt.Sprintf("ngE2E%d", os.Getpid())
 	testkit.Patience = waitLimit
-	return m.Run()
+	return testkit.Main(m)
 }

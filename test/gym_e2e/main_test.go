@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/testkit"
 )
 
@@ -30,17 +29,13 @@ func testMain(m *testing.M) int {
 		fmt.Println("gym_e2e: skipped, these tests need Linux (/proc, process groups, mount namespaces)")
 		return 0
 	}
-	bins, err := e2eproc.Build("gym-e2e")
+	dir, err := testkit.Build("ngdriver", "ngsup", "fakemodel")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gym_e2e:", err)
+		testkit.RemoveBuilt()
 		return 1
 	}
-	defer os.RemoveAll(bins.Dir)
-	binDir, ngdriverBin, ngsupBin = bins.Dir, bins.Ngdriver, bins.Ngsup
-	if fakemodelBin, err = e2eproc.BuildProgram("gym-e2e", bins.Dir, "fakemodel", "./internal/fake/model/cmd/fakemodel"); err != nil {
-		fmt.Fprintln(os.Stderr, "gym_e2e:", err)
-		return 1
-	}
+	binDir, ngdriverBin, ngsupBin, fakemodelBin = dir, testkit.Bin("ngdriver"), testkit.Bin("ngsup"), testkit.Bin("fakemodel")
 	testkit.Patience = waitLimit
-	return m.Run()
+	return testkit.Main(m)
 }

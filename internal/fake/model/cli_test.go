@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/proctest"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 const (
@@ -46,20 +47,9 @@ func npmArch() string {
 // fails it under CI if requireInCI.
 func installedBin(t *testing.T, what, rel, install string, requireInCI bool) string {
 	t.Helper()
-	wd, err := os.Getwd()
+	root, err := testkit.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
-	}
-	root := wd
-	for {
-		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(root)
-		if parent == root {
-			t.Fatalf("no go.mod above %s", wd)
-		}
-		root = parent
 	}
 	bin := filepath.Join(root, ".tools", rel)
 	if st, err := os.Stat(bin); err != nil || st.Mode()&0o111 == 0 {

@@ -12,10 +12,8 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -45,47 +43,17 @@ const Patience = 3 * time.Minute
 // StopGrace is the SIGINT-to-SIGKILL grace the tests' runners use.
 const StopGrace = 500 * time.Millisecond
 
-// ngsupDir holds the ngsup built by Main.
-var ngsupDir string
-
-// Main builds the static ngsup once for the test binary, runs the tests and
-// removes it. Call it from TestMain.
-func Main(m *testing.M) {
-	dir, err := BuildNgsup()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "drivertest:", err)
-		os.Exit(1)
-	}
-	ngsupDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// BuildNgsup builds ./cmd/ngsup, static (CGO_ENABLED=0), for this machine's
-// architecture, into a new temporary folder as ngsup-linux-<GOARCH>, the
-// name launch.DefaultBinaries looks for. It returns the folder.
-func BuildNgsup() (string, error) {
-	dir, err := os.MkdirTemp("", "drivertest-ngsup-")
-	if err != nil {
-		return "", err
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	out := filepath.Join(dir, "ngsup-linux-"+runtime.GOARCH)
-	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, "github.com/ngharness/ngharness/cmd/ngsup")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
-		return "", fmt.Errorf("build ngsup: %v\n%s", err, msg)
-	}
-	return dir, nil
-}
+// Main builds the static ngsup once for the test binary (testkit.Build),
+// runs the tests and removes it. Call it from TestMain.
+func Main(m *testing.M) { os.Exit(testkit.Main(m, "ngsup")) }
 
 // NgsupDir is the folder of the ngsup Main built.
-func NgsupDir() string { return ngsupDir }
+func NgsupDir() string {
+	if bin := testkit.Bin("ngsup"); bin != "" {
+		return filepath.Dir(bin)
+	}
+	return ""
+}
 
 // Env is one test's world: a local backend in the test's temporary folder,
 // a lending owner on it, and ngsup. Make it with New.
@@ -121,6 +89,7 @@ func New(t *testing.T) *Env {
 	if os.Geteuid() != 0 {
 		t.Skip("the driver's tests need root: local sandboxes in mount namespaces of their own")
 	}
+	ngsupDir := NgsupDir()
 	if ngsupDir == "" {
 		t.Fatal("drivertest: ngsup was not built: call drivertest.Main from TestMain")
 	}

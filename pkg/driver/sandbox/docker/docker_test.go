@@ -3,38 +3,22 @@ package docker_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/ngharness/ngharness/internal/fake/cli/build"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/internal/sandboxtest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 )
 
-// fakeDocker is the fake docker client built for this test binary.
-var fakeDocker string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "docker-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	fakeDocker, _, err = build.Build(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+// TestMain builds the fake docker client (internal/fake/cli) for this test
+// binary.
+func TestMain(m *testing.M) { os.Exit(testkit.Main(m, "docker")) }
 
 type world struct {
 	base string
@@ -48,7 +32,7 @@ func newWorld(t *testing.T) *world {
 	}
 	base := t.TempDir()
 	b, err := docker.New(docker.Options{
-		Binary: fakeDocker, Env: []string{"FAKECLI_BASE=" + base, "FAKECLI_LOG=" + filepath.Join(base, "calls")},
+		Binary: testkit.Bin("docker"), Env: []string{"FAKECLI_BASE=" + base, "FAKECLI_LOG=" + filepath.Join(base, "calls")},
 		Image: "ubuntu:24.04", Root: "/sandbox/.ngharness", Workdir: "/sandbox/work",
 	})
 	if err != nil {

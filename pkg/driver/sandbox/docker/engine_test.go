@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 )
@@ -78,7 +79,7 @@ func eachTarget(t *testing.T, f func(t *testing.T, x *cliTarget)) {
 	t.Run("fake", func(t *testing.T) {
 		t.Parallel()
 		w := newWorld(t)
-		f(t, &cliTarget{bin: fakeDocker, prefix: "t", owner: docker.DefaultSnapshotRepository, env: []string{"FAKECLI_BASE=" + w.base}, b: w.b})
+		f(t, &cliTarget{bin: testkit.Bin("docker"), prefix: "t", owner: docker.DefaultSnapshotRepository, env: []string{"FAKECLI_BASE=" + w.base}, b: w.b})
 	})
 	t.Run("engine", func(t *testing.T) {
 		t.Parallel()

@@ -3,7 +3,6 @@ package kubectl_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,31 +11,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ngharness/ngharness/internal/fake/cli/build"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/internal/sandboxtest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/kubectl"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 )
 
-// fakeKubectl is the fake kubectl built for this test binary.
-var fakeKubectl string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kubectl-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	_, fakeKubectl, err = build.Build(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+// TestMain builds the fake kubectl client (internal/fake/cli) for this test
+// binary.
+func TestMain(m *testing.M) { os.Exit(testkit.Main(m, "kubectl")) }
 
 type world struct {
 	base string
@@ -50,7 +34,7 @@ func newWorld(t *testing.T) *world {
 	}
 	base := t.TempDir()
 	b, err := kubectl.New(kubectl.Options{
-		Binary: fakeKubectl, Env: []string{"FAKECLI_BASE=" + base, "FAKECLI_LOG=" + filepath.Join(base, "calls")}, Namespace: "rl",
+		Binary: testkit.Bin("kubectl"), Env: []string{"FAKECLI_BASE=" + base, "FAKECLI_LOG=" + filepath.Join(base, "calls")}, Namespace: "rl",
 		Image: "ubuntu:24.04", Root: "/sandbox/.ngharness", Workdir: "/sandbox/work",
 		SnapshotDir: filepath.Join(base, "tars"),
 	})
@@ -140,7 +124,7 @@ func TestIDsAndClientFailures(t *testing.T) {
 // stdout and stderr.
 func kubectlRun(t *testing.T, base, stdin string, args ...string) (int, string, string) {
 	t.Helper()
-	cmd := exec.Command(fakeKubectl, args...)
+	cmd := exec.Command(testkit.Bin("kubectl"), args...)
 	cmd.Env = append(os.Environ(), "FAKECLI_BASE="+base)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr strings.Builder
@@ -247,7 +231,7 @@ func TestBackendSendsOnlyWhatKubectlTakes(t *testing.T) {
 	base := t.TempDir()
 	logFile := filepath.Join(t.TempDir(), "calls")
 	b, err := kubectl.New(kubectl.Options{
-		Binary: fakeKubectl, Env: []string{"FAKECLI_BASE=" + base, "FAKECLI_LOG=" + logFile}, Namespace: "rl",
+		Binary: testkit.Bin("kubectl"), Env: []string{"FAKECLI_BASE=" + base, "FAKECLI_LOG=" + logFile}, Namespace: "rl",
 		Image: "ubuntu:24.04", Root: "/sandbox/.ngharness", Workdir: "/sandbox/work", SnapshotDir: filepath.Join(base, "tars"),
 		RunArgs: []string{"--overrides={\"spec\":{}}"},
 	})
