@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 )
 
 // Proc is a server process of a test, in a process group of its own.
@@ -249,21 +249,14 @@ func OwnProcesses(prefix string) []Info {
 // still run: same pid, younger than since (the test's first process), and
 // the command line the harness gave it.
 func RecordedLeftovers(base string, since uint64) []Info {
-	files, _ := filepath.Glob(filepath.Join(base, "sandboxes", "*", ".ngharness", "state", "fake", "*", "pids"))
+	sessions, _ := filepath.Glob(filepath.Join(base, "sandboxes", "*", ".ngharness", "state", "fake", "*"))
 	seen := map[int]bool{}
 	var out []Info
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			kind, pidText, ok := strings.Cut(strings.TrimSpace(line), " ")
-			if !ok {
-				continue
-			}
-			pid, err := strconv.Atoi(pidText)
-			if err != nil || seen[pid] {
+	for _, s := range sessions {
+		recorded, _ := fake.ReadPids(s)
+		for _, r := range recorded {
+			kind, pid := r.Kind, r.PID
+			if seen[pid] {
 				continue
 			}
 			seen[pid] = true

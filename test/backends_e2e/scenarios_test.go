@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
@@ -120,7 +121,7 @@ func TestCrashRestoresAFork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		saved := len(steps(dir0))
+		saved := len(fake.Steps(dir0))
 		waitSteps(t, dir0, saved+1) // the launch went on after the checkpoint
 		h1.cancel(driver.ErrCrashed)
 		if _, err := h1.wait(t); !errors.Is(err, driver.ErrCrashed) {

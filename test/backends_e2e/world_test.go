@@ -359,26 +359,10 @@ func sanitize(s string) string {
 	}, s)
 }
 
-// steps reads a fake session's steps: the step numbers in order.
-func steps(dir string) []int {
-	data, err := os.ReadFile(filepath.Join(dir, "steps"))
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		var n int
-		if _, err := fmt.Sscanf(line, "step %d", &n); err == nil {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
 func waitSteps(t testing.TB, dir string, n int) {
 	t.Helper()
 	testkit.Eventually(t, fmt.Sprintf("%d steps in %s", n, dir), func() (bool, string) {
-		got := steps(dir)
+		got := fake.Steps(dir)
 		return len(got) >= n, fmt.Sprintf("steps %v", got)
 	})
 }
@@ -386,7 +370,7 @@ func waitSteps(t testing.TB, dir string, n int) {
 // checkStepsOnce fails unless the session holds steps 1..n, each once.
 func checkStepsOnce(t testing.TB, dir string, n int) {
 	t.Helper()
-	got := steps(dir)
+	got := fake.Steps(dir)
 	want := make([]int, n)
 	for i := range want {
 		want[i] = i + 1

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -248,8 +249,7 @@ func checkContinued(t *testing.T, e *env, id string, res result, steps, done int
 		sandbox string
 		want    []string
 	}{{second.SandboxID, wantSteps(1, steps)}, {first.SandboxID, wantSteps(1, done)}} {
-		path := filepath.Join(e.base, "sandboxes", c.sandbox, hostRel(bm.State.SessionDir, e.base, first.SandboxID), "steps")
-		got, err := stepsOf(path)
+		got, err := fake.ReadSteps(filepath.Join(e.base, "sandboxes", c.sandbox, hostRel(bm.State.SessionDir, e.base, first.SandboxID)))
 		if err != nil {
 			t.Errorf("%s: the session in %s: %v", id, c.sandbox, err)
 		} else if !slices.Equal(got, c.want) {

@@ -23,6 +23,7 @@ import (
 	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/internal/testkit"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 )
 
 // waitLimit bounds every wait on a state in these tests: generous, never a
@@ -475,31 +476,14 @@ func (e *env) health() health {
 // rollout's attempt, found in whichever sandbox has it; with several
 // (forks), the longest.
 func (e *env) sessionSteps(rollout string) []string {
-	files, _ := filepath.Glob(filepath.Join(e.base, "sandboxes", "*", ".ngharness", "state", "fake", rollout+"-a*", "steps"))
+	dirs, _ := filepath.Glob(filepath.Join(e.base, "sandboxes", "*", ".ngharness", "state", "fake", rollout+"-a*"))
 	var best []string
-	for _, f := range files {
-		lines, err := stepsOf(f)
-		if err != nil {
-			continue
-		}
-		if len(lines) > len(best) {
+	for _, d := range dirs {
+		if lines, err := fake.ReadSteps(d); err == nil && len(lines) > len(best) {
 			best = lines
 		}
 	}
 	return best
-}
-
-// stepsOf reads a steps file as its lines.
-func stepsOf(path string) ([]string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	text := strings.TrimRight(string(data), "\n")
-	if text == "" {
-		return nil, nil
-	}
-	return strings.Split(text, "\n"), nil
 }
 
 // wantSteps is "step 1" ... "step n".

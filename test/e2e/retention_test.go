@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -87,8 +88,8 @@ func TestThreeFailedCheckpointsKeepTheLastGoodOne(t *testing.T) {
 		t.Errorf("the restored run's fake_* fields %+v, want steps %d..%d", res.Fake, done+1, steps)
 	}
 	bm := good.records[id].bookmark(t)
-	path := filepath.Join(e.base, "sandboxes", second.SandboxID, hostRel(bm.State.SessionDir, e.base, res.Launches[0].SandboxID), "steps")
-	if got, err := stepsOf(path); err != nil || !slices.Equal(got, wantSteps(1, steps)) {
+	session := filepath.Join(e.base, "sandboxes", second.SandboxID, hostRel(bm.State.SessionDir, e.base, res.Launches[0].SandboxID))
+	if got, err := fake.ReadSteps(session); err != nil || !slices.Equal(got, wantSteps(1, steps)) {
 		t.Errorf("the fork's session holds %q (%v), want every step once", got, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/testkit"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -200,7 +201,7 @@ func checkContinued(t *testing.T, w *world, rollout string, res rolloutReply, st
 			t.Errorf("%s: sandbox %s holds %d sessions, want 1: %q", rollout, c.sandbox, len(files), files)
 			continue
 		}
-		if got, err := stepsOf(files[0]); err != nil || !slices.Equal(got, c.want) {
+		if got, err := fake.ReadSteps(filepath.Dir(files[0])); err != nil || !slices.Equal(got, c.want) {
 			t.Errorf("%s: the session in %s holds %q (%v), want %q", rollout, c.sandbox, got, err, c.want)
 		}
 	}

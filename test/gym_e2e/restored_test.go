@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/testkit"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -264,7 +265,7 @@ func TestRestorePreviousCheckpoint(t *testing.T) {
 	if len(files) != 1 {
 		t.Fatalf("the relaunch's sandbox holds sessions %q, want 1", files)
 	}
-	if got, _ := stepsOf(files[0]); !slices.Equal(got, wantSteps(1, steps)) {
+	if got, _ := fake.ReadSteps(filepath.Dir(files[0])); !slices.Equal(got, wantSteps(1, steps)) {
 		t.Errorf("the fork's session holds %q, want steps 1..%d once each", got, steps)
 	}
 }

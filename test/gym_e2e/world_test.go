@@ -25,6 +25,7 @@ import (
 	"github.com/ngharness/ngharness/internal/testkit"
 
 	"github.com/ngharness/ngharness/pkg/driver/config/gymconfig"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -322,27 +323,14 @@ func (w *world) checkpointDir(id string) string { return filepath.Join(w.dir, "c
 // sessionSteps lists the steps of a rollout's fake session, from whichever
 // sandbox has it; with several (a fork and its origin), the longest.
 func (w *world) sessionSteps(rollout string) []string {
-	files, _ := filepath.Glob(filepath.Join(w.base, "sandboxes", "*", ".ngharness", "state", "fake", rollout+"-a*", "steps"))
+	dirs, _ := filepath.Glob(filepath.Join(w.base, "sandboxes", "*", ".ngharness", "state", "fake", rollout+"-a*"))
 	var best []string
-	for _, f := range files {
-		if lines, err := stepsOf(f); err == nil && len(lines) > len(best) {
+	for _, d := range dirs {
+		if lines, err := fake.ReadSteps(d); err == nil && len(lines) > len(best) {
 			best = lines
 		}
 	}
 	return best
-}
-
-// stepsOf reads a steps file as its lines.
-func stepsOf(path string) ([]string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	text := strings.TrimRight(string(data), "\n")
-	if text == "" {
-		return nil, nil
-	}
-	return strings.Split(text, "\n"), nil
 }
 
 // wantSteps is "step from" ... "step to".

@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/proctest"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 )
 
 type config struct {
@@ -620,15 +621,15 @@ func report(c config, results []result, prepares []float64, notParked []string, 
 	// Steps done twice: each session's steps file must hold every step
 	// number once.
 	repeated := 0
-	files, _ := filepath.Glob(filepath.Join(base, "sandboxes", "*", ".ngharness", "state", "fake", "*", "steps"))
+	files, _ := filepath.Glob(filepath.Join(base, "sandboxes", "*", ".ngharness", "state", "fake", "*", fake.StepsFile))
 	bySandboxRollout := map[string]bool{}
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		steps, err := fake.ReadSteps(filepath.Dir(f))
 		if err != nil {
 			continue
 		}
 		seen := map[string]bool{}
-		for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		for _, l := range steps {
 			if seen[l] {
 				repeated++
 				break

@@ -90,7 +90,7 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb harness.LentSandbox, ra
 	if err != nil {
 		return harness.Decision{}, err
 	}
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(st.SessionDir, "steps")}, Timeout: 30 * time.Second})
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", path.Join(st.SessionDir, StepsFile)}, Timeout: 30 * time.Second})
 	if err != nil {
 		return harness.Decision{}, fmt.Errorf("read the saved session: %w", err)
 	}
@@ -174,19 +174,13 @@ func (a *Adapter) Response(ctx context.Context, sb harness.LentSandbox, raw json
 	}
 	out := harness.StoredRun{ExitCode: res.ExitCode, Session: json.RawMessage("null"),
 		Stdout: harness.Tail(string(res.Stdout), 4000), Stderr: harness.Tail(string(res.Stderr), 4000)}
-	file := path.Join(st.SessionDir, "steps")
+	file := path.Join(st.SessionDir, StepsFile)
 	data, ok, err := harness.ReadSandboxFile(ctx, sb, file)
 	if err != nil && ctx.Err() != nil {
 		return nil, err
 	}
 	if ok {
-		steps := []string{}
-		for _, l := range strings.Split(string(data), "\n") {
-			if l != "" {
-				steps = append(steps, l)
-			}
-		}
-		if out.Session, err = json.Marshal(steps); err != nil {
+		if out.Session, err = json.Marshal(ParseSteps(data)); err != nil {
 			return nil, err
 		}
 		out.SessionPath = file

@@ -3,9 +3,12 @@ package fake
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -77,6 +80,37 @@ func TestHarnessStepsOnceAndContinuesASavedSession(t *testing.T) {
 		if string(data) != "step 1\nstep 2\nstep 3\nstep 4\nstep 5\n" {
 			t.Errorf("%s holds %q, want each step once", f, data)
 		}
+	}
+}
+
+// TestReadStepsOfARealSession reads what the harness wrote: ReadSteps the
+// lines of its steps file, Steps their numbers, ReadPids its pids file; a
+// session with no step yet has no file (fs.ErrNotExist) and no numbers.
+func TestReadStepsOfARealSession(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	session := filepath.Join(dir, "session")
+	if _, err := ReadSteps(session); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("no session yet: %v, want fs.ErrNotExist", err)
+	}
+	if got := Steps(session); got != nil {
+		t.Errorf("no session yet: steps %v", got)
+	}
+	if _, code := runScript(t, session, filepath.Join(dir, "work"), map[string]string{"FAKE_STEPS": "3"}); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	got, err := ReadSteps(session)
+	if want := []string{"step 1", "step 2", "step 3"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("ReadSteps: %q %v, want %q", got, err, want)
+	}
+	if n := Steps(session); !slices.Equal(n, []int{1, 2, 3}) {
+		t.Errorf("Steps: %v", n)
+	}
+	if r, err := ReadPids(session); err != nil || len(r) != 1 || r[0].Kind != "harness" || r[0].PID <= 0 {
+		t.Errorf("ReadPids: %+v %v, want the harness alone (its other processes are off)", r, err)
+	}
+	if got := ParseSteps([]byte("step 1\n\nstep 2\n")); !slices.Equal(got, []string{"step 1", "step 2"}) {
+		t.Errorf("ParseSteps leaves empty lines out: %q", got)
 	}
 }
 

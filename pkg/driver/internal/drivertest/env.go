@@ -404,21 +404,9 @@ func (e *Env) WaitSession(sandboxID, rollout string) string {
 	return dir
 }
 
-// Steps reads a session's steps file: the numbers of the steps, in order.
-func Steps(hostSessionDir string) []int {
-	data, err := os.ReadFile(filepath.Join(hostSessionDir, "steps"))
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		var n int
-		if _, err := fmt.Sscanf(line, "step %d", &n); err == nil {
-			out = append(out, n)
-		}
-	}
-	return out
-}
+// Steps is fake.Steps, the fake harness's steps reader: the numbers of
+// the steps the session at hostSessionDir has taken, in order.
+func Steps(hostSessionDir string) []int { return fake.Steps(hostSessionDir) }
 
 // WaitSteps waits until the session holds at least n steps.
 func (e *Env) WaitSteps(hostSessionDir string, n int) {

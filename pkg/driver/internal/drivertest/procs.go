@@ -2,12 +2,9 @@ package drivertest
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/ngharness/ngharness/internal/proctest"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 )
 
 // Proc is one process a fake harness recorded in its session's pids file,
@@ -51,22 +48,14 @@ func ReadPids(hostSessionDir string) ([]Proc, error) {
 // readPids is ReadPids with the pids of the file mapped to host pids by
 // host (0: no such process).
 func readPids(hostSessionDir string, host func(int) int) ([]Proc, error) {
-	data, err := os.ReadFile(filepath.Join(hostSessionDir, "pids"))
+	recorded, err := fake.ReadPids(hostSessionDir)
 	if err != nil {
 		return nil, err
 	}
 	var out []Proc
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		f := strings.Fields(line)
-		if len(f) != 2 {
-			continue
-		}
-		pid, err := strconv.Atoi(f[1])
-		if err != nil || pid <= 0 {
-			continue
-		}
-		p := Proc{Kind: f[0], PID: pid}
-		if h := host(pid); h > 0 {
+	for _, r := range recorded {
+		p := Proc{Kind: r.Kind, PID: r.PID}
+		if h := host(r.PID); h > 0 {
 			p.PID = h
 			p.StartTicks, _ = proctest.StartTicks(h)
 		}
