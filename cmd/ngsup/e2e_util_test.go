@@ -73,9 +73,7 @@ func testMain(m *testing.M) int {
 	// atexit_sleep_ms, 1000 by default), which a fixture's waiters pay for:
 	// the harness waits on its short-lived middle process, the test on the
 	// harness. They inherit this.
-	if os.Getenv("GORACE") == "" {
-		os.Setenv("GORACE", "atexit_sleep_ms=0")
-	}
+	testkit.HelperExitsAtOnce()
 	testkit.Patience = waitLimit
 	return m.Run()
 }

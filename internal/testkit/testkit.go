@@ -3,7 +3,8 @@
 // builder of the module's programs (Build and Bin: ngsup, ngdriver,
 // ngresume, the fake model, the fake docker and kubectl, each built once
 // per test process into one folder laid out as bin/), the module's root,
-// and the TestMain body that goes with them (Main). The /proc reader of
+// and what a TestMain does with them (Main; HelperExitsAtOnce for a
+// package whose tests run the test binary again). The /proc reader of
 // the tests is its neighbour internal/proctest; the fakes are under
 // internal/fake.
 package testkit
@@ -32,6 +33,18 @@ func Main(m *testing.M, programs ...string) int {
 	code := m.Run()
 	RemoveBuilt()
 	return code
+}
+
+// HelperExitsAtOnce sets GORACE=atexit_sleep_ms=0, unless GORACE is set
+// already, for the processes this one starts. Call it from the TestMain of
+// a package whose tests run the test binary again as a helper process:
+// built with -race, each such helper sleeps a second when it exits (the
+// race runtime's atexit_sleep_ms, 1000 by default), and whoever waits for
+// it pays that second.
+func HelperExitsAtOnce() {
+	if os.Getenv("GORACE") == "" {
+		os.Setenv("GORACE", "atexit_sleep_ms=0")
+	}
 }
 
 // modulePath is the module of go.mod.

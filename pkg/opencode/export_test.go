@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/harness"
@@ -60,6 +61,9 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(fakeEnv); mode != "" {
 		os.Exit(fakeOpenCode(mode, os.Args[1:]))
 	}
+	// The fake OpenCode is this binary run again, and the adapter waits
+	// for it to exit.
+	testkit.HelperExitsAtOnce()
 	os.Exit(m.Run())
 }
 
@@ -116,7 +120,7 @@ func fakeSandbox(t *testing.T, mode string) (*Adapter, harness.LentSandbox, json
 		t.Fatal(err)
 	}
 	calls := path.Join(t.TempDir(), "calls.log")
-	a, err := New(Options{OpenCode: self, CLIOptions: harness.CLIOptions{ModelURL: "http://127.0.0.1:9", Env: map[string]string{fakeEnv: mode, fakeLogEnv: calls}}})
+	a, err := New(Options{OpenCode: self, CLIOptions: harness.CLIOptions{ModelURL: "http://127.0.0.1:9", Env: map[string]string{fakeEnv: mode, fakeLogEnv: calls, "GORACE": os.Getenv("GORACE")}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
@@ -52,6 +53,8 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(guardEnv); path != "" {
 		os.Exit(runCageGuard(path))
 	}
+	// The benchmarks' supervisors and guards are this binary run again.
+	testkit.HelperExitsAtOnce()
 	os.Exit(m.Run())
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/harnesstest"
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // openCodeVersions are the OpenCode versions the suite runs against, each
@@ -50,6 +51,9 @@ var suite = &harnesstest.Suite{
 }
 
 func TestMain(m *testing.M) {
+	// TestMissingOpenCode and TestWrongOpenCodeVersion run this binary
+	// again and wait for it to exit.
+	testkit.HelperExitsAtOnce()
 	suite.BeforeRun = reportMissing // it reads suite: set here, not in suite's initializer
 	os.Exit(suite.Main(m))
 }

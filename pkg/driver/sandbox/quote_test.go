@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 // helperEnv makes the test binary, re-run by a test, act as the helper
@@ -24,6 +26,13 @@ type helperReport struct {
 	Args []string          `json:"args"`
 	Env  map[string]string `json:"env"`
 	Cwd  string            `json:"cwd"`
+}
+
+// TestMain: the quoting tests' helper is this binary run again, and they
+// wait for it to exit.
+func TestMain(m *testing.M) {
+	testkit.HelperExitsAtOnce()
+	os.Exit(m.Run())
 }
 
 func TestQuoteHelperProcess(t *testing.T) {
@@ -226,7 +235,9 @@ func TestCommandLineDeliversExactArgvEnvAndDir(t *testing.T) {
 	}
 	cmd := exec.Command("/bin/sh", "-c", line)
 	cmd.Dir = filepath.Dir(marker)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	// A bare environment, but for GORACE (set by TestMain): the helper
+	// exits at once.
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GORACE=" + os.Getenv("GORACE")}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
