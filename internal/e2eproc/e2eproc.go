@@ -243,6 +243,20 @@ func OwnProcesses(prefix string) []Info {
 	return out
 }
 
+// SessionSteps lists the steps of rollout's fake sessions in the
+// sandboxes under base (fake.ReadSteps), from whichever sandbox has one;
+// with several (a fork and its origin), the longest.
+func SessionSteps(base, rollout string) []string {
+	dirs, _ := filepath.Glob(filepath.Join(base, "sandboxes", "*", ".ngharness", "state", "fake", rollout+"-a*"))
+	var best []string
+	for _, d := range dirs {
+		if lines, err := fake.ReadSteps(d); err == nil && len(lines) > len(best) {
+			best = lines
+		}
+	}
+	return best
+}
+
 // RecordedLeftovers lists the processes the fake harness recorded in the
 // pids files of its sessions in the sandboxes under base (harness, child,
 // own_session, daemon, untagged: the untagged one carries no tag) that

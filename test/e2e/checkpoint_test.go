@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -58,13 +60,13 @@ func runCheckpointFlow(t *testing.T, e *env, n, steps int) flow {
 				t.Errorf("checkpoint %d: the record of paused %s: attempt %d, resume %v, last launch %+v; want attempt 0, resume and pauses %d",
 					k, id, r.ID.Attempt, b.Resume, last, f.pauses[id])
 			}
-			before[id] = len(e.sessionSteps(id))
+			before[id] = len(e2eproc.SessionSteps(e.base, id))
 		}
 		// A paused harness holds still: no step while the checkpoint is
 		// committed (two steps' time).
 		time.Sleep(time.Duration(2*e.opts.stepS*float64(time.Second)) + 100*time.Millisecond)
 		for id, nb := range before {
-			if na := len(e.sessionSteps(id)); na != nb {
+			if na := len(e2eproc.SessionSteps(e.base, id)); na != nb {
 				t.Errorf("checkpoint %d: %s took steps while paused (%d, then %d)", k, id, nb, na)
 			}
 		}
@@ -72,7 +74,7 @@ func runCheckpointFlow(t *testing.T, e *env, n, steps int) flow {
 		// The same processes go on: each paused run takes another step.
 		testkit.Eventually(t, "every paused run goes on after the resume", func() (bool, string) {
 			for id, nb := range before {
-				if na := len(e.sessionSteps(id)); na <= nb && na < steps {
+				if na := len(e2eproc.SessionSteps(e.base, id)); na <= nb && na < steps {
 					return false, fmt.Sprintf("%s still at %d steps", id, na)
 				}
 			}
@@ -106,7 +108,7 @@ func checkOneLaunch(t *testing.T, e *env, id string, res result, steps, pauses i
 	if res.Fake.Steps != steps || res.Fake.FirstStep != 1 {
 		t.Errorf("%s: harness output %+v, want %d steps from step 1", id, res.Response, steps)
 	}
-	if got := e.sessionSteps(id); !slices.Equal(got, wantSteps(1, steps)) {
+	if got := e2eproc.SessionSteps(e.base, id); !slices.Equal(got, fake.StepLines(1, steps)) {
 		t.Errorf("%s: the session's steps are %q, want each of 1..%d once", id, got, steps)
 	}
 }
@@ -216,7 +218,7 @@ func TestCommitStop(t *testing.T) {
 		if b.Paused == nil {
 			t.Fatalf("%s was not exported paused: %s", rollout, r.Bookmark)
 		}
-		done[rollout] = len(e.sessionSteps(rollout))
+		done[rollout] = len(e2eproc.SessionSteps(e.base, rollout))
 	}
 	ownCom, owned := e.commitOwner(id, dir, nil, false)
 	if !slices.Equal(ownCom.EpisodeIDs, com.EpisodeIDs) || len(owned) != 2 {
@@ -247,7 +249,7 @@ func TestCommitStop(t *testing.T) {
 		if res.Fake.FirstStep != done[id]+1 || res.Fake.Steps != steps {
 			t.Errorf("%s: harness output %+v, want steps %d..%d by the relaunch", id, res.Response, done[id]+1, steps)
 		}
-		if got := e.sessionSteps(id); !slices.Equal(got, wantSteps(1, steps)) {
+		if got := e2eproc.SessionSteps(e.base, id); !slices.Equal(got, fake.StepLines(1, steps)) {
 			t.Errorf("%s: the session's steps are %q, want each of 1..%d once", id, got, steps)
 		}
 	}

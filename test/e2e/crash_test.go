@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
@@ -110,7 +111,7 @@ func TestCrashRestore(t *testing.T) {
 		if !ck.paused[id] {
 			t.Fatalf("%s was not exported paused: %s", id, exported[id].Bookmark)
 		}
-		atSnapshot[id] = len(e.sessionSteps(id))
+		atSnapshot[id] = len(e2eproc.SessionSteps(e.base, id))
 	}
 
 	e.crashDriver()
@@ -248,7 +249,7 @@ func checkContinued(t *testing.T, e *env, id string, res result, steps, done int
 	for _, c := range []struct {
 		sandbox string
 		want    []string
-	}{{second.SandboxID, wantSteps(1, steps)}, {first.SandboxID, wantSteps(1, done)}} {
+	}{{second.SandboxID, fake.StepLines(1, steps)}, {first.SandboxID, fake.StepLines(1, done)}} {
 		got, err := fake.ReadSteps(filepath.Join(e.base, "sandboxes", c.sandbox, hostRel(bm.State.SessionDir, e.base, first.SandboxID)))
 		if err != nil {
 			t.Errorf("%s: the session in %s: %v", id, c.sandbox, err)

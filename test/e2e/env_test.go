@@ -23,7 +23,6 @@ import (
 	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/internal/testkit"
-	"github.com/ngharness/ngharness/pkg/driver/fake"
 )
 
 // waitLimit bounds every wait on a state in these tests: generous, never a
@@ -472,36 +471,13 @@ func (e *env) health() health {
 	return h
 }
 
-// sessionSteps lists the lines of the fake session's steps file of a
-// rollout's attempt, found in whichever sandbox has it; with several
-// (forks), the longest.
-func (e *env) sessionSteps(rollout string) []string {
-	dirs, _ := filepath.Glob(filepath.Join(e.base, "sandboxes", "*", ".ngharness", "state", "fake", rollout+"-a*"))
-	var best []string
-	for _, d := range dirs {
-		if lines, err := fake.ReadSteps(d); err == nil && len(lines) > len(best) {
-			best = lines
-		}
-	}
-	return best
-}
-
-// wantSteps is "step 1" ... "step n".
-func wantSteps(from, to int) []string {
-	var out []string
-	for i := from; i <= to; i++ {
-		out = append(out, fmt.Sprintf("step %d", i))
-	}
-	return out
-}
-
 // waitStepped waits until every rollout's session holds at least one step.
 func (e *env) waitStepped(rollouts ...string) {
 	e.t.Helper()
 	testkit.Eventually(e.t, "every run has taken a step", func() (bool, string) {
 		var missing []string
 		for _, r := range rollouts {
-			if len(e.sessionSteps(r)) == 0 {
+			if len(e2eproc.SessionSteps(e.base, r)) == 0 {
 				missing = append(missing, r)
 			}
 		}

@@ -145,7 +145,7 @@ func TestCrashBothRestoredLeavesNothingOfTheOldAttempt(t *testing.T) {
 	ck := e.prepareCommit(e.prefix + "-ck1")
 	at := map[string]int{}
 	for _, id := range ids {
-		at[id] = len(e.sessionSteps(id))
+		at[id] = len(e2eproc.SessionSteps(e.base, id))
 	}
 	old := append(e2eproc.RecordedLeftovers(e.base, e.since), supervisors(t, e.base)...)
 	e.crashAll()

@@ -113,7 +113,7 @@ func TestConcurrencyLimit(t *testing.T) {
 		q, _ := m.sum("ngdriver_runs", `state="queued"`)
 		running = running[:0]
 		for _, id := range ids {
-			if len(e.sessionSteps(id)) > 0 {
+			if len(e2eproc.SessionSteps(e.base, id)) > 0 {
 				running = append(running, id)
 			}
 		}
@@ -142,7 +142,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	// While the checkpoint holds, the queued runs take no slot.
 	time.Sleep(300 * time.Millisecond)
 	for _, id := range queued {
-		if n := len(e.sessionSteps(id)); n != 0 {
+		if n := len(e2eproc.SessionSteps(e.base, id)); n != 0 {
 			t.Errorf("queued %s took %d steps during the checkpoint", id, n)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
@@ -34,7 +35,7 @@ func TestThreeFailedCheckpointsKeepTheLastGoodOne(t *testing.T) {
 	if !ok || !good.paused[id] {
 		t.Fatalf("c1 did not take the run paused: agent records %v, owner records %v", good.records, good.owned)
 	}
-	done := len(e.sessionSteps(id))
+	done := len(e2eproc.SessionSteps(e.base, id))
 	e.resumeAll(good.id)
 
 	for i := 2; i <= 4; i++ {
@@ -89,7 +90,7 @@ func TestThreeFailedCheckpointsKeepTheLastGoodOne(t *testing.T) {
 	}
 	bm := good.records[id].bookmark(t)
 	session := filepath.Join(e.base, "sandboxes", second.SandboxID, hostRel(bm.State.SessionDir, e.base, res.Launches[0].SandboxID))
-	if got, err := fake.ReadSteps(session); err != nil || !slices.Equal(got, wantSteps(1, steps)) {
+	if got, err := fake.ReadSteps(session); err != nil || !slices.Equal(got, fake.StepLines(1, steps)) {
 		t.Errorf("the fork's session holds %q (%v), want every step once", got, err)
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/testkit"
+	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -59,14 +61,14 @@ func TestCheckpointPausedInPlace(t *testing.T) {
 	}
 	atCommit := map[string][]string{}
 	for _, r := range ids {
-		atCommit[r] = w.sessionSteps(r)
+		atCommit[r] = e2eproc.SessionSteps(w.base, r)
 	}
 	late := w.coll.row(9, 0, job{steps: 1, stepS: 0.05})
 	w.coll.post(t.Context(), late).refusal(t, gym.CodeCheckpointParked)
 	// Paused in place: three steps' time later no session has moved.
 	time.Sleep(time.Second)
 	for _, r := range ids {
-		if got := w.sessionSteps(r); !slices.Equal(got, atCommit[r]) {
+		if got := e2eproc.SessionSteps(w.base, r); !slices.Equal(got, atCommit[r]) {
 			t.Errorf("%s stepped while the checkpoint was open: %q, then %q", r, atCommit[r], got)
 		}
 	}
@@ -84,7 +86,7 @@ func TestCheckpointPausedInPlace(t *testing.T) {
 	// place again, and its bookmark counts both pauses of its launch.
 	testkit.Eventually(t, "every run steps after the resume", func() (bool, string) {
 		for _, r := range ids {
-			if len(w.sessionSteps(r)) <= len(atCommit[r]) {
+			if len(e2eproc.SessionSteps(w.base, r)) <= len(atCommit[r]) {
 				return false, r + " has not stepped"
 			}
 		}
@@ -127,7 +129,7 @@ func checkOneLaunch(t *testing.T, w *world, rollout string, res rolloutReply, st
 	} else if l := res.Launches[0]; l.Resumed || l.Outcome != "finished" || (pauses >= 0 && l.Pauses != pauses) {
 		t.Errorf("%s: launch %+v, want a first launch that finished after %d pauses", rollout, l, pauses)
 	}
-	if got := w.sessionSteps(rollout); !slices.Equal(got, wantSteps(1, steps)) {
+	if got := e2eproc.SessionSteps(w.base, rollout); !slices.Equal(got, fake.StepLines(1, steps)) {
 		t.Errorf("%s: the session holds %q, want steps 1..%d once each", rollout, got, steps)
 	}
 	if out := harnessOutput(t, res); out.FirstStep != 1 || out.Steps != steps {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -85,7 +86,7 @@ func TestCrashRestore(t *testing.T) {
 	}
 	atSnapshot := map[string]int{}
 	for _, r := range paused[:4] {
-		n := len(w.sessionSteps(rolloutID(r)))
+		n := len(e2eproc.SessionSteps(w.base, rolloutID(r)))
 		if n == 0 || n >= steps {
 			t.Fatalf("%s took %d of %d steps by the checkpoint: nothing would be left to continue", rolloutID(r), n, steps)
 		}
@@ -192,7 +193,7 @@ func checkContinued(t *testing.T, w *world, rollout string, res rolloutReply, st
 	for _, c := range []struct {
 		sandbox string
 		want    []string
-	}{{second.SandboxID, wantSteps(1, steps)}, {first.SandboxID, wantSteps(1, done)}} {
+	}{{second.SandboxID, fake.StepLines(1, steps)}, {first.SandboxID, fake.StepLines(1, done)}} {
 		if c.sandbox == first.SandboxID && !originKept {
 			continue
 		}

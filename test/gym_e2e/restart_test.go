@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
@@ -37,9 +38,9 @@ func TestRestartRuns(t *testing.T) {
 		t.Errorf("the agent's report %+v, want restarts [%s] and no blocker", rep, key)
 	}
 	// The restart keeps running while the checkpoint is open.
-	before := len(w.sessionSteps(rolloutID(restart)))
+	before := len(e2eproc.SessionSteps(w.base, rolloutID(restart)))
 	testkit.Eventually(t, "the restart run steps while prepared", func() (bool, string) {
-		n := len(w.sessionSteps(rolloutID(restart)))
+		n := len(e2eproc.SessionSteps(w.base, rolloutID(restart)))
 		return n > before || n == steps, "no step since prepare"
 	})
 	all := episodes(paused, restart)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -31,7 +32,7 @@ func TestCheckpointBeforeReplacement(t *testing.T) {
 	chA, chB := w.coll.start(a), w.coll.start(b)
 	w.waitSteps(3, rolloutID(a), rolloutID(b))
 	ck1 := w.checkpoint(ckID("first"), episodes(a, b), false)
-	done := len(w.sessionSteps(rolloutID(a)))
+	done := len(e2eproc.SessionSteps(w.base, rolloutID(a)))
 	if done == 0 || done >= steps {
 		t.Fatalf("%s took %d of %d steps by the checkpoint", rolloutID(a), done, steps)
 	}
@@ -207,7 +208,7 @@ func TestCrashMidReplayVerify(t *testing.T) {
 	if res.Reward != 1 || len(res.Launches) != 1 || res.Launches[0].Outcome != "finished" {
 		t.Errorf("the replayed verify: reward %v launches %+v, want 1 and the one launch that finished before", res.Reward, res.Launches)
 	}
-	if got := w.sessionSteps(rolloutID(r)); !slices.Equal(got, wantSteps(1, 2)) {
+	if got := e2eproc.SessionSteps(w.base, rolloutID(r)); !slices.Equal(got, fake.StepLines(1, 2)) {
 		t.Errorf("the session holds %q, want steps 1..2 once each", got)
 	}
 }
@@ -227,13 +228,13 @@ func TestRestorePreviousCheckpoint(t *testing.T) {
 	var published ckpt
 	var done int
 	for i := 1; i <= 5; i++ {
-		before := len(w.sessionSteps(rolloutID(r)))
+		before := len(e2eproc.SessionSteps(w.base, rolloutID(r)))
 		w.waitSteps(before+1, rolloutID(r))
 		ck := w.checkpoint(ckID(fmt.Sprintf("n%d", i)), episodes(r), false)
 		if i == 5 {
 			break
 		}
-		published, done = ck, len(w.sessionSteps(rolloutID(r)))
+		published, done = ck, len(e2eproc.SessionSteps(w.base, rolloutID(r)))
 		w.coord.resume(ck.id, deadlineIn(waitLimit))
 	}
 	if done >= steps-1 {
@@ -265,7 +266,7 @@ func TestRestorePreviousCheckpoint(t *testing.T) {
 	if len(files) != 1 {
 		t.Fatalf("the relaunch's sandbox holds sessions %q, want 1", files)
 	}
-	if got, _ := fake.ReadSteps(filepath.Dir(files[0])); !slices.Equal(got, wantSteps(1, steps)) {
+	if got, _ := fake.ReadSteps(filepath.Dir(files[0])); !slices.Equal(got, fake.StepLines(1, steps)) {
 		t.Errorf("the fork's session holds %q, want steps 1..%d once each", got, steps)
 	}
 }

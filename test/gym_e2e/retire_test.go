@@ -210,7 +210,7 @@ func TestLeaseExpiresAfterRestore(t *testing.T) {
 	ch := w.coll.start(r)
 	w.waitSteps(2, rolloutID(r))
 	ck := w.checkpoint(ckID("lapse"), episodes(r), false)
-	done := len(w.sessionSteps(rolloutID(r)))
+	done := len(e2eproc.SessionSteps(w.base, rolloutID(r)))
 	w.crash()
 	if res := await(t, ch); res.err == nil && res.status == http.StatusOK {
 		t.Fatalf("%s returned although its servers were killed", res)

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -36,10 +37,10 @@ func TestCollectorRows(t *testing.T) {
 			t.Errorf("row %d: launches %+v, want one named %s...", i, res.Launches, wantPrefix[i])
 		}
 	}
-	if got := w.sessionSteps("5-0"); len(got) != 0 {
+	if got := e2eproc.SessionSteps(w.base, "5-0"); len(got) != 0 {
 		t.Errorf("the explicit id did not win: a session of 5-0 holds %q", got)
 	}
-	if got := w.sessionSteps("alpha-1"); len(got) != 2 {
+	if got := e2eproc.SessionSteps(w.base, "alpha-1"); len(got) != 2 {
 		t.Errorf("the explicit rollout alpha-1 has steps %q, want 2", got)
 	}
 	agg := w.coll.aggregate(t, rows, replies)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/e2eproc"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
@@ -56,7 +57,7 @@ func TestSeedHeldDuringCheckpoint(t *testing.T) {
 		t.Fatalf("%s: the run returned while the agent's checkpoint was open", res)
 	case <-time.After(3 * time.Second):
 	}
-	if got := w.sessionSteps(rolloutID(r)); len(got) != 0 {
+	if got := e2eproc.SessionSteps(w.base, rolloutID(r)); len(got) != 0 {
 		t.Errorf("the run took steps %q while the agent's checkpoint was open", got)
 	}
 	w.coord.checkResume(w.coord.to(agent, gym.OpResume, plainBody(id, deadline)))

@@ -48,7 +48,7 @@ func TestCommitStop(t *testing.T) {
 	var live []e2eproc.Info
 	sandboxes := map[string]bool{}
 	for _, r := range ids {
-		atSnapshot[r] = len(w.sessionSteps(r))
+		atSnapshot[r] = len(e2eproc.SessionSteps(w.base, r))
 		live = append(live, w.harnessProcs(r)...)
 		for _, f := range w.sessionSandboxes(r) {
 			sandboxes[f] = true

@@ -25,7 +25,6 @@ import (
 	"github.com/ngharness/ngharness/internal/testkit"
 
 	"github.com/ngharness/ngharness/pkg/driver/config/gymconfig"
-	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -320,28 +319,6 @@ func (w *world) cleanup() {
 // checkpointDir is the folder the coordinator commits checkpoint id to.
 func (w *world) checkpointDir(id string) string { return filepath.Join(w.dir, "checkpoints", id) }
 
-// sessionSteps lists the steps of a rollout's fake session, from whichever
-// sandbox has it; with several (a fork and its origin), the longest.
-func (w *world) sessionSteps(rollout string) []string {
-	dirs, _ := filepath.Glob(filepath.Join(w.base, "sandboxes", "*", ".ngharness", "state", "fake", rollout+"-a*"))
-	var best []string
-	for _, d := range dirs {
-		if lines, err := fake.ReadSteps(d); err == nil && len(lines) > len(best) {
-			best = lines
-		}
-	}
-	return best
-}
-
-// wantSteps is "step from" ... "step to".
-func wantSteps(from, to int) []string {
-	var out []string
-	for i := from; i <= to; i++ {
-		out = append(out, fmt.Sprintf("step %d", i))
-	}
-	return out
-}
-
 // waitStepped waits until every rollout's session holds at least one step.
 func (w *world) waitStepped(rollouts ...string) {
 	w.t.Helper()
@@ -354,7 +331,7 @@ func (w *world) waitSteps(n int, rollouts ...string) {
 	testkit.Eventually(w.t, fmt.Sprintf("every run has taken %d steps", n), func() (bool, string) {
 		var missing []string
 		for _, r := range rollouts {
-			if len(w.sessionSteps(r)) < n {
+			if len(e2eproc.SessionSteps(w.base, r)) < n {
 				missing = append(missing, r)
 			}
 		}

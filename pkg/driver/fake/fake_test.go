@@ -100,7 +100,7 @@ func TestReadStepsOfARealSession(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	got, err := ReadSteps(session)
-	if want := []string{"step 1", "step 2", "step 3"}; err != nil || !slices.Equal(got, want) {
+	if want := []string{"step 1", "step 2", "step 3"}; err != nil || !slices.Equal(got, want) || !slices.Equal(StepLines(1, 3), want) {
 		t.Errorf("ReadSteps: %q %v, want %q", got, err, want)
 	}
 	if n := Steps(session); !slices.Equal(n, []int{1, 2, 3}) {

@@ -25,6 +25,16 @@ func ParseSteps(data []byte) []string {
 	return steps
 }
 
+// StepLines are the lines the harness writes to its steps file for steps
+// from to to: "step from" ... "step to".
+func StepLines(from, to int) []string {
+	var out []string
+	for i := from; i <= to; i++ {
+		out = append(out, fmt.Sprintf("step %d", i))
+	}
+	return out
+}
+
 // ReadSteps reads the steps of the session whose folder is sessionDir on
 // this machine (for a local sandbox, the host path of the folder its
 // State names). It is the one reader of the steps file for the tests; a
