@@ -552,6 +552,10 @@ func (l *launch) startOwn(argv ...string) proc {
 
 // ---------------------------------------------------------------------------
 // /proc.
+//
+// These tests read /proc with a reader of their own, on purpose: they are
+// the oracle for ngsup's reader (pkg/reaper), so they share no code with
+// it, nor with internal/proctest, which the other test kits use.
 
 // pstat is what the tests read from /proc/PID/stat or a thread's stat.
 type pstat struct {
