@@ -173,6 +173,15 @@ func RequireRoot(t *testing.T) {
 // (RequireRoot).
 func InstalledBinary(t *testing.T, what, env, def, install string) string {
 	t.Helper()
+	bin := Installed(t, what, env, def, install)
+	RequireRoot(t)
+	return bin
+}
+
+// Installed is InstalledBinary without the need for root: for the tests
+// of an adapter that run its harness on the host, outside any sandbox.
+func Installed(t *testing.T, what, env, def, install string) string {
+	t.Helper()
 	bin := os.Getenv(env)
 	if bin == "" {
 		bin = def
@@ -188,6 +197,5 @@ func InstalledBinary(t *testing.T, what, env, def, install string) string {
 		}
 		t.Skip(msg)
 	}
-	RequireRoot(t)
 	return bin
 }
