@@ -1,5 +1,6 @@
 // Package harnesstest is what the end-to-end test packages of the real
-// harnesses (test/codex_e2e, test/claude_e2e, test/opencode_e2e) share:
+// harnesses (test/codex_e2e, test/claude_e2e, test/pi_e2e,
+// test/opencode_e2e) share:
 // the test process's setup and last look (Suite: the module root, the
 // static ngsup and friends built once, the leak check over the whole
 // process), the world of one test (World: its own fake model server, a

@@ -293,24 +293,6 @@ func TestLauncherSendsTheTask(t *testing.T) {
 	}
 }
 
-// chatMessages splits a chat-completions body into its messages (each as
-// sent) and the body with the messages array cut out.
-func chatMessages(t *testing.T, body []byte) ([]json.RawMessage, []byte) {
-	t.Helper()
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		t.Fatal(err)
-	}
-	var msgs []json.RawMessage
-	if err := json.Unmarshal(fields["messages"], &msgs); err != nil {
-		t.Fatal(err)
-	}
-	if bytes.Count(body, fields["messages"]) != 1 {
-		t.Fatalf("the messages array is not once in the body")
-	}
-	return msgs, bytes.Replace(body, fields["messages"], nil, 1)
-}
-
 // TestLauncherContinuesMidTool: Pi is killed while its bash call runs (the
 // saved session ends with the call; its tool left running is killed too).
 // The resume decision continues the session; the launcher saves Pi's own
@@ -343,8 +325,11 @@ func TestLauncherContinuesMidTool(t *testing.T) {
 	if len(reqs) != 2 || reqs[1].Attempt != 2 {
 		t.Fatalf("%d requests, want the call and the continue's one", len(reqs))
 	}
-	before, bodyBefore := chatMessages(t, reqs[0].Body)
-	after, bodyAfter := chatMessages(t, reqs[1].Body)
+	before, bodyBefore, err1 := reqs[0].SentMessages()
+	after, bodyAfter, err2 := reqs[1].SentMessages()
+	if err1 != nil || err2 != nil {
+		t.Fatalf("the requests' messages: %v, %v", err1, err2)
+	}
 	if !bytes.Equal(bodyBefore, bodyAfter) {
 		t.Errorf("the continue's request differs outside its messages:\n%s\n%s", bodyBefore, bodyAfter)
 	}
