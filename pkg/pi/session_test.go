@@ -113,6 +113,8 @@ func TestParseSessionChain(t *testing.T) {
 // TestContinuation: what is due at each ending. Mid-tool (the file ends
 // with the call): an error result for the call. After the tool (the file
 // ends with its result): nothing added, the result goes as saved. A
+// continued session cut mid-tool again: the new call gets the error
+// result (the one saved for the first call is history). A
 // reply with two calls, one answered: the other gets the error result. The
 // run ended: nothing is sent. A failed reply after the result is dropped
 // and the result goes again. A cut last line, a compaction on the chain,
@@ -120,6 +122,9 @@ func TestParseSessionChain(t *testing.T) {
 func TestContinuation(t *testing.T) {
 	lines := strings.SplitAfter(string(sample(t, "done.jsonl", 0)), "\n")
 	failed := `{"type":"message","id":"0000dead","parentId":"2e6768f2","timestamp":"x","message":{"role":"assistant","content":[],"stopReason":"error","errorMessage":"Connection error."}}` + "\n"
+	// What a continue mid-tool saved, then the model's call made again.
+	noResult := `{"type":"message","id":"0000e440","parentId":"b35feccd","timestamp":"x","message":{"role":"toolResult","toolCallId":"call_fake1","toolName":"bash","content":[{"type":"text","text":"No result provided"}],"isError":true}}` + "\n"
+	again := `{"type":"message","id":"0000a9a1","parentId":"0000e440","timestamp":"x","message":{"role":"assistant","content":[{"type":"toolCall","id":"call_fake2","name":"bash","arguments":{"command":"touch done.txt"}}],"stopReason":"toolUse"}}` + "\n"
 	twoCalls := strings.Replace(lines[4], `"content":[{"type":"toolCall",`, `"content":[{"type":"toolCall","id":"call_2","name":"bash","arguments":{"command":"true"}},{"type":"toolCall",`, 1)
 	for _, c := range []struct {
 		name string
@@ -134,6 +139,8 @@ func TestContinuation(t *testing.T) {
 		{"ended", strings.Join(lines, ""), Continuation{At: "3830f516", Ended: true}, "nothing: the session ended with the model's answer"},
 		{"a failed reply", strings.Join(lines[:6], "") + failed, Continuation{At: "0000dead", Drop: 1}, "the saved tool results whose answer never came (the 1 failed reply after it left out, as Pi's own retry does)"},
 		{"a prompt", string(sample(t, "error.jsonl", 4)), Continuation{At: "d469ffce"}, "the saved user message whose answer never came"},
+		{"continued, then cut mid-tool again", strings.Join(lines[:5], "") + noResult + again, Continuation{At: "0000a9a1", Answer: []Call{{"call_fake2", "bash"}}},
+			`the interrupted tool call with Pi's own error result "No result provided"`},
 	} {
 		got, err := parse(t, []byte(c.data)).Continuation()
 		if err != nil || got.At != c.want.At || !slices.Equal(got.Answer, c.want.Answer) || got.Drop != c.want.Drop || got.Ended != c.want.Ended || got.What != c.what {
