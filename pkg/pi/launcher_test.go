@@ -459,3 +459,47 @@ func TestLauncherRefusesAnotherSession(t *testing.T) {
 		t.Errorf("%d model requests", n)
 	}
 }
+
+// TestLauncherContinuesAfterFailedCall: the model server goes away while
+// the answer to the tool's result is held: Pi's call fails (retries off),
+// it saves the failed reply, and the launcher exits 1 saying so (Pi's own
+// --mode json exits 0 then). The resume decision continues the session,
+// leaving the failed reply out as Pi's own retry does; with the server
+// back, the continue's one request is byte for byte the one that failed,
+// and the run ends with the model's answer.
+func TestLauncherContinuesAfterFailedCall(t *testing.T) {
+	held := func(q fakemodel.Request) bool { return q.LastMessage().Role == "tool" }
+	r := newRig(t, fakemodel.Options{Script: toolThenDone("echo hello-from-tool"), Holdable: held})
+	r.model.Hold(1)
+	h := r.launch(1, false, sampleTask)
+	r.eventually("the held answer", func() (bool, string) { return r.model.Held() == 1, fmt.Sprintf("%d held", r.model.Held()) })
+	first := r.model
+	addr := strings.TrimPrefix(first.URL(), "http://")
+	first.Close() // the held request's connection is cut
+	if code := r.wait(h); code != 1 || !strings.Contains(h.stderr.String(), "the model call ended in error") {
+		t.Fatalf("exit code %d, stderr %q; want 1 and the failed call named", code, h.stderr.String())
+	}
+	r.waitSession("the failed reply", Message.Failed)
+	r.resume("sending the saved tool results whose answer never came (the 1 failed reply after it left out, as Pi's own retry does) (no turn added)")
+
+	r.model = fakemodel.New(fakemodel.Options{Script: toolThenDone("echo hello-from-tool"), Addr: addr})
+	if err := r.model.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.model.Close)
+	h2 := r.launch(2, true, "")
+	if code := r.wait(h2); code != 0 {
+		t.Fatalf("the continue's exit code %d; stderr %s", code, h2.stderr.String())
+	}
+	failed, again := first.Requests(), r.model.Requests()
+	if len(failed) != 2 || len(again) != 1 {
+		t.Fatalf("%d requests, then %d; want the call and the failed one, then one", len(failed), len(again))
+	}
+	if !bytes.Equal(failed[1].Body, again[0].Body) {
+		t.Errorf("the continue's request is not the one that failed:\n%s\n%s", failed[1].Body, again[0].Body)
+	}
+	_, data := r.session()
+	if s := parse(t, data); s.FinalText() != "done" || len(s.UserTurns()) != 1 {
+		t.Errorf("the session after the continue: final %q, user turns %q", s.FinalText(), s.UserTurns())
+	}
+}
