@@ -20,7 +20,9 @@ x86_64 | amd64) arch=x64 triple=x86_64-unknown-linux-musl ;;
 esac
 
 # install NAME PACKAGE VERSION BIN: npm install PACKAGE@VERSION into
-# .tools/NAME-VERSION unless BIN (relative to it) already runs.
+# .tools/NAME-VERSION unless BIN (relative to it) already runs. BIN
+# --version runs with PI_OFFLINE=1, which keeps Pi off the network (the
+# other harnesses ignore it).
 install() {
 	local name=$1 pkg=$2 v=$3 rel=$4
 	local dir=.tools/$name-$v
