@@ -1,14 +1,16 @@
 package harness
 
 // Helpers for adapters of command-line harnesses (OpenCode, Codex, Claude
-// Code): the checks of their common options, the state folder and its
+// Code, Pi): the checks of their common options, the state folder and its
 // name in the state, the rollout's segment of the model URL, the task (as
 // one argument), the newest session file of a state folder, the session's
-// JSON lines kept in a response and read back for Gym. They hold no
+// JSON lines kept in a response and read back for Gym, a tool call's
+// arguments as Gym's JSON text. They hold no
 // harness's names; each adapter passes its own (the name that starts its
 // errors and its config section).
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -345,6 +347,17 @@ func JSONFields(v any) (map[string]json.RawMessage, error) {
 	}
 	var out map[string]json.RawMessage
 	return out, json.Unmarshal(data, &out)
+}
+
+// ArgumentsJSON is a tool call's arguments (a harness's saved tool input)
+// as the JSON text a NeMoGymResponse function_call carries: compact, and
+// "{}" when there are none or they are not JSON.
+func ArgumentsJSON(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if len(bytes.TrimSpace(raw)) == 0 || json.Compact(&b, raw) != nil {
+		return "{}"
+	}
+	return b.String()
 }
 
 // Tail is the last n bytes of s.

@@ -116,6 +116,22 @@ func TestJSONLinesArray(t *testing.T) {
 	}
 }
 
+// TestArgumentsJSON: a tool call's saved arguments become compact JSON
+// text; none, blank input or text that is not JSON is "{}".
+func TestArgumentsJSON(t *testing.T) {
+	for in, want := range map[string]string{
+		"{ \"command\": \"ls -l\",\n \"n\": [1, 2] }": `{"command":"ls -l","n":[1,2]}`,
+		"":           "{}",
+		"  ":         "{}",
+		"{not json":  "{}",
+		`"a string"`: `"a string"`,
+	} {
+		if got := harness.ArgumentsJSON(json.RawMessage(in)); got != want {
+			t.Errorf("%q: %q, want %q", in, got, want)
+		}
+	}
+}
+
 // TestAdapterOptionChecks: the checks adapters share name the adapter and
 // the config key: model_url set and http(s) with a host; env names
 // variable names; timeout a Go duration ("" none).
