@@ -13,10 +13,14 @@
 // that was due on stdin (--input-format stream-json: an interrupted tool
 // call's error result, or the tool results or prompt whose answer never
 // came) sends the model exactly the saved history and that message
-// (Session.Continuation; docs/claude.md). A session that cannot be
-// continued (not the task's, or no completed model response) starts over
-// in a fresh folder. Claude Code pauses in place at checkpoints by
-// default.
+// (Session.Continuation; docs/claude.md). Claude Code saves its session
+// from a timer, after it has printed a reply and started its tool: before
+// a relaunch reads the saved session, what the last launch had sent or
+// received but not saved is added to it from that launch's stdout and
+// stdin (Unsaved, unsaved.go), so no reply it had is asked for again. A
+// session that cannot be continued (not the task's, or no completed model
+// response) starts over in a fresh folder. Claude Code pauses in place at
+// checkpoints by default.
 package claude
 
 import (

@@ -358,3 +358,31 @@ func TestFreshStartSaysRepliesLost(t *testing.T) {
 		t.Errorf("decision %+v (%v)", d, err)
 	}
 }
+
+// TestUnsavedToolResult: Claude Code prints a tool's result on stdout and
+// sends it to the model before its session file holds it; when the
+// launch was caught before the model's answer came, the result is added
+// from stdout and the relaunch sends the saved result (the request that
+// was in flight), not an interrupted one.
+func TestUnsavedToolResult(t *testing.T) {
+	before, whole, stdout := readFixture(t, "unsaved-done-before.jsonl"), readFixture(t, "unsaved-done.jsonl"), readFixture(t, "unsaved-done.stdout")
+	s, _ := ParseSession(before)
+	c, _ := s.Continuation()
+	rec := LaunchRecord{ID: "L2", Dir: "/d", Saved: int64(len(before)), At: c.At, Input: c.Input}
+	i := bytes.Index(stdout, []byte(`"type":"tool_result"`))
+	printed := stdout[:i+bytes.IndexByte(stdout[i:], '\n')+1] // up to the result, the answer not come
+	j := bytes.Index(whole, []byte(`"content":"again"`))
+	cut := whole[:bytes.LastIndexByte(whole[:j], '\n')+1] // the session before the result
+	add, n, err := Unsaved(cut, rec, printed)
+	if err != nil || n != 1 {
+		t.Fatalf("%d added (%v): %s; want the tool result", n, err, add)
+	}
+	got, err := ParseSession(append(append([]byte(nil), cut...), add...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cont, err := got.Continuation()
+	if err != nil || cont.What != "the saved tool results whose answer never came" || !bytes.Contains(cont.Input, []byte(`"content":"again"`)) {
+		t.Errorf("continued with %s (%s, %v); want the saved result sent again", cont.Input, cont.What, err)
+	}
+}

@@ -187,7 +187,15 @@ func TestClaudeCrashMidToolResumes(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, "crash", fakemodel.Options{Script: script("echo start; sleep 25; touch done.txt", "touch done.txt")})
 	waitSleep := func(sandboxID, launchID string) { w.WaitProc(sandboxID, launchID, "sleep") }
-	c := w.crashAfterSnapshot(waitSleep, waitSleep)
+	// Claude Code saves the reply from a 100 ms timer and may start the
+	// tool first (docs/claude.md): the checkpoint waits for the save, so
+	// the saved session holds the call (one saved without it is
+	// TestClaudeCrashReplyUnsaved).
+	ready := func(sandboxID, launchID string) {
+		waitSleep(sandboxID, launchID)
+		w.waitSessionHolds(sandboxID, `"type":"tool_use"`)
+	}
+	c := w.crashAfterSnapshot(ready, waitSleep)
 	if ok, why := c.saved.Continuable(task); !ok || len(c.saved.Responses()) != 1 {
 		t.Fatalf("the saved session: continuable %v (%s), %d responses; want the task and one completed response", ok, why, len(c.saved.Responses()))
 	}

@@ -136,9 +136,9 @@ var kit = harnesstest.Harness{
 	Script:         script,
 	NewParticipant: newParticipant,
 	// Claude Code's Bash will not run a command that starts with sleep.
-	ToolPrefix:  "echo start; ",
-	ToolShell:   "bash",
-	FilesNote:   " (the session file and Claude Code's shell snapshots among them)",
+	ToolPrefix: "echo start; ",
+	ToolShell:  "bash",
+	FilesNote:  " (the session file and Claude Code's shell snapshots among them)",
 	// Claude Code writes its session file on its own time: a checkpoint
 	// taken while the first request is held finds either no session yet
 	// ("holds no session") or one without a completed response (seen
