@@ -9,6 +9,7 @@ package harness
 // errors and its config section).
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -224,7 +225,9 @@ func LaunchStdout(launchDir string) string { return path.Join(launchDir, proto.S
 // the file was longer, its first line, cut by the bound, is left out. A
 // file that is not there reads as ok false with no error.
 func ReadTail(ctx context.Context, sb LentSandbox, file string, max int) (data []byte, ok bool, err error) {
-	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"tail", "-c", strconv.Itoa(max), "--", file}, Timeout: 2 * time.Minute})
+	// One byte more than the bound tells a file longer than it, and
+	// whether the bound fell on a line's end.
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"tail", "-c", strconv.Itoa(max + 1), "--", file}, Timeout: 2 * time.Minute})
 	if err != nil {
 		return nil, false, fmt.Errorf("read %s: %w", file, err)
 	}
@@ -232,10 +235,12 @@ func ReadTail(ctx context.Context, sb LentSandbox, file string, max int) (data [
 		return nil, false, nil
 	}
 	data = res.Stdout
-	if len(data) >= max {
-		if i := strings.IndexByte(string(data), '\n'); i >= 0 {
-			data = data[i+1:]
+	if len(data) > max {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			return nil, true, nil // one line, longer than the bound
 		}
+		data = data[i+1:]
 	}
 	return data, true, nil
 }
