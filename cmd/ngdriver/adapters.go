@@ -12,6 +12,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/opencode"
+	"github.com/ngharness/ngharness/pkg/pi"
 )
 
 // adapters is the one table of the harness adapters built into ngdriver,
@@ -20,7 +21,7 @@ import (
 // everything adapter-specific the CLI and the config readers know: adding
 // an adapter is a row here.
 var adapters = map[string]adapterRow{
-	"fake": {build: func(section map[string]any, _ config.Config) (harness.Adapter, error) {
+	"fake": {options: func() any { return &fake.Options{} }, build: func(section map[string]any, _ config.Config) (harness.Adapter, error) {
 		a := &fake.Adapter{Pause: true}
 		if err := config.DecodeSection(section, &a.Defaults, "fake"); err != nil {
 			return nil, usageError{err.Error()}
@@ -35,6 +36,7 @@ var adapters = map[string]adapterRow{
 			{Gym: "sandbox_timeout", Ours: "timeout", As: config.GymSeconds},
 			{Gym: "opencode_config.permission", Ours: "permission", As: config.GymAny},
 		}},
+		options: func() any { return &opencode.Options{} },
 		build: func(section map[string]any, cfg config.Config) (harness.Adapter, error) {
 			var opt opencode.Options
 			if err := config.DecodeSection(section, &opt, "opencode"); err != nil {
@@ -47,8 +49,9 @@ var adapters = map[string]adapterRow{
 			return built(opencode.New(opt))
 		},
 	},
-	"codex":  {keys: config.AdapterKeys{Binary: "codex", Model: true}, build: fromSection("codex", codex.New)},
-	"claude": {keys: config.AdapterKeys{Binary: "claude", Model: true}, build: fromSection("claude", claude.New)},
+	"codex":  fromSection("codex", config.AdapterKeys{Binary: "codex", Model: true}, codex.New),
+	"claude": fromSection("claude", config.AdapterKeys{Binary: "claude", Model: true}, claude.New),
+	"pi":     fromSection("pi", config.AdapterKeys{Binary: "pi", Model: true}, pi.New),
 }
 
 // adapterRow is one harness adapter built into ngdriver.
@@ -59,23 +62,27 @@ type adapterRow struct {
 	// model_server fill, and the keys of Gym's own agent for the harness
 	// that a Gym config maps onto it.
 	keys config.AdapterKeys
+	// options is a new, zero value of the options its build reads the
+	// section into (a pointer), so what reads sections as the adapter does
+	// (the examples' test) needs no list of its own.
+	options func() any
 	// build makes the adapter from its section of the config (nil when
 	// the config has none) and the rest of the config.
 	build func(section map[string]any, cfg config.Config) (harness.Adapter, error)
 }
 
-// fromSection is the build of an adapter whose options are its section:
-// the section is read into O by the one section reader
+// fromSection is the row of an adapter whose options are its section, with
+// the keys keys: the section is read into O by the one section reader
 // (config.DecodeSection: an unknown key is an error naming it), then
 // newAdapter makes the adapter.
-func fromSection[O any, A harness.Adapter](name string, newAdapter func(O) (A, error)) func(map[string]any, config.Config) (harness.Adapter, error) {
-	return func(section map[string]any, _ config.Config) (harness.Adapter, error) {
+func fromSection[O any, A harness.Adapter](name string, keys config.AdapterKeys, newAdapter func(O) (A, error)) adapterRow {
+	return adapterRow{keys: keys, options: func() any { return new(O) }, build: func(section map[string]any, _ config.Config) (harness.Adapter, error) {
 		var opt O
 		if err := config.DecodeSection(section, &opt, name); err != nil {
 			return nil, usageError{err.Error()}
 		}
 		return built(newAdapter(opt))
-	}
+	}}
 }
 
 // built is what an adapter's New returned, its error (bad options) a

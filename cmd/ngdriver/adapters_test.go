@@ -86,3 +86,28 @@ func TestDocsListTheAdapters(t *testing.T) {
 		}
 	}
 }
+
+// TestPiAdapterEntry: the adapter table builds the Pi adapter from the
+// config's pi section (its pi command, node, the model keys), and refuses
+// a section with an unknown key or without the pi command, naming what is
+// wrong.
+func TestPiAdapterEntry(t *testing.T) {
+	a, err := buildAdapter(config.Config{Adapter: "pi", Sections: map[string]map[string]any{"pi": {
+		"pi": "/opt/pi/node_modules/.bin/pi", "node": "/usr/bin/node", "model_url": "http://127.0.0.1:8000", "model": "m", "timeout": "1h"}}})
+	if err != nil || a.Name() != "pi" {
+		t.Fatalf("built %v, %v; want the pi adapter", a, err)
+	}
+	for _, c := range []struct {
+		section map[string]any
+		want    string
+	}{
+		{map[string]any{"pi": "/opt/pi", "model_url": "http://x", "nod": "node"}, "nod"},
+		{map[string]any{"model_url": "http://x"}, "pi.pi"},
+		{map[string]any{"pi": "/opt/pi", "model_url": "ftp://x"}, "model_url"},
+	} {
+		_, err := buildAdapter(config.Config{Adapter: "pi", Sections: map[string]map[string]any{"pi": c.section}})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("section %v: %v, want an error naming %q", c.section, err, c.want)
+		}
+	}
+}

@@ -10,12 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ngharness/ngharness/pkg/claude"
-	"github.com/ngharness/ngharness/pkg/codex"
 	"github.com/ngharness/ngharness/pkg/driver/config"
 	"github.com/ngharness/ngharness/pkg/driver/config/gymconfig"
-	"github.com/ngharness/ngharness/pkg/driver/fake"
-	"github.com/ngharness/ngharness/pkg/opencode"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/examples.golden.json from what the examples load to")
@@ -110,19 +106,19 @@ func loaded(t *testing.T, cfg config.Config) map[string]any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adapterOptions := map[string]func() any{
-		"fake": func() any { return &fake.Options{} }, "opencode": func() any { return &opencode.Options{} },
-		"codex": func() any { return &codex.Options{} }, "claude": func() any { return &claude.Options{} },
-	}
-	adapters := map[string]any{}
+	out := map[string]any{}
 	for name, sec := range cfg.Sections {
-		opt := adapterOptions[name]()
+		row, ok := adapters[name]
+		if !ok || row.options == nil {
+			t.Fatalf("the adapter table has no options for the section %s", name)
+		}
+		opt := row.options()
 		if err := decodeAdapterSection(sec, opt, name); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		adapters[name] = byKey(reflect.ValueOf(opt))
+		out[name] = byKey(reflect.ValueOf(opt))
 	}
-	return map[string]any{"settings": settings, "backends": backends, "adapters": adapters}
+	return map[string]any{"settings": settings, "backends": backends, "adapters": out}
 }
 
 // decodedBackends reads each configured backend's section as the backend

@@ -246,7 +246,7 @@ func CheckGymResponse(t testing.TB, resp json.RawMessage, tool, final string) {
 }
 
 // SessionResponse is what the tests read of the response of an adapter
-// that collects the harness's session file (Codex, Claude Code).
+// that collects the harness's session file (Codex, Claude Code, Pi).
 type SessionResponse struct {
 	// ExitCode is the harness's exit code.
 	ExitCode int `json:"exit_code"`

@@ -1,5 +1,6 @@
 // Package harnesstest is what the end-to-end test packages of the real
-// harnesses (test/codex_e2e, test/claude_e2e, test/opencode_e2e) share:
+// harnesses (test/codex_e2e, test/claude_e2e, test/pi_e2e,
+// test/opencode_e2e) share:
 // the test process's setup and last look (Suite: the module root, the
 // static ngsup and friends built once, the leak check over the whole
 // process), the world of one test (World: its own fake model server, a
@@ -137,6 +138,15 @@ func RequireRoot(t *testing.T) {
 // (RequireRoot).
 func InstalledBinary(t *testing.T, what, env, def, install string) string {
 	t.Helper()
+	bin := Installed(t, what, env, def, install)
+	RequireRoot(t)
+	return bin
+}
+
+// Installed is InstalledBinary without the need for root: for the tests
+// of an adapter that run its harness on the host, outside any sandbox.
+func Installed(t *testing.T, what, env, def, install string) string {
+	t.Helper()
 	bin := os.Getenv(env)
 	if bin == "" {
 		bin = def
@@ -152,6 +162,5 @@ func InstalledBinary(t *testing.T, what, env, def, install string) string {
 		}
 		t.Skip(msg)
 	}
-	RequireRoot(t)
 	return bin
 }

@@ -5,7 +5,6 @@ package claude
 // saved session, and the adapter's claude_* fields beside it.
 
 import (
-	"bytes"
 	"encoding/json"
 
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -120,7 +119,7 @@ func assistantItems(m Message, answered map[string]bool, newHex func() string) (
 				Role:    "assistant", Status: "completed", Type: "message",
 			})
 		case "tool_use":
-			args := compactJSON(b.Input)
+			args := harness.ArgumentsJSON(b.Input)
 			items = append(items, &gym.FunctionCall{Arguments: args, CallID: b.ID, Name: b.Name, Type: "function_call"})
 			if !answered[b.ID] {
 				unanswered = append(unanswered, &gym.FunctionCallOutput{CallID: b.ID, Output: "", Type: "function_call_output"})
@@ -128,15 +127,6 @@ func assistantItems(m Message, answered map[string]bool, newHex func() string) (
 		}
 	}
 	return items, unanswered
-}
-
-// compactJSON is a tool input as JSON text, "{}" when it has none.
-func compactJSON(raw json.RawMessage) string {
-	var b bytes.Buffer
-	if len(bytes.TrimSpace(raw)) == 0 || json.Compact(&b, raw) != nil {
-		return "{}"
-	}
-	return b.String()
 }
 
 // GymResult implements harness.GymResulter: `response` is the

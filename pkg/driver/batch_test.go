@@ -57,13 +57,9 @@ func launchCounts(execs []drivertest.Exec) map[string]int {
 	return out
 }
 
-// batchedRun is one run of the batch tests.
+// batchedRun is one run of the batch tests and its launch's id.
 type batchedRun struct {
-	ro     string
-	h      *drivertest.Handle
-	sbID   string
-	sess   string
-	procs  []drivertest.Proc
+	*drivertest.Run
 	launch string
 }
 
@@ -71,18 +67,15 @@ type batchedRun struct {
 // harness runs (every kind of process recorded, a step done).
 func startBatchedRuns(t *testing.T, e *drivertest.Env, rn *driver.Runner, name string, n int) []*batchedRun {
 	t.Helper()
-	runs := make([]*batchedRun, n)
-	for i := range runs {
+	started := make([]*drivertest.Handle, n)
+	for i := range started {
 		ro := e.Rollout(fmt.Sprintf("%s-%02d", name, i))
-		runs[i] = &batchedRun{ro: ro,
-			h: e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))}
+		started[i] = e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
 	}
-	for _, r := range runs {
-		r.sbID = e.WaitSeeded(r.ro, 1).SandboxID
-		r.launch = driver.LaunchID(r.ro, 1, 1, r.sbID)
-		r.sess = e.WaitSession(r.sbID, r.ro)
-		r.procs = e.WaitPids(r.sess, allKinds...)
-		e.WaitSteps(r.sess, 1)
+	runs := make([]*batchedRun, n)
+	for i, h := range started {
+		r := e.WaitRunning(h, drivertest.Until{Steps: 1, Kinds: allKinds})
+		runs[i] = &batchedRun{Run: r, launch: driver.LaunchID(r.Rollout, 1, 1, r.SandboxID)}
 	}
 	return runs
 }
@@ -104,12 +97,12 @@ func TestBatchedPauseAndContinue(t *testing.T) {
 
 	res := prepare(t, p, "ckpt-1")
 	for _, r := range runs {
-		_, bm := bookmarkOf(t, res.Records, r.ro)
+		_, bm := bookmarkOf(t, res.Records, r.Rollout)
 		if bm.Paused == nil || bm.Paused.ID != r.launch || !bm.Paused.Supervised {
-			t.Errorf("%s: want its launch exported paused, got %+v", r.ro, bm.Paused)
+			t.Errorf("%s: want its launch exported paused, got %+v", r.Rollout, bm.Paused)
 		}
-		checkStates(t, r.ro+": while parked", r.procs, "Tt")
-		checkAllStopped(t, e, r.ro+": while parked", r.sbID)
+		checkStates(t, r.Rollout+": while parked", r.Procs, "Tt")
+		checkAllStopped(t, e, r.Rollout+": while parked", r.SandboxID)
 	}
 	pauses := e.Backend.Verbs("pause")
 	if len(pauses) > n/3 {
@@ -141,14 +134,14 @@ func TestBatchedPauseAndContinue(t *testing.T) {
 
 	resume(t, p, "ckpt-1")
 	for _, r := range runs {
-		res := r.h.MustSucceed(t)
+		res := r.MustSucceed(t)
 		if len(res.Launches) != 1 {
-			t.Errorf("%s: want one launch, got %+v", r.ro, res.Launches)
+			t.Errorf("%s: want one launch, got %+v", r.Rollout, res.Launches)
 			continue
 		}
 		checkLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
-		checkVerified(t, e, r.ro, res)
-		drivertest.CheckStepsOnce(t, r.sess, pauseSteps)
+		checkVerified(t, e, r.Rollout, res)
+		drivertest.CheckStepsOnce(t, r.Session, pauseSteps)
 	}
 	continues := e.Backend.Verbs("continue")
 	if len(continues) >= n {
@@ -164,7 +157,7 @@ func TestBatchedPauseAndContinue(t *testing.T) {
 		}
 	}
 	for _, r := range runs {
-		drivertest.CheckGone(t, r.ro+": after verify", r.procs)
+		drivertest.CheckGone(t, r.Rollout+": after verify", r.Procs)
 	}
 	e.CheckNoProcs("after verify")
 }
@@ -208,10 +201,10 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 
 	res := prepare(t, p, "ckpt-1")
 	for _, r := range runs {
-		if _, bm := bookmarkOf(t, res.Records, r.ro); bm.Paused == nil {
-			t.Errorf("%s: want its launch exported paused", r.ro)
+		if _, bm := bookmarkOf(t, res.Records, r.Rollout); bm.Paused == nil {
+			t.Errorf("%s: want its launch exported paused", r.Rollout)
 		}
-		checkStates(t, r.ro+": while parked", r.procs, "Tt")
+		checkStates(t, r.Rollout+": while parked", r.Procs, "Tt")
 	}
 	pauses := e.Backend.Verbs("pause")
 	withShort := drivertest.ForLaunch(pauses, shortLaunch)
@@ -236,14 +229,14 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 		t.Errorf("the ended launch was continued: %+v", c)
 	}
 	for _, r := range runs {
-		res := r.h.MustSucceed(t)
+		res := r.MustSucceed(t)
 		if len(res.Launches) != 1 {
-			t.Errorf("%s: want one launch, got %+v", r.ro, res.Launches)
+			t.Errorf("%s: want one launch, got %+v", r.Rollout, res.Launches)
 			continue
 		}
 		checkLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
-		checkVerified(t, e, r.ro, res)
-		drivertest.CheckStepsOnce(t, r.sess, pauseSteps)
+		checkVerified(t, e, r.Rollout, res)
+		drivertest.CheckStepsOnce(t, r.Session, pauseSteps)
 	}
 	if slices.ContainsFunc(e.Backend.Verbs("run"), func(x drivertest.Exec) bool { return x.ExitCode != 0 }) {
 		t.Errorf("a launch failed to start")

@@ -28,22 +28,18 @@ func TestCancelKillsLaunchAndClosesSession(t *testing.T) {
 			p := newParticipant()
 			rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 			ro := e.Rollout(name)
-			h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
-			sbID := e.WaitSeeded(ro, 1).SandboxID
-			sess := e.WaitSession(sbID, ro)
-			procs := e.WaitPids(sess, allKinds...)
-			e.WaitSteps(sess, 1)
+			run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 			if parked {
 				prepare(t, p, "ckpt-1")
-				checkStates(t, "while parked", procs, "Tt")
+				checkStates(t, "while parked", run.Procs, "Tt")
 			}
 
-			h.Cancel(nil)
-			if _, err := h.Wait(t); !errors.Is(err, context.Canceled) {
+			run.Cancel(nil)
+			if _, err := run.Wait(t); !errors.Is(err, context.Canceled) {
 				t.Errorf("the cancelled run returned %v, want the cancellation", err)
 			}
-			drivertest.CheckGone(t, "after the cancellation", procs)
-			e.CheckNoProcs("after the cancellation", sbID)
+			drivertest.CheckGone(t, "after the cancellation", run.Procs)
+			e.CheckNoProcs("after the cancellation", run.SandboxID)
 			if s := e.Session(ro); !s.Closed || s.Verified {
 				t.Errorf("the owner's session: closed %v verified %v; want closed without a verdict", s.Closed, s.Verified)
 			}
@@ -75,27 +71,25 @@ func TestOtherLaunchesLeftAlone(t *testing.T) {
 	gone, kept := e.Rollout("cancelled"), e.Rollout("kept")
 	hg := e.Start(rn, gone, 1, drivertest.Task(gone, pauseSteps, stepS, nil))
 	hk := e.Start(rn, kept, 1, drivertest.Task(kept, pauseSteps, stepS, nil))
-	sbG, sbK := e.WaitSeeded(gone, 1).SandboxID, e.WaitSeeded(kept, 1).SandboxID
-	sessG, sessK := e.WaitSession(sbG, gone), e.WaitSession(sbK, kept)
-	procsG, procsK := e.WaitPids(sessG, allKinds...), e.WaitPids(sessK, allKinds...)
-	e.WaitSteps(sessK, 1)
+	runG := e.WaitRunning(hg, drivertest.Until{Kinds: allKinds})
+	runK := e.WaitRunning(hk, drivertest.Until{Steps: 1, Kinds: allKinds})
 
-	hg.Cancel(nil)
-	if _, err := hg.Wait(t); !errors.Is(err, context.Canceled) {
+	runG.Cancel(nil)
+	if _, err := runG.Wait(t); !errors.Is(err, context.Canceled) {
 		t.Errorf("the cancelled run returned %v", err)
 	}
-	drivertest.CheckGone(t, "the cancelled run", procsG)
-	if live := drivertest.Live(procsK); len(live) != len(procsK) {
-		t.Errorf("the other run lost processes: alive %v of %v", live, procsK)
+	drivertest.CheckGone(t, "the cancelled run", runG.Procs)
+	if live := drivertest.Live(runK.Procs); len(live) != len(runK.Procs) {
+		t.Errorf("the other run lost processes: alive %v of %v", live, runK.Procs)
 	}
-	checkStates(t, "the other run", procsK, "SRD")
-	r := hk.MustSucceed(t)
+	checkStates(t, "the other run", runK.Procs, "SRD")
+	r := runK.MustSucceed(t)
 	if len(r.Launches) != 1 {
 		t.Fatalf("the other run launched %d times", len(r.Launches))
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	checkVerified(t, e, kept, r)
-	drivertest.CheckStepsOnce(t, sessK, pauseSteps)
+	drivertest.CheckStepsOnce(t, runK.Session, pauseSteps)
 }
 
 // TestIncompleteStopIsWarned proves that a stop whose reply says it could
@@ -116,12 +110,10 @@ func TestIncompleteStopIsWarned(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("stop-partial")
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	e.WaitSteps(e.WaitSession(sbID, ro), 1)
-	h.Cancel(nil)
-	h.Wait(t)
-	launch := driver.LaunchID(ro, 1, 1, sbID)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Steps: 1})
+	run.Cancel(nil)
+	run.Wait(t)
+	launch := driver.LaunchID(ro, 1, 1, run.SandboxID)
 	for _, line := range strings.Split(e.Logs(), "\n") {
 		if contains(line, "level=WARN") && contains(line, launch) && contains(line, "partial=true") && contains(line, "out_of_time=true") {
 			return
@@ -140,12 +132,9 @@ func TestRealPartialStopStillWarns(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ro := e.Rollout("real-partial")
-	h := e.Start(e.Runner(drivertest.Fake(pauseSteps, stepS), newParticipant()), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	launch := driver.LaunchID(ro, 1, 1, sbID)
-	rec := e.Receipt(sbID, launch)
+	run := e.StartRunning(e.Runner(drivertest.Fake(pauseSteps, stepS), newParticipant()), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Kinds: allKinds})
+	launch := driver.LaunchID(ro, 1, 1, run.SandboxID)
+	rec := e.Receipt(run.SandboxID, launch)
 	if rec == nil || !drivertest.IsSupervisor(rec.SupervisorPID) {
 		t.Fatalf("no live supervisor in the receipt: %+v", rec)
 	}
@@ -154,11 +143,11 @@ func TestRealPartialStopStillWarns(t *testing.T) {
 	}
 	// Gone before the stop begins, or the stop still finds it alive.
 	drivertest.CheckGone(t, "the killed supervisor", []drivertest.Proc{{Kind: "supervisor", PID: rec.SupervisorPID, StartTicks: rec.SupervisorStartTicks}})
-	h.Cancel(nil)
-	if _, err := h.Wait(t); !errors.Is(err, context.Canceled) {
+	run.Cancel(nil)
+	if _, err := run.Wait(t); !errors.Is(err, context.Canceled) {
 		t.Errorf("the cancelled run returned %v", err)
 	}
-	drivertest.CheckGone(t, "the cancelled run", procs)
+	drivertest.CheckGone(t, "the cancelled run", run.Procs)
 	for _, line := range strings.Split(e.Logs(), "\n") {
 		if contains(line, "level=WARN") && contains(line, "the stop could not make sure the launch is gone") &&
 			contains(line, launch) && contains(line, "partial=true") {
@@ -184,30 +173,28 @@ func TestSameRolloutOnOneHostNeverSharesALaunch(t *testing.T) {
 	pa, pb := newParticipant(), newParticipant()
 	ha := a.Start(a.Runner(drivertest.Fake(pauseSteps, stepS), pa), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
 	hb := b.Start(b.Runner(drivertest.Fake(pauseSteps, stepS), pb), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
-	sbA, sbB := a.WaitSeeded(ro, 1).SandboxID, b.WaitSeeded(ro, 1).SandboxID
-	sessA, sessB := a.WaitSession(sbA, ro), b.WaitSession(sbB, ro)
-	procsA, procsB := a.WaitPids(sessA, allKinds...), b.WaitPids(sessB, allKinds...)
-	b.WaitSteps(sessB, 1)
-	if idA, idB := driver.LaunchID(ro, 1, 1, sbA), driver.LaunchID(ro, 1, 1, sbB); idA == idB {
+	runA := a.WaitRunning(ha, drivertest.Until{Kinds: allKinds})
+	runB := b.WaitRunning(hb, drivertest.Until{Steps: 1, Kinds: allKinds})
+	if idA, idB := driver.LaunchID(ro, 1, 1, runA.SandboxID), driver.LaunchID(ro, 1, 1, runB.SandboxID); idA == idB {
 		t.Fatalf("both deployments' launches are %s", idA)
 	}
 
-	rec := a.Receipt(sbA, driver.LaunchID(ro, 1, 1, sbA))
+	rec := a.Receipt(runA.SandboxID, driver.LaunchID(ro, 1, 1, runA.SandboxID))
 	if rec == nil || !drivertest.IsSupervisor(rec.SupervisorPID) {
 		t.Fatalf("no live supervisor in the first deployment's receipt: %+v", rec)
 	}
 	if err := syscall.Kill(rec.SupervisorPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	ha.Cancel(nil)
-	if _, err := ha.Wait(t); !errors.Is(err, context.Canceled) {
+	runA.Cancel(nil)
+	if _, err := runA.Wait(t); !errors.Is(err, context.Canceled) {
 		t.Errorf("the cancelled run returned %v", err)
 	}
-	drivertest.CheckGone(t, "the cancelled run", procsA)
-	if live := drivertest.Live(procsB); len(live) != len(procsB) {
-		t.Errorf("the other deployment's run lost processes: alive %v of %v", live, procsB)
+	drivertest.CheckGone(t, "the cancelled run", runA.Procs)
+	if live := drivertest.Live(runB.Procs); len(live) != len(runB.Procs) {
+		t.Errorf("the other deployment's run lost processes: alive %v of %v", live, runB.Procs)
 	}
-	r := hb.MustSucceed(t)
+	r := runB.MustSucceed(t)
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
-	drivertest.CheckStepsOnce(t, sessB, pauseSteps)
+	drivertest.CheckStepsOnce(t, runB.Session, pauseSteps)
 }

@@ -31,44 +31,40 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 	ro := e.Rollout("crash")
 	body := drivertest.Task(ro, steps, stepS, nil)
 	p1 := newParticipant()
-	h1 := e.Start(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body)
-	sb0 := e.WaitSeeded(ro, 1).SandboxID
-	sess0 := e.WaitSession(sb0, ro)
-	procs := e.WaitPids(sess0, allKinds...)
-	e.WaitSteps(sess0, 2)
+	run1 := e.StartRunning(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body, drivertest.Until{Steps: 2, Kinds: allKinds})
 
 	prepare(t, p1, "ckpt-1")
-	saved := drivertest.Steps(sess0) // what the snapshot holds
+	saved := drivertest.Steps(run1.Session) // what the snapshot holds
 	recs := commit(t, e, p1, "ckpt-1", false)
 	rec, bm := bookmarkOf(t, recs, ro)
 	if bm.Next != driver.StageHarness || bm.Paused == nil || !bm.Resume {
 		t.Fatalf("the committed record is not a paused harness bookmark: %s", rec.Bookmark)
 	}
 	resume(t, p1, "ckpt-1")
-	e.WaitSteps(sess0, len(saved)+1) // the launch went on after the checkpoint
+	e.WaitSteps(run1.Session, len(saved)+1) // the launch went on after the checkpoint
 
-	h1.Cancel(driver.ErrCrashed)
-	if _, err := h1.Wait(t); !errors.Is(err, driver.ErrCrashed) {
-		t.Fatalf("the crashed run returned %v, want ErrCrashed", err)
+	run1.Cancel(driver.ErrCrashed)
+	if _, err := run1.Wait(t); !errors.Is(err, driver.ErrCrashed) {
+		t.Fatalf("the crashed run1 returned %v, want ErrCrashed", err)
 	}
 	// A crash cleans nothing up.
-	if s := e.Session(ro); s.Closed || s.SandboxID != sb0 {
-		t.Errorf("after the crash the session is %+v, want it open on %s", s, sb0)
+	if s := e.Session(ro); s.Closed || s.SandboxID != run1.SandboxID {
+		t.Errorf("after the crash the session is %+v, want it open on %s", s, run1.SandboxID)
 	}
-	if live := drivertest.Live(procs); len(live) != len(procs) {
-		t.Errorf("the crash ended processes of the launch: alive %v of %v", live, procs)
+	if live := drivertest.Live(run1.Procs); len(live) != len(run1.Procs) {
+		t.Errorf("the crash ended processes of the launch: alive %v of %v", live, run1.Procs)
 	}
 	if n := len(e.Backend.Verbs("stop")); n != 0 {
-		t.Errorf("the crashed run ran ngsup stop %d times", n)
+		t.Errorf("the crashed run1 ran ngsup stop %d times", n)
 	}
 	if n := e.Owner.Count(drivertest.CallClose, ro); n != 0 {
-		t.Errorf("the crashed run closed its session")
+		t.Errorf("the crashed run1 closed its session")
 	}
 
 	restoreOwner(t, e, "ckpt-1", recs)
-	drivertest.CheckGone(t, "after the owner's restore (the replaced sandbox is stopped)", procs)
+	drivertest.CheckGone(t, "after the owner's restore (the replaced sandbox is stopped)", run1.Procs)
 	sb1 := e.Session(ro).SandboxID
-	if sb1 == sb0 {
+	if sb1 == run1.SandboxID {
 		t.Fatalf("the restore did not fork under a new sandbox id (%s)", sb1)
 	}
 	p2 := newParticipant()
@@ -80,8 +76,8 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
 	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
-	if r.Launches[0].SandboxID != sb0 || r.Launches[1].SandboxID != sb1 {
-		t.Errorf("launches ran in %s and %s, want %s then the fork %s", r.Launches[0].SandboxID, r.Launches[1].SandboxID, sb0, sb1)
+	if r.Launches[0].SandboxID != run1.SandboxID || r.Launches[1].SandboxID != sb1 {
+		t.Errorf("launches ran in %s and %s, want %s then the fork %s", r.Launches[0].SandboxID, r.Launches[1].SandboxID, run1.SandboxID, sb1)
 	}
 	if want := fmt.Sprintf("the saved session holds %d completed steps", len(saved)); r.Launches[1].Reason != want {
 		t.Errorf("the relaunch's reason is %q, want the adapter's %q", r.Launches[1].Reason, want)
@@ -122,14 +118,12 @@ func TestGonePausedLaunchLogsWhatTheRelaunchDoes(t *testing.T) {
 	ro := e.Rollout("crash-fresh")
 	body := drivertest.Task(ro, steps, stepS, nil)
 	p1 := newParticipant()
-	h1 := e.Start(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body)
-	sb0 := e.WaitSeeded(ro, 1).SandboxID
-	e.WaitSteps(e.WaitSession(sb0, ro), 1)
+	run1 := e.StartRunning(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body, drivertest.Until{Steps: 1})
 	prepare(t, p1, "ckpt-1")
 	recs := commit(t, e, p1, "ckpt-1", false)
 	_, bm := bookmarkOf(t, recs, ro)
-	h1.Cancel(driver.ErrCrashed) // while parked: the paused launch goes with it
-	h1.Wait(t)
+	run1.Cancel(driver.ErrCrashed) // while parked: the paused launch goes with it
+	run1.Wait(t)
 	restoreOwner(t, e, "ckpt-1", recs)
 	sb1 := e.Session(ro).SandboxID
 	if err := os.Remove(filepath.Join(e.SessionOf(sb1, bm.State), "steps")); err != nil {
@@ -162,25 +156,21 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 	ro := e.Rollout("restart")
 	body := drivertest.Task(ro, steps, stepS, map[string]any{"restart": true})
 	p1 := newParticipant()
-	h1 := e.Start(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body)
-	sb0 := e.WaitSeeded(ro, 1).SandboxID
-	sess0 := e.WaitSession(sb0, ro)
-	procs := e.WaitPids(sess0, allKinds...)
-	e.WaitSteps(sess0, 1)
+	run1 := e.StartRunning(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body, drivertest.Until{Steps: 1, Kinds: allKinds})
 
 	res := prepare(t, p1, "ckpt-1")
 	if hasRecord(res.Records, ro) {
 		t.Errorf("the prepare exported a restart run: %+v", res.Records)
 	}
 	if runs := p1.Runs(); len(runs) != 1 || runs[0].State != "waiting" {
-		t.Errorf("participant runs %+v: want the restart run still in its harness step", runs)
+		t.Errorf("participant runs %+v: want the restart run1 still in its harness step", runs)
 	}
-	held := len(drivertest.Steps(sess0))
-	testkit.Eventually(t, "the restart run goes on during the checkpoint", func() (bool, string) {
-		n := len(drivertest.Steps(sess0))
+	held := len(drivertest.Steps(run1.Session))
+	testkit.Eventually(t, "the restart run1 goes on during the checkpoint", func() (bool, string) {
+		n := len(drivertest.Steps(run1.Session))
 		return n > held, fmt.Sprintf("steps %d", n)
 	})
-	checkStates(t, "during the checkpoint", procs, "SRD")
+	checkStates(t, "during the checkpoint", run1.Procs, "SRD")
 	recs := commit(t, e, p1, "ckpt-1", false)
 	if hasRecord(recs, ro) {
 		t.Errorf("the commit holds a record of a restart run")
@@ -190,9 +180,9 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 		t.Errorf("a restart run's launch was paused %d times", n)
 	}
 
-	h1.Cancel(driver.ErrCrashed)
-	if _, err := h1.Wait(t); !errors.Is(err, driver.ErrCrashed) {
-		t.Fatalf("the crashed run returned %v, want ErrCrashed", err)
+	run1.Cancel(driver.ErrCrashed)
+	if _, err := run1.Wait(t); !errors.Is(err, driver.ErrCrashed) {
+		t.Fatalf("the crashed run1 returned %v, want ErrCrashed", err)
 	}
 	restoreOwner(t, e, "ckpt-1", recs)
 	p2 := newParticipant()
@@ -203,11 +193,11 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 	if _, err := e.OwnerControl.Retire(context.Background(), &gym.RetireRequest{Request: request("retire-1"), EpisodeIDs: []gym.EpisodeID{{RolloutID: ro, Attempt: 1}}}); err != nil {
 		t.Fatalf("retire attempt 1 on the owner: %v", err)
 	}
-	drivertest.CheckGone(t, "after the owner retired the crashed attempt", procs)
+	drivertest.CheckGone(t, "after the owner retired the crashed attempt", run1.Procs)
 	rn2 := e.Runner(drivertest.Fake(steps, stepS), p2)
 	h2 := e.Start(rn2, ro, 2, body)
 	info := e.WaitSeeded(ro, 2)
-	if info.SandboxID == sb0 || !info.Restart {
+	if info.SandboxID == run1.SandboxID || !info.Restart {
 		t.Errorf("attempt 2 did not start over in a new session: %+v", info)
 	}
 	r := h2.MustSucceed(t)

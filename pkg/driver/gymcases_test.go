@@ -65,11 +65,8 @@ func holdPause(t *testing.T, e *drivertest.Env) (entered <-chan struct{}, releas
 func inHarness(t *testing.T, e *drivertest.Env, rn *driver.Runner, name string, attempt int, extra map[string]any) (string, *drivertest.Handle, string, string) {
 	t.Helper()
 	ro := e.Rollout(name)
-	h := e.Start(rn, ro, attempt, drivertest.Task(ro, steps, stepS, extra))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	e.WaitSteps(sess, 1)
-	return ro, h, sbID, sess
+	run := e.StartRunning(rn, ro, attempt, drivertest.Task(ro, steps, stepS, extra), drivertest.Until{Steps: 1})
+	return ro, run.Handle, run.SandboxID, run.Session
 }
 
 // key is the capture key of rollout's attempt.
@@ -525,11 +522,7 @@ func TestGymRetireCancelsAndFencesRunningRun(t *testing.T) {
 	pausing, release := holdPause(t, e)
 	ro := e.Rollout("retired")
 	body := drivertest.Task(ro, pauseSteps, stepS, nil)
-	h := e.Start(rn, ro, 1, body)
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 1)
+	run := e.StartRunning(rn, ro, 1, body, drivertest.Until{Steps: 1, Kinds: allKinds})
 
 	missed, err := c.Prepare(ctx, reqAt("ckpt-1", 300*time.Millisecond))
 	if err != nil || missed.Phase != gym.PhasePreparing {
@@ -538,7 +531,7 @@ func TestGymRetireCancelsAndFencesRunningRun(t *testing.T) {
 	retire := &gym.RetireRequest{Request: request("ckpt-1"), EpisodeIDs: []gym.EpisodeID{{RolloutID: ro, Attempt: 1}}}
 	_, err = c.Retire(ctx, retire)
 	checkCode(t, "a retire while the checkpoint is open", err, gym.ErrInvalidPhase, gym.CodeInvalidPhase)
-	await(t, pausing, "the pause", h)
+	await(t, pausing, "the pause", run.Handle)
 	resume(t, p, "ckpt-1")
 	release()
 
@@ -552,14 +545,14 @@ func TestGymRetireCancelsAndFencesRunningRun(t *testing.T) {
 	if _, ok := runInfo(p, ro); ok || !e.Session(ro).Closed {
 		t.Fatalf("the retire replied before the run ended (registered %v, session %+v)", ok, e.Session(ro))
 	}
-	if _, err := h.Wait(t); !errors.Is(err, driver.ErrCancelled) {
+	if _, err := run.Wait(t); !errors.Is(err, driver.ErrCancelled) {
 		t.Errorf("the retired run returned %v, want ErrCancelled", err)
 	}
 	if !slices.Equal(rep.Retired, []string{key(ro, 1)}) {
 		t.Errorf("the retire answered %v", rep.Retired)
 	}
-	drivertest.CheckGone(t, "after the retire", procs)
-	e.CheckNoProcs("after the retire", sbID)
+	drivertest.CheckGone(t, "after the retire", run.Procs)
+	e.CheckNoProcs("after the retire", run.SandboxID)
 	if s := e.Session(ro); !s.Closed || s.Verified {
 		t.Errorf("the owner's session: closed %v verified %v; want closed without a verdict", s.Closed, s.Verified)
 	}
@@ -1087,8 +1080,7 @@ func TestGymRetireCutShortBlocksNextPrepare(t *testing.T) {
 					}
 					return next(ctx, req)
 				})
-				sbID := e.WaitSeeded(ro, 1).SandboxID
-				e.WaitSteps(e.WaitSession(sbID, ro), 1)
+				e.WaitRunning(h, drivertest.Until{Steps: 1})
 			}
 			retire := &gym.RetireRequest{Request: reqAt("retire-1", 500*time.Millisecond), EpisodeIDs: []gym.EpisodeID{{RolloutID: ro, Attempt: 1}}}
 			_, err := c.Retire(ctx, retire)

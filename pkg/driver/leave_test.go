@@ -104,9 +104,7 @@ func TestLeavingTheSandbox(t *testing.T) {
 			sbID := e.WaitSeeded(ro, 1).SandboxID
 			var procs []drivertest.Proc
 			if c.name != "checkpointed-launch-fails" {
-				sess := e.WaitSession(sbID, ro)
-				procs = e.WaitPids(sess, allKinds...)
-				e.WaitSteps(sess, 1)
+				procs = e.WaitRunning(h, drivertest.Until{Steps: 1, Kinds: allKinds}).Procs
 			}
 			if c.pause {
 				prepare(t, p, "ckpt-1")

@@ -39,38 +39,35 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 	p := newParticipant(1)
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	first, queued := e.Rollout("first"), e.Rollout("queued")
-	ha := e.Start(rn, first, 1, drivertest.Task(first, steps, stepS, nil))
-	sbA := e.WaitSeeded(first, 1).SandboxID
-	sessA := e.WaitSession(sbA, first)
-	e.WaitSteps(sessA, 1)
+	runA := e.StartRunning(rn, first, 1, drivertest.Task(first, steps, stepS, nil), drivertest.Until{Steps: 1})
 	hb := e.Start(rn, queued, 1, drivertest.Task(queued, steps, stepS, nil))
-	testkit.Eventually(t, "the second run is registered", func() (bool, string) {
+	testkit.Eventually(t, "the second runA is registered", func() (bool, string) {
 		_, ok := runInfo(p, queued)
 		return ok, "not registered"
 	})
 	if info, _ := runInfo(p, queued); info.State != "queued" || info.Next != driver.StageSeed || info.Attempt != 1 {
-		t.Errorf("the queued run is %+v, want queued at seed", info)
+		t.Errorf("the queued runA is %+v, want queued at seed", info)
 	}
 
 	res := prepare(t, p, "ckpt-1")
 	_, bmA := bookmarkOf(t, res.Records, first)
 	if bmA.Paused == nil {
-		t.Errorf("the first run was not exported paused: %+v", bmA)
+		t.Errorf("the first runA was not exported paused: %+v", bmA)
 	}
 	rec, bmB := bookmarkOf(t, res.Records, queued)
 	if bmB.Next != driver.StageSeed || rec.Attempt != 1 || len(bmB.Launches) != 0 {
-		t.Errorf("the queued run was exported as %s, want its seed bookmark", rec.Bookmark)
+		t.Errorf("the queued runA was exported as %s, want its seed bookmark", rec.Bookmark)
 	}
 	if info, _ := runInfo(p, first); info.State != "parked" {
-		t.Errorf("the first run is %+v, want parked", info)
+		t.Errorf("the first runA is %+v, want parked", info)
 	}
 	commit(t, e, p, "ckpt-1", false)
 	if n := e.Owner.Count(drivertest.CallSeed, queued); n != 0 {
-		t.Errorf("the queued run seeded during the checkpoint")
+		t.Errorf("the queued runA seeded during the checkpoint")
 	}
 	resume(t, p, "ckpt-1")
 
-	ra := ha.MustSucceed(t)
+	ra := runA.MustSucceed(t)
 	rb := hb.MustSucceed(t)
 	if len(ra.Launches) != 1 || ra.Launches[0].Pauses != 1 {
 		t.Errorf("first run's launches %+v: want one, paused once", ra.Launches)

@@ -72,36 +72,32 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("pause-twice")
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 2)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Steps: 2, Kinds: allKinds})
 
 	for i, id := range []string{"ckpt-1", "ckpt-2"} {
 		res := prepare(t, p, id)
 		rec, bm := bookmarkOf(t, res.Records, ro)
-		if rec.Attempt != 1 || bm.Next != driver.StageHarness || !bm.Resume || bm.Paused == nil || bm.Paused.SandboxID != sbID || !bm.Paused.Supervised {
+		if rec.Attempt != 1 || bm.Next != driver.StageHarness || !bm.Resume || bm.Paused == nil || bm.Paused.SandboxID != run.SandboxID || !bm.Paused.Supervised {
 			t.Fatalf("%s: the exported bookmark is not a paused harness step: %s", id, rec.Bookmark)
 		}
 		if len(bm.Launches) != 1 || bm.Launches[0].Pauses != i+1 || bm.Launches[0].ID != bm.Paused.ID {
 			t.Fatalf("%s: the bookmark's launch record should count %d pauses of the one launch: %s", id, i+1, rec.Bookmark)
 		}
-		if got := e.SessionOf(sbID, bm.State); got != sess {
-			t.Errorf("%s: the bookmark's state names session %s, the harness writes %s", id, got, sess)
+		if got := e.SessionOf(run.SandboxID, bm.State); got != run.Session {
+			t.Errorf("%s: the bookmark's state names session %s, the harness writes %s", id, got, run.Session)
 		}
 		if runs := p.Runs(); len(runs) != 1 || runs[0].State != "parked" {
 			t.Errorf("%s: participant runs %+v, want the one run parked", id, runs)
 		}
-		checkStates(t, id+": while parked", procs, "Tt")
-		checkAllStopped(t, e, id+": while parked", sbID)
-		held := drivertest.Steps(sess)
-		checkStill(t, e, id, sbID, stepS)
+		checkStates(t, id+": while parked", run.Procs, "Tt")
+		checkAllStopped(t, e, id+": while parked", run.SandboxID)
+		held := drivertest.Steps(run.Session)
+		checkStill(t, e, id, run.SandboxID, stepS)
 		commit(t, e, p, id, false)
 		resume(t, p, id)
 		// The same processes go on: the steps grow and none was relaunched.
 		testkit.Eventually(t, id+": the launch goes on", func() (bool, string) {
-			got := drivertest.Steps(sess)
+			got := drivertest.Steps(run.Session)
 			return len(got) > len(held), "steps still " + itoa(len(got))
 		})
 		// Resume returns before the run's `ngsup continue` does, and the
@@ -111,22 +107,22 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 			n := len(e.Backend.Verbs("continue"))
 			return n == i+1, itoa(n) + " continue commands returned"
 		})
-		checkStates(t, id+": after the resume", procs, "SRD")
+		checkStates(t, id+": after the resume", run.Procs, "SRD")
 	}
 
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 2, false)
-	if r.Launches[0].ExitCode != 0 || !r.Launches[0].Supervised || r.Launches[0].SandboxID != sbID {
-		t.Errorf("launch record %+v: want exit 0, supervised, in %s", r.Launches[0], sbID)
+	if r.Launches[0].ExitCode != 0 || !r.Launches[0].Supervised || r.Launches[0].SandboxID != run.SandboxID {
+		t.Errorf("launch record %+v: want exit 0, supervised, in %s", r.Launches[0], run.SandboxID)
 	}
 	if r.Fake.Steps != pauseSteps || r.Fake.FirstStep != 1 {
 		t.Errorf("harness output %+v: want every step in one launch", r.Fake)
 	}
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, pauseSteps)
+	drivertest.CheckStepsOnce(t, run.Session, pauseSteps)
 	if n := len(e.Backend.Verbs("run")); n != 1 {
 		t.Errorf("ngsup run ran %d times, want once", n)
 	}
@@ -138,8 +134,8 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 			t.Errorf("%v got a budget of %s, want %s", x.Argv, x.Timeout, launch.ControlTimeout)
 		}
 	}
-	drivertest.CheckGone(t, "after verify", procs)
-	e.CheckNoProcs("after verify", sbID)
+	drivertest.CheckGone(t, "after verify", run.Procs)
+	e.CheckNoProcs("after verify", run.SandboxID)
 }
 
 // TestCheckpointClosedBeforeTheRunWakes proves that a checkpoint that
@@ -152,28 +148,24 @@ func TestCheckpointClosedBeforeTheRunWakes(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("close-early")
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 1)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 
 	res := prepare(t, p, "ckpt-1")
 	resume(t, p, "ckpt-1")
 	if _, bm := bookmarkOf(t, res.Records, ro); bm.Paused == nil {
 		t.Errorf("the prepare did not export a paused launch: %+v", bm)
 	}
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, steps)
+	drivertest.CheckStepsOnce(t, run.Session, steps)
 	if n, c := len(e.Backend.Verbs("pause")), len(e.Backend.Verbs("continue")); n != 1 || c != 1 {
 		t.Errorf("ngsup pause ran %d times and continue %d, want once each", n, c)
 	}
-	drivertest.CheckGone(t, "after verify", procs)
+	drivertest.CheckGone(t, "after verify", run.Procs)
 }
 
 // TestPausedTimeIsRecorded proves that each launch's entry in
@@ -186,10 +178,7 @@ func TestPausedTimeIsRecorded(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("paused-time")
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	e.WaitSteps(sess, 1)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Steps: 1})
 	const hold = 700 * time.Millisecond
 	for i, id := range []string{"ckpt-1", "ckpt-2"} {
 		prepare(t, p, id)
@@ -200,7 +189,7 @@ func TestPausedTimeIsRecorded(t *testing.T) {
 			return n == i+1, itoa(n) + " continue commands returned"
 		})
 	}
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	var raw struct {
 		Launches []map[string]any `json:"ng_harness_launches"`
 	}
@@ -230,22 +219,18 @@ func TestPausedUnsupervisedLaunch(t *testing.T) {
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	rn.Unsupervised = true
 	ro := e.Rollout("pause-unsup")
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 1)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 
 	res := prepare(t, p, "ckpt-1")
 	_, bm := bookmarkOf(t, res.Records, ro)
 	if bm.Paused == nil || bm.Paused.Supervised {
 		t.Errorf("want an unsupervised paused launch in the bookmark, got %+v", bm.Paused)
 	}
-	checkStates(t, "while parked", procs, "Tt")
-	checkAllStopped(t, e, "while parked", sbID)
+	checkStates(t, "while parked", run.Procs, "Tt")
+	checkAllStopped(t, e, "while parked", run.SandboxID)
 	resume(t, p, "ckpt-1")
 
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
@@ -254,7 +239,7 @@ func TestPausedUnsupervisedLaunch(t *testing.T) {
 		t.Errorf("the launch record says supervised")
 	}
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, steps)
+	drivertest.CheckStepsOnce(t, run.Session, steps)
 	if n := len(e.Backend.Verbs("run")); n != 0 {
 		t.Errorf("ngsup run ran %d times in an unsupervised run", n)
 	}
@@ -263,8 +248,8 @@ func TestPausedUnsupervisedLaunch(t *testing.T) {
 			t.Errorf("%v: an unsupervised launch is named by --id", x.Argv)
 		}
 	}
-	drivertest.CheckGone(t, "after verify", procs)
-	e.CheckNoProcs("after verify", sbID)
+	drivertest.CheckGone(t, "after verify", run.Procs)
+	e.CheckNoProcs("after verify", run.SandboxID)
 }
 
 // TestLaunchEndedBeforeParkKeepsResult proves that a launch that ended
@@ -334,26 +319,22 @@ func TestCommitWithStopKillsPausedLaunch(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("commit-stop")
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 2)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 2, Kinds: allKinds})
 
 	prepare(t, p, "ckpt-1")
 	commit(t, e, p, "ckpt-1", true)
-	drivertest.CheckGone(t, "after a commit with stop", procs)
-	e.CheckNoProcs("after a commit with stop", sbID)
+	drivertest.CheckGone(t, "after a commit with stop", run.Procs)
+	e.CheckNoProcs("after a commit with stop", run.SandboxID)
 	resume(t, p, "ckpt-1")
 
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 2 {
 		t.Fatalf("want two launches, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
 	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, steps)
+	drivertest.CheckStepsOnce(t, run.Session, steps)
 }
 
 // TestContinueFailureStopsAndRelaunches proves the fallback when a paused
@@ -372,23 +353,19 @@ func TestContinueFailureStopsAndRelaunches(t *testing.T) {
 		}
 		return next(ctx, req)
 	})
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 2)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 2, Kinds: allKinds})
 	prepare(t, p, "ckpt-1")
 	resume(t, p, "ckpt-1")
-	drivertest.CheckGone(t, "after a failed continue", procs)
+	drivertest.CheckGone(t, "after a failed continue", run.Procs)
 
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 2 {
 		t.Fatalf("want two launches, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
 	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, steps)
+	drivertest.CheckStepsOnce(t, run.Session, steps)
 }
 
 // heldByPause reads the processes the last pause of a launch stopped (the
@@ -425,20 +402,16 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("continue-nothing")
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 2)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 2, Kinds: allKinds})
 	prepare(t, p, "ckpt-1")
-	checkStates(t, "while parked", procs, "Tt")
+	checkStates(t, "while parked", run.Procs, "Tt")
 	// Every process the pause holds (its paused set, "pid start" lines),
 	// each killed only if it is still the one recorded.
-	held := heldByPause(t, e.LaunchDir(sbID, driver.LaunchID(ro, 1, 1, sbID)))
+	held := heldByPause(t, e.LaunchDir(run.SandboxID, driver.LaunchID(ro, 1, 1, run.SandboxID)))
 	for _, pr := range held {
 		pr.Kill()
 	}
-	drivertest.CheckGone(t, "killed behind the driver's back", append(held, procs...))
+	drivertest.CheckGone(t, "killed behind the driver's back", append(held, run.Procs...))
 	// Reaped too: ngsup's continue counts a zombie it still finds in the
 	// launch's tree as continued.
 	testkit.Eventually(t, "the killed processes are reaped", func() (bool, string) {
@@ -451,7 +424,7 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 	})
 	resume(t, p, "ckpt-1")
 
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 2 {
 		t.Fatalf("want two launches (the dead one, then a relaunch), got %+v", r.Launches)
 	}
@@ -462,7 +435,7 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 	}
 	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, steps)
+	drivertest.CheckStepsOnce(t, run.Session, steps)
 	var warned bool
 	for _, line := range strings.Split(e.Logs(), "\n") {
 		if contains(line, "level=WARN") && contains(line, "could not be continued") && contains(line, first.ID) {
@@ -490,21 +463,17 @@ func TestUnconfirmedPauseFallsBackToStop(t *testing.T) {
 		}
 		return next(ctx, req)
 	})
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 2)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 2, Kinds: allKinds})
 	res := prepare(t, p, "ckpt-1")
 	_, bm := bookmarkOf(t, res.Records, ro)
 	if bm.Paused != nil || !bm.Resume || len(bm.Launches) != 1 || bm.Launches[0].Outcome != driver.OutcomeInterrupted {
 		t.Errorf("want a bookmark that relaunches a stopped launch, got %+v", bm)
 	}
-	drivertest.CheckGone(t, "while parked after the fallback stop", procs)
-	e.CheckNoProcs("while parked after the fallback stop", sbID)
+	drivertest.CheckGone(t, "while parked after the fallback stop", run.Procs)
+	e.CheckNoProcs("while parked after the fallback stop", run.SandboxID)
 	resume(t, p, "ckpt-1")
 
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 2 {
 		t.Fatalf("want two launches, got %+v", r.Launches)
 	}
@@ -514,7 +483,7 @@ func TestUnconfirmedPauseFallsBackToStop(t *testing.T) {
 	}
 	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, steps)
+	drivertest.CheckStepsOnce(t, run.Session, steps)
 }
 
 // TestEmptyPauseRetriedOnce proves that a pause that printed nothing within
@@ -533,15 +502,11 @@ func TestEmptyPauseRetriedOnce(t *testing.T) {
 		}
 		return next(ctx, req)
 	})
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 1)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 	prepare(t, p, "ckpt-1")
-	checkStates(t, "while parked", procs, "Tt")
+	checkStates(t, "while parked", run.Procs, "Tt")
 	resume(t, p, "ckpt-1")
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
@@ -567,15 +532,11 @@ func TestPauseThatKeepsPrintingNothingStops(t *testing.T) {
 		}
 		return next(ctx, req)
 	})
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 1)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 	prepare(t, p, "ckpt-1")
-	drivertest.CheckGone(t, "while parked after the fallback stop", procs)
+	drivertest.CheckGone(t, "while parked after the fallback stop", run.Procs)
 	resume(t, p, "ckpt-1")
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 2 {
 		t.Fatalf("want two launches, got %+v", r.Launches)
 	}
@@ -588,7 +549,7 @@ func TestPauseThatKeepsPrintingNothingStops(t *testing.T) {
 	}
 	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, steps)
+	drivertest.CheckStepsOnce(t, run.Session, steps)
 }
 
 // TestCheckpointResumedWhileThePauseRuns proves that a checkpoint the
@@ -613,11 +574,7 @@ func TestCheckpointResumedWhileThePauseRuns(t *testing.T) {
 		}
 		return next(ctx, req)
 	})
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 1)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 
 	type prepareOutcome struct {
 		rep *gym.PrepareReply
@@ -628,18 +585,18 @@ func TestCheckpointResumedWhileThePauseRuns(t *testing.T) {
 		rep, err := p.Control().Prepare(context.Background(), request("ckpt-1"))
 		prepDone <- prepareOutcome{rep, err}
 	}()
-	await(t, pausing, "the pause", h)
+	await(t, pausing, "the pause", run.Handle)
 	resume(t, p, "ckpt-1")
 	close(release)
 
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, steps)
-	drivertest.CheckGone(t, "after verify", procs)
+	drivertest.CheckStepsOnce(t, run.Session, steps)
+	drivertest.CheckGone(t, "after verify", run.Procs)
 	select {
 	case got := <-prepDone:
 		if got.err == nil && got.rep.Phase == gym.PhasePrepared {
@@ -675,23 +632,19 @@ func TestSupervisorCannotStartFallsBackToTagged(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("fallback")
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	procs := e.WaitPids(sess, allKinds...)
-	e.WaitSteps(sess, 1)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 
 	prepare(t, p, "ckpt-1")
-	checkStates(t, "while parked", procs, "Tt")
+	checkStates(t, "while parked", run.Procs, "Tt")
 	resume(t, p, "ckpt-1")
 
-	r := h.MustSucceed(t)
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 1 || r.Launches[0].Supervised {
 		t.Fatalf("want one unsupervised launch, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, steps)
+	drivertest.CheckStepsOnce(t, run.Session, steps)
 	for _, x := range e.Backend.Verbs("pause") {
 		if x.Arg("--id") != r.Launches[0].ID {
 			t.Errorf("%v: the fallback launch is paused by its tag (--id)", x.Argv)

@@ -69,18 +69,16 @@ func TestCheckpointStopsLaunch(t *testing.T) {
 				rn.PauseAtCheckpoints = boolp(false)
 				rn.Unsupervised = !supervised
 				ro := e.Rollout(c.name)
-				h := e.Start(rn, ro, 1, drivertest.Task(ro, n, stepS, map[string]any{"fake": c.fake}))
-				sbID := e.WaitSeeded(ro, 1).SandboxID
-				sess := e.WaitSession(sbID, ro)
+				run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, n, stepS, map[string]any{"fake": c.fake}), drivertest.Until{})
 				var procs []drivertest.Proc
 				if c.install {
 					testkit.Eventually(t, "the install began", func() (bool, string) {
-						_, err := os.Stat(filepath.Join(sess, "install"))
+						_, err := os.Stat(filepath.Join(run.Session, "install"))
 						return err == nil, "no install folder"
 					})
 				} else {
-					procs = e.WaitPids(sess, c.kinds...)
-					e.WaitSteps(sess, 1)
+					procs = e.WaitPids(run.Session, c.kinds...)
+					e.WaitSteps(run.Session, 1)
 				}
 
 				res := prepare(t, p, "ckpt-1")
@@ -89,10 +87,10 @@ func TestCheckpointStopsLaunch(t *testing.T) {
 					t.Errorf("want a bookmark that relaunches a stopped launch, got %+v", bm)
 				}
 				drivertest.CheckGone(t, "while parked after the stop", procs)
-				e.CheckNoProcs("while parked after the stop", sbID)
+				e.CheckNoProcs("while parked after the stop", run.SandboxID)
 				if c.install {
 					for _, f := range []string{"install/done", "pids", "steps"} {
-						if _, err := os.Stat(filepath.Join(sess, f)); err == nil {
+						if _, err := os.Stat(filepath.Join(run.Session, f)); err == nil {
 							t.Errorf("%s exists: the stop did not land during the install", f)
 						}
 					}
@@ -109,14 +107,14 @@ func TestCheckpointStopsLaunch(t *testing.T) {
 				}
 				if c.install {
 					// The relaunch's install may end now.
-					mayEnd := e.HostOf(sbID, filepath.Join(e.Local.MountPoint(), local.WorkFolder, "install-may-end"))
+					mayEnd := e.HostOf(run.SandboxID, filepath.Join(e.Local.MountPoint(), local.WorkFolder, "install-may-end"))
 					if err := os.WriteFile(mayEnd, nil, 0o644); err != nil {
 						t.Fatal(err)
 					}
 				}
 				resume(t, p, "ckpt-1")
 
-				r := h.MustSucceed(t)
+				r := run.MustSucceed(t)
 				if len(r.Launches) != 2 {
 					t.Fatalf("want two launches, got %+v", r.Launches)
 				}
@@ -131,12 +129,12 @@ func TestCheckpointStopsLaunch(t *testing.T) {
 					t.Errorf("ngsup run ran %d times", runs)
 				}
 				checkVerified(t, e, ro, r)
-				sessions := e.FakeSessions(sbID, ro)
+				sessions := e.FakeSessions(run.SandboxID, ro)
 				drivertest.CheckStepsOnce(t, sessions[len(sessions)-1], n)
 				if !supervised {
 					killUntaggedOrphans(t, sessions[len(sessions)-1])
 				}
-				e.CheckNoProcs("after verify", sbID)
+				e.CheckNoProcs("after verify", run.SandboxID)
 			})
 		}
 	}
@@ -193,19 +191,15 @@ func TestAdapterThatDoesNotPauseIsStopped(t *testing.T) {
 				rn.PauseAtCheckpoints = boolp(false)
 			}
 			ro := e.Rollout(c.name)
-			h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-			sbID := e.WaitSeeded(ro, 1).SandboxID
-			sess := e.WaitSession(sbID, ro)
-			procs := e.WaitPids(sess, allKinds...)
-			e.WaitSteps(sess, 2)
+			run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 2, Kinds: allKinds})
 			res := prepare(t, p, "ckpt-1")
 			_, bm := bookmarkOf(t, res.Records, ro)
 			if bm.Paused != nil || !bm.Resume {
 				t.Errorf("want a bookmark that relaunches, got %+v", bm)
 			}
-			drivertest.CheckGone(t, "while parked", procs)
+			drivertest.CheckGone(t, "while parked", run.Procs)
 			resume(t, p, "ckpt-1")
-			r := h.MustSucceed(t)
+			r := run.MustSucceed(t)
 			if len(r.Launches) != 2 {
 				t.Fatalf("want two launches, got %+v", r.Launches)
 			}
@@ -215,7 +209,7 @@ func TestAdapterThatDoesNotPauseIsStopped(t *testing.T) {
 				t.Errorf("ngsup pause ran %d times for an adapter that does not pause", n)
 			}
 			checkVerified(t, e, ro, r)
-			drivertest.CheckStepsOnce(t, sess, steps)
+			drivertest.CheckStepsOnce(t, run.Session, steps)
 		})
 	}
 }
@@ -318,16 +312,14 @@ func TestCutRunAnswerLaunchesOnce(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("cut-run")
-	h := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil))
-	sbID := e.WaitSeeded(ro, 1).SandboxID
-	sess := e.WaitSession(sbID, ro)
-	r := h.MustSucceed(t)
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{})
+	r := run.MustSucceed(t)
 	if len(r.Launches) != 1 || !r.Launches[0].Supervised {
 		t.Fatalf("want one supervised launch, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	checkVerified(t, e, ro, r)
-	drivertest.CheckStepsOnce(t, sess, steps)
+	drivertest.CheckStepsOnce(t, run.Session, steps)
 	if n := len(e.Backend.Verbs("run")); n != 2 {
 		t.Errorf("ngsup run ran %d times, want 2 (the second refused)", n)
 	}

@@ -16,5 +16,5 @@
 // pkg/gym (the NeMoGymResponse types), never pkg/driver: the driver's
 // stage machine (pkg/driver.Runner) calls adapters through this contract,
 // and an adapter never sees the Runner or the checkpoint participant.
-// Adapters: pkg/claude, pkg/codex, pkg/opencode, pkg/driver/fake.
+// Adapters: pkg/claude, pkg/codex, pkg/opencode, pkg/pi, pkg/driver/fake.
 package harness

@@ -136,10 +136,14 @@ var kit = harnesstest.Harness{
 	Script:         script,
 	NewParticipant: newParticipant,
 	// Claude Code's Bash will not run a command that starts with sleep.
-	ToolPrefix:  "echo start; ",
-	ToolShell:   "bash",
-	FilesNote:   " (the session file and Claude Code's shell snapshots among them)",
-	FreshReason: "holds no completed model response; starting over with the task in a fresh CLAUDE_CONFIG_DIR",
+	ToolPrefix: "echo start; ",
+	ToolShell:  "bash",
+	FilesNote:  " (the session file and Claude Code's shell snapshots among them)",
+	// Claude Code writes its session file on its own time: a checkpoint
+	// taken while the first request is held finds either no session yet
+	// ("holds no session") or one without a completed response (seen
+	// both ways in CI); either way the relaunch starts over, and says so.
+	FreshReason: "; starting over with the task in a fresh CLAUDE_CONFIG_DIR",
 	SessionFile: func(id, path string) bool {
 		return strings.Contains(path, "/state/claude/") && strings.HasSuffix(path, "/"+id+".jsonl")
 	},

@@ -20,11 +20,11 @@ import (
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
-// wantPhase checks /healthz reports phase.
-func (e *env) wantPhase(phase string) {
-	e.t.Helper()
-	if h := e.health(); h.Phase != phase {
-		e.t.Errorf("/healthz phase %q, want %q", h.Phase, phase)
+// wantPhase checks /healthz reports phase, failing t.
+func (e *env) wantPhase(t *testing.T, phase string) {
+	t.Helper()
+	if h := e.healthOf(t); h.Phase != phase {
+		t.Errorf("/healthz phase %q, want %q", h.Phase, phase)
 	}
 }
 
@@ -36,6 +36,28 @@ func runRefused(t *testing.T, r runReply, status int, code string, words ...stri
 		return
 	}
 	wantRefused(t, ctlReply{call: "run " + r.rollout, status: r.status, body: r.body}, status, code, words...)
+}
+
+// refusedCall is one call a participant must refuse: how it is sent (when
+// its subtest runs, so its deadline is fresh) and what the refusal says.
+type refusedCall struct {
+	name   string
+	send   func(t *testing.T) ctlReply
+	status int
+	code   string
+	words  []string
+}
+
+// checkRefused runs each call as a subtest of its own: the refusal, then
+// the driver's phase, which a refused call leaves as it was.
+func (e *env) checkRefused(t *testing.T, phase string, calls []refusedCall) {
+	t.Helper()
+	for _, rc := range calls {
+		t.Run(rc.name, func(t *testing.T) {
+			wantRefused(t, rc.send(t), rc.status, rc.code, rc.words...)
+			e.wantPhase(t, phase)
+		})
+	}
 }
 
 // TestBadCalls: Gym's control plane refuses what is out of order with its
@@ -58,24 +80,37 @@ func runRefused(t *testing.T, r runReply, status int, code string, words ...stri
 // was; a good one restores under the restore's own id, answering the
 // source checkpoint and the capture key of attempt + 1. The participant
 // works after each of them.
+//
+// One owner and driver serve every case. Each case is a subtest that fails
+// alone: the calls refused in idle first, in any order; then one run walks
+// a checkpoint through its phases, this function moving the phases (each
+// needs the one before) and the subtests checking what each phase refuses
+// and answers; last, the committed checkpoint broken in copies, each
+// restored alone, then restored whole.
 func TestBadCalls(t *testing.T) {
 	const steps = 12
 	e := newEnv(t, options{steps: steps})
 	c := e.ctl
+	e.wantPhase(t, "idle")
 
 	// Out of order, in idle.
-	e.wantPhase("idle")
-	wantRefused(t, c.call(t, "commit", commitBody("x", filepath.Join(e.dir, "x"), nil, false)), http.StatusConflict, gym.CodeInvalidPhase, "idle")
-	if _, err := os.Stat(filepath.Join(e.dir, "x")); err == nil {
-		t.Errorf("a refused commit wrote its checkpoint_dir")
-	}
-	var res0 gym.ResumeReply
-	c.must(t, "resume", plainBody("x"), &res0)
-	if res0.Phase != gym.PhaseIdle || !res0.Idempotent {
-		t.Errorf("resume with nothing open answered %+v, want idle, idempotent", res0)
-	}
-	wantRefused(t, c.call(t, "prepare", plainBody("x")), http.StatusConflict, gym.CodeStaleCheckpoint, `"x"`)
-	e.wantPhase("idle")
+	t.Run("idle/commit", func(t *testing.T) {
+		wantRefused(t, c.call(t, "commit", commitBody("x", filepath.Join(e.dir, "x"), nil, false)), http.StatusConflict, gym.CodeInvalidPhase, "idle")
+		if _, err := os.Stat(filepath.Join(e.dir, "x")); err == nil {
+			t.Errorf("a refused commit wrote its checkpoint_dir")
+		}
+		e.wantPhase(t, "idle")
+	})
+	// The resume fences its id: the prepare after it says so.
+	t.Run("idle/resume-fences", func(t *testing.T) {
+		var res0 gym.ResumeReply
+		c.must(t, "resume", plainBody("fenced"), &res0)
+		if res0.Phase != gym.PhaseIdle || !res0.Idempotent {
+			t.Errorf("resume with nothing open answered %+v, want idle, idempotent", res0)
+		}
+		wantRefused(t, c.call(t, "prepare", plainBody("fenced")), http.StatusConflict, gym.CodeStaleCheckpoint, `"fenced"`)
+		e.wantPhase(t, "idle")
+	})
 
 	// Tokens: wrong, missing, another scheme. Nothing changes.
 	for name, auth := range map[string]string{
@@ -85,16 +120,18 @@ func TestBadCalls(t *testing.T) {
 		"basic":   "Basic " + e.token,
 		"suffix":  "Bearer " + e.token + "x",
 	} {
-		r := c.raw(t, "prepare", auth, plainBody("tok-"+name))
-		wantRefused(t, r, http.StatusUnauthorized, gym.CodeUnauthorized)
-		wantRefused(t, c.rawStatus(t, auth), http.StatusUnauthorized, gym.CodeUnauthorized)
-		e.wantPhase("idle")
-		// The owner's control plane is Gym's too.
-		wantRefused(t, e.own.raw(t, "prepare", auth, plainBody("tok-"+name)), http.StatusUnauthorized, gym.CodeUnauthorized)
-		wantRefused(t, e.own.rawStatus(t, auth), http.StatusUnauthorized, gym.CodeUnauthorized)
-		if s := e.own.status(t); s.Phase != gym.PhaseIdle || s.CheckpointID != nil {
-			t.Errorf("owner status after a prepare with a %s token: %+v, want idle", name, s)
-		}
+		t.Run("token/"+name, func(t *testing.T) {
+			r := c.raw(t, "prepare", auth, plainBody("tok-"+name))
+			wantRefused(t, r, http.StatusUnauthorized, gym.CodeUnauthorized)
+			wantRefused(t, c.rawStatus(t, auth), http.StatusUnauthorized, gym.CodeUnauthorized)
+			e.wantPhase(t, "idle")
+			// The owner's control plane is Gym's too.
+			wantRefused(t, e.own.raw(t, "prepare", auth, plainBody("tok-"+name)), http.StatusUnauthorized, gym.CodeUnauthorized)
+			wantRefused(t, e.own.rawStatus(t, auth), http.StatusUnauthorized, gym.CodeUnauthorized)
+			if s := e.own.status(t); s.Phase != gym.PhaseIdle || s.CheckpointID != nil {
+				t.Errorf("owner status after a prepare with a %s token: %+v, want idle", name, s)
+			}
+		})
 	}
 
 	// Bodies that fail validation: 422 once the token is right, and
@@ -111,25 +148,45 @@ func TestBadCalls(t *testing.T) {
 		"unknown field":   `{"checkpoint_id":"ok","deadline_ts":1,"records":true}`,
 		"two values":      `{"checkpoint_id":"ok","deadline_ts":1} {}`,
 	} {
-		r := c.call(t, "prepare", body)
-		if r.status != http.StatusUnprocessableEntity || r.errorCode() != gym.CodeInvalidRequest || r.errorText() == "" {
-			t.Errorf("prepare with a body %s (%s): %s, want 422 with an error", name, body, r)
+		t.Run("body/"+name, func(t *testing.T) {
+			r := c.call(t, "prepare", body)
+			if r.status != http.StatusUnprocessableEntity || r.errorCode() != gym.CodeInvalidRequest || r.errorText() == "" {
+				t.Errorf("prepare with a body %s (%s): %s, want 422 with an error", name, body, r)
+			}
+			e.wantPhase(t, "idle")
+		})
+	}
+	t.Run("fields", func(t *testing.T) {
+		e.checkRefused(t, "idle", []refusedCall{
+			{"unknown-named", func(t *testing.T) ctlReply {
+				return c.call(t, "prepare", `{"checkpoint_id":"ok","deadline_ts":1,"x":1}`)
+			}, http.StatusUnprocessableEntity, gym.CodeInvalidRequest, []string{`"x"`}},
+			// The token is checked before the body is read.
+			{"token-before-body", func(t *testing.T) ctlReply {
+				return c.raw(t, "prepare", "Bearer nope", `{"checkpoint_id":"ok","deadline_ts":1,"x":1}`)
+			}, http.StatusUnauthorized, gym.CodeUnauthorized, nil},
+			{"retire-no-episodes", func(t *testing.T) ctlReply {
+				return c.call(t, "retire", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "episode_ids": []any{}})
+			}, http.StatusUnprocessableEntity, gym.CodeInvalidRequest, []string{"episode_ids"}},
+			{"restore-no-episodes", func(t *testing.T) ctlReply {
+				return c.call(t, "restore", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "checkpoint_dir": e.dir})
+			}, http.StatusUnprocessableEntity, gym.CodeInvalidRequest, []string{"episode_ids"}},
+			{"commit-episode-without-attempt", func(t *testing.T) ctlReply {
+				return c.call(t, "commit", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "checkpoint_dir": e.dir,
+					"episode_ids": []any{map[string]any{"rollout_id": "r-a1"}}})
+			}, http.StatusUnprocessableEntity, gym.CodeInvalidRequest, []string{"r-a1"}},
+		})
+	})
+	t.Run("unknown-route", func(t *testing.T) {
+		if r := c.call(t, "snapshot", plainBody("ok")); r.status != http.StatusNotFound {
+			t.Errorf("an unknown control route: %s, want 404", r)
 		}
-	}
-	wantRefused(t, c.call(t, "prepare", `{"checkpoint_id":"ok","deadline_ts":1,"x":1}`), http.StatusUnprocessableEntity, gym.CodeInvalidRequest, `"x"`)
-	wantRefused(t, c.raw(t, "prepare", "Bearer nope", `{"checkpoint_id":"ok","deadline_ts":1,"x":1}`), http.StatusUnauthorized, gym.CodeUnauthorized)
-	wantRefused(t, c.call(t, "retire", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "episode_ids": []any{}}),
-		http.StatusUnprocessableEntity, gym.CodeInvalidRequest, "episode_ids")
-	wantRefused(t, c.call(t, "restore", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "checkpoint_dir": e.dir}),
-		http.StatusUnprocessableEntity, gym.CodeInvalidRequest, "episode_ids")
-	wantRefused(t, c.call(t, "commit", map[string]any{"checkpoint_id": "ok", "deadline_ts": deadline(time.Minute), "checkpoint_dir": e.dir,
-		"episode_ids": []any{map[string]any{"rollout_id": "r-a1"}}}), http.StatusUnprocessableEntity, gym.CodeInvalidRequest, "r-a1")
-	if r := c.call(t, "snapshot", plainBody("ok")); r.status != http.StatusNotFound {
-		t.Errorf("an unknown control route: %s, want 404", r)
-	}
-	e.wantPhase("idle")
+		e.wantPhase(t, "idle")
+	})
 	for name, body := range map[string]string{"not json": `{"_ng_rollout_id":`, "an array": `[1]`} {
-		runRefused(t, postRun(t.Context(), c.url, "/run", name, body), http.StatusUnprocessableEntity, gym.CodeInvalidRequest)
+		t.Run("run-body/"+name, func(t *testing.T) {
+			runRefused(t, postRun(t.Context(), c.url, "/run", name, body), http.StatusUnprocessableEntity, gym.CodeInvalidRequest)
+		})
 	}
 	for name, body := range map[string]string{
 		"no identity":        `{"task":"x"}`,
@@ -137,7 +194,9 @@ func TestBadCalls(t *testing.T) {
 		"a task index alone": `{"_ng_task_index":3,"task":"x"}`,
 		"null":               `null`,
 	} {
-		runRefused(t, postRun(t.Context(), c.url, "/run", name, body), http.StatusBadRequest, gym.CodeRolloutIDRequired, gym.FieldRolloutID)
+		t.Run("run-identity/"+name, func(t *testing.T) {
+			runRefused(t, postRun(t.Context(), c.url, "/run", name, body), http.StatusBadRequest, gym.CodeRolloutIDRequired, gym.FieldRolloutID)
+		})
 	}
 
 	// A run, and a prepare whose deadline has passed while it runs: the
@@ -147,8 +206,13 @@ func TestBadCalls(t *testing.T) {
 	e.waitStepped(id)
 	// The same rollout while it is in flight, as the same attempt or
 	// another: 409, and the first goes on.
-	for _, b := range []map[string]any{e.body(id, steps, e.opts.stepS), withAttempt(e.body(id, steps, e.opts.stepS), 1)} {
-		runRefused(t, postRun(t.Context(), c.url, "/run", id, b), http.StatusConflict, serve.CodeRunInFlight, id)
+	for name, b := range map[string]map[string]any{
+		"same-attempt":  e.body(id, steps, e.opts.stepS),
+		"other-attempt": withAttempt(e.body(id, steps, e.opts.stepS), 1),
+	} {
+		t.Run("in-flight/"+name, func(t *testing.T) {
+			runRefused(t, postRun(t.Context(), c.url, "/run", id, b), http.StatusConflict, serve.CodeRunInFlight, id)
+		})
 	}
 	ckID := e.prefix + "-ck1"
 	var prep prepared
@@ -166,58 +230,85 @@ func TestBadCalls(t *testing.T) {
 		// phase is prepared, not preparing.
 		t.Logf("the run parked at once; the calls in preparing are checked in prepared")
 	} else {
-		if prep.Phase != gym.PhasePreparing || prep.Report.Ready || !slices.Equal(prep.Report.Blockers, []string{id}) || prep.Report.BlockerCount != 1 {
-			t.Errorf("prepare past its deadline: %+v, want preparing, blocked by [%s]", prep, id)
-		}
-		e.wantPhase("preparing")
-		wantRefused(t, c.call(t, "restore", restoreBody(ckID, emptyDir, nil)), http.StatusConflict, gym.CodeInvalidPhase, "preparing")
-		wantRefused(t, c.call(t, "commit", commitBody(ckID, filepath.Join(e.dir, "y"), nil, false)), http.StatusConflict, gym.CodeInvalidPhase, "preparing")
-		wantRefused(t, c.call(t, "prepare", plainBody(e.prefix+"-other")), http.StatusConflict, gym.CodeConflict, ckID, "preparing")
-		wantRefused(t, c.call(t, "retire", map[string]any{"checkpoint_id": ckID, "deadline_ts": deadline(time.Minute), "episode_ids": episodes(id)}),
-			http.StatusConflict, gym.CodeInvalidPhase, "preparing")
-		e.wantPhase("preparing")
+		t.Run("preparing", func(t *testing.T) {
+			if prep.Phase != gym.PhasePreparing || prep.Report.Ready || !slices.Equal(prep.Report.Blockers, []string{id}) || prep.Report.BlockerCount != 1 {
+				t.Errorf("prepare past its deadline: %+v, want preparing, blocked by [%s]", prep, id)
+			}
+			e.wantPhase(t, "preparing")
+			e.checkRefused(t, "preparing", []refusedCall{
+				{"restore", func(t *testing.T) ctlReply { return c.call(t, "restore", restoreBody(ckID, emptyDir, nil)) },
+					http.StatusConflict, gym.CodeInvalidPhase, []string{"preparing"}},
+				{"commit", func(t *testing.T) ctlReply {
+					return c.call(t, "commit", commitBody(ckID, filepath.Join(e.dir, "y"), nil, false))
+				}, http.StatusConflict, gym.CodeInvalidPhase, []string{"preparing"}},
+				{"prepare-other", func(t *testing.T) ctlReply { return c.call(t, "prepare", plainBody(e.prefix+"-other")) },
+					http.StatusConflict, gym.CodeConflict, []string{ckID, "preparing"}},
+				{"retire", func(t *testing.T) ctlReply {
+					return c.call(t, "retire", map[string]any{"checkpoint_id": ckID, "deadline_ts": deadline(time.Minute), "episode_ids": episodes(id)})
+				}, http.StatusConflict, gym.CodeInvalidPhase, []string{"preparing"}},
+			})
+		})
 		// The same prepare again waits for the run to park.
 		c.must(t, "prepare", plainBody(ckID), &prep)
 	}
 	if prep.Phase != gym.PhasePrepared || !prep.Report.Ready || prep.Report.Counts["sessions"] != 1 || prep.Report.Counts["at_boundary"] != 1 {
 		t.Fatalf("prepare: %+v, want the run parked", prep)
 	}
-	e.wantPhase("prepared")
-	wantRefused(t, c.call(t, "prepare", plainBody(e.prefix+"-other")), http.StatusConflict, gym.CodeConflict, ckID, "prepared")
-	wantRefused(t, c.call(t, "restore", restoreBody(ckID, emptyDir, nil)), http.StatusConflict, gym.CodeInvalidPhase, "prepared")
-	wantRefused(t, c.call(t, "commit", commitBody(e.prefix+"-other", filepath.Join(e.dir, "other"), nil, false)), http.StatusConflict, gym.CodeConflict, ckID)
-	var again prepared
-	c.must(t, "prepare", plainBody(ckID), &again)
-	if again.Phase != gym.PhasePrepared {
-		t.Errorf("the same prepare again answered %+v, want its reply replayed", again)
-	}
-	// A new rollout while the checkpoint holds admission closed.
 	late := e.rollout("late")
-	runRefused(t, postRun(t.Context(), c.url, "/run", late, e.body(late, 2, 0.05)), http.StatusConflict, gym.CodeCheckpointParked, late)
-	// A wrong or missing token in prepared changes nothing either: no
-	// resume, no records written.
-	wantRefused(t, c.raw(t, "resume", "Bearer nope", plainBody(ckID)), http.StatusUnauthorized, gym.CodeUnauthorized)
-	wantRefused(t, c.raw(t, "commit", "", commitBody(ckID, filepath.Join(e.dir, "tok-commit"), nil, false)), http.StatusUnauthorized, gym.CodeUnauthorized)
-	if _, err := os.Stat(filepath.Join(e.dir, "tok-commit")); err == nil {
-		t.Errorf("an unauthorized commit wrote its checkpoint_dir")
-	}
-	e.wantPhase("prepared")
+	t.Run("prepared", func(t *testing.T) {
+		e.wantPhase(t, "prepared")
+		e.checkRefused(t, "prepared", []refusedCall{
+			{"prepare-other", func(t *testing.T) ctlReply { return c.call(t, "prepare", plainBody(e.prefix+"-other")) },
+				http.StatusConflict, gym.CodeConflict, []string{ckID, "prepared"}},
+			{"restore", func(t *testing.T) ctlReply { return c.call(t, "restore", restoreBody(ckID, emptyDir, nil)) },
+				http.StatusConflict, gym.CodeInvalidPhase, []string{"prepared"}},
+			{"commit-other", func(t *testing.T) ctlReply {
+				return c.call(t, "commit", commitBody(e.prefix+"-other", filepath.Join(e.dir, "other"), nil, false))
+			}, http.StatusConflict, gym.CodeConflict, []string{ckID}},
+			// A wrong or missing token in prepared changes nothing either:
+			// no resume, no records written.
+			{"resume-wrong-token", func(t *testing.T) ctlReply { return c.raw(t, "resume", "Bearer nope", plainBody(ckID)) },
+				http.StatusUnauthorized, gym.CodeUnauthorized, nil},
+			{"commit-no-token", func(t *testing.T) ctlReply {
+				return c.raw(t, "commit", "", commitBody(ckID, filepath.Join(e.dir, "tok-commit"), nil, false))
+			}, http.StatusUnauthorized, gym.CodeUnauthorized, nil},
+		})
+		t.Run("commit-no-token-wrote-nothing", func(t *testing.T) {
+			if _, err := os.Stat(filepath.Join(e.dir, "tok-commit")); err == nil {
+				t.Errorf("an unauthorized commit wrote its checkpoint_dir")
+			}
+		})
+		t.Run("prepare-replayed", func(t *testing.T) {
+			var again prepared
+			c.must(t, "prepare", plainBody(ckID), &again)
+			if again.Phase != gym.PhasePrepared {
+				t.Errorf("the same prepare again answered %+v, want its reply replayed", again)
+			}
+		})
+		// A new rollout while the checkpoint holds admission closed.
+		t.Run("new-run-parked", func(t *testing.T) {
+			runRefused(t, postRun(t.Context(), c.url, "/run", late, e.body(late, 2, 0.05)), http.StatusConflict, gym.CodeCheckpointParked, late)
+		})
+	})
 
 	ckDir := filepath.Join(e.dir, "checkpoints", ckID)
 	// A commit that cannot write its records fails and commits nothing:
 	// the phase stays prepared. As in Gym, the checkpoint's one export is
 	// then written again only to the same folder and scope (another is
 	// 409 checkpoint_conflict), and once the folder can be written a
-	// retried commit succeeds.
+	// retried commit succeeds. The steps of this subtest are in order: the
+	// failed commit binds the export to its folder and scope.
 	blocker := filepath.Dir(ckDir)
 	if err := os.WriteFile(blocker, []byte("not a folder"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	wantRefused(t, c.call(t, "commit", commitBody(ckID, ckDir, nil, false)), http.StatusUnprocessableEntity, gym.CodeCheckpointState, ckDir)
-	e.wantPhase("prepared")
-	wantRefused(t, c.call(t, "commit", commitBody(ckID, "/dev/null/ck", nil, false)), http.StatusConflict, gym.CodeConflict, ckID)
-	wantRefused(t, c.call(t, "commit", commitBody(ckID, ckDir, episodes(id), false)), http.StatusConflict, gym.CodeConflict, ckID)
-	e.wantPhase("prepared")
+	t.Run("commit-cannot-write", func(t *testing.T) {
+		wantRefused(t, c.call(t, "commit", commitBody(ckID, ckDir, nil, false)), http.StatusUnprocessableEntity, gym.CodeCheckpointState, ckDir)
+		e.wantPhase(t, "prepared")
+		wantRefused(t, c.call(t, "commit", commitBody(ckID, "/dev/null/ck", nil, false)), http.StatusConflict, gym.CodeConflict, ckID)
+		wantRefused(t, c.call(t, "commit", commitBody(ckID, ckDir, episodes(id), false)), http.StatusConflict, gym.CodeConflict, ckID)
+		e.wantPhase(t, "prepared")
+	})
 	if err := os.Remove(blocker); err != nil {
 		t.Fatal(err)
 	}
@@ -226,29 +317,41 @@ func TestBadCalls(t *testing.T) {
 	e.prepareOwner(ckID)
 	var com committed
 	c.must(t, "commit", commitBody(ckID, ckDir, nil, false), &com)
-	checkCommitted(t, ckDir, ckID, com)
-	if ownCom, _ := e.commitOwner(ckID, ckDir, nil, false); !slices.Equal(ownCom.EpisodeIDs, []string{id}) {
-		t.Errorf("the owner's commit answered %+v, want the session of %s", ownCom, id)
-	}
-	e.wantPhase("committed")
-	var com2 committed
-	c.must(t, "commit", commitBody(ckID, ckDir, nil, false), &com2)
-	if com2.Manifest != com.Manifest || !slices.Equal(com2.EpisodeIDs, com.EpisodeIDs) {
-		t.Errorf("the same commit again answered %+v, want its reply replayed %+v", com2, com)
-	}
-	wantRefused(t, c.call(t, "restore", restoreBody(ckID, ckDir, nil)), http.StatusConflict, gym.CodeInvalidPhase, "committed")
-	wantRefused(t, c.call(t, "prepare", plainBody(e.prefix+"-other")), http.StatusConflict, gym.CodeConflict, ckID, "committed")
-	e.wantPhase("committed")
+	ownCom, _ := e.commitOwner(ckID, ckDir, nil, false)
+	t.Run("committed", func(t *testing.T) {
+		checkCommitted(t, ckDir, ckID, com)
+		if !slices.Equal(ownCom.EpisodeIDs, []string{id}) {
+			t.Errorf("the owner's commit answered %+v, want the session of %s", ownCom, id)
+		}
+		e.wantPhase(t, "committed")
+		t.Run("commit-replayed", func(t *testing.T) {
+			var com2 committed
+			c.must(t, "commit", commitBody(ckID, ckDir, nil, false), &com2)
+			if com2.Manifest != com.Manifest || !slices.Equal(com2.EpisodeIDs, com.EpisodeIDs) {
+				t.Errorf("the same commit again answered %+v, want its reply replayed %+v", com2, com)
+			}
+		})
+		e.checkRefused(t, "committed", []refusedCall{
+			{"restore", func(t *testing.T) ctlReply { return c.call(t, "restore", restoreBody(ckID, ckDir, nil)) },
+				http.StatusConflict, gym.CodeInvalidPhase, []string{"committed"}},
+			{"prepare-other", func(t *testing.T) ctlReply { return c.call(t, "prepare", plainBody(e.prefix+"-other")) },
+				http.StatusConflict, gym.CodeConflict, []string{ckID, "committed"}},
+		})
+	})
 	e.resumeAll(ckID)
-	var res1 gym.ResumeReply
-	c.must(t, "resume", plainBody(ckID), &res1)
-	if !res1.Idempotent {
-		t.Errorf("a second resume of %s answered %+v, want idempotent", ckID, res1)
-	}
-	wantRefused(t, c.call(t, "prepare", plainBody(ckID)), http.StatusConflict, gym.CodeStaleCheckpoint, ckID)
+	t.Run("resumed", func(t *testing.T) {
+		var res1 gym.ResumeReply
+		c.must(t, "resume", plainBody(ckID), &res1)
+		if !res1.Idempotent {
+			t.Errorf("a second resume of %s answered %+v, want idempotent", ckID, res1)
+		}
+		wantRefused(t, c.call(t, "prepare", plainBody(ckID)), http.StatusConflict, gym.CodeStaleCheckpoint, ckID)
+	})
 	// The participant still works: the run finishes, paused once.
-	res := await(t, ch).result(t)
-	checkOneLaunch(t, e, id, res, steps, 1)
+	t.Run("run-finishes", func(t *testing.T) {
+		res := await(t, ch).result(t)
+		checkOneLaunch(t, e, id, res, steps, 1)
+	})
 
 	// Bad checkpoint folders: copies of the committed one, each broken.
 	good := participantDir(ckDir)
@@ -306,54 +409,66 @@ func TestBadCalls(t *testing.T) {
 		"other-adapter": {records: []driver.AgentRecord{other}, words: []string{id, `"opencode"`}},
 	}
 	for name, b := range bad {
-		dir := filepath.Join(e.dir, "bad", name)
-		pdir := participantDir(dir)
-		if b.records != nil {
-			writeRecords(t, dir, ckID, b.records...)
-		} else {
-			if err := os.MkdirAll(pdir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			for f, data := range b.files {
-				if err := os.WriteFile(filepath.Join(pdir, f), []byte(data), 0o644); err != nil {
+		t.Run("bad-folder/"+name, func(t *testing.T) {
+			dir := filepath.Join(e.dir, "bad", name)
+			pdir := participantDir(dir)
+			if b.records != nil {
+				writeRecords(t, dir, ckID, b.records...)
+			} else {
+				if err := os.MkdirAll(pdir, 0o755); err != nil {
 					t.Fatal(err)
 				}
+				for f, data := range b.files {
+					if err := os.WriteFile(filepath.Join(pdir, f), []byte(data), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
 			}
-		}
-		before := folderState(t, pdir)
-		r := c.call(t, "restore", restoreBody(e.prefix+"-restore-"+name, dir, episodes(id)))
-		wantRefused(t, r, http.StatusUnprocessableEntity, gym.CodeCheckpointState, b.words...)
-		e.wantPhase("idle")
-		if after := folderState(t, pdir); after != before {
-			t.Errorf("%s: restore changed the checkpoint folder:\n%s\nthen\n%s", name, before, after)
-		}
+			before := folderState(t, pdir)
+			r := c.call(t, "restore", restoreBody(e.prefix+"-restore-"+name, dir, episodes(id)))
+			wantRefused(t, r, http.StatusUnprocessableEntity, gym.CodeCheckpointState, b.words...)
+			e.wantPhase(t, "idle")
+			if after := folderState(t, pdir); after != before {
+				t.Errorf("%s: restore changed the checkpoint folder:\n%s\nthen\n%s", name, before, after)
+			}
+		})
 	}
 	// A checkpoint_dir that does not exist.
 	nowhere := filepath.Join(e.dir, "nowhere")
-	wantRefused(t, c.call(t, "restore", restoreBody(e.prefix+"-restore-nowhere", nowhere, episodes(id))), http.StatusUnprocessableEntity, gym.CodeCheckpointState, nowhere)
+	t.Run("bad-folder/nowhere", func(t *testing.T) {
+		wantRefused(t, c.call(t, "restore", restoreBody(e.prefix+"-restore-nowhere", nowhere, episodes(id))), http.StatusUnprocessableEntity, gym.CodeCheckpointState, nowhere)
+	})
 	// The owner: a restore from a folder without its records (the
 	// driver's alone, or none) is 422 invalid_checkpoint_state naming its
 	// missing manifest, and changes nothing.
-	for _, dir := range []string{filepath.Join(e.dir, "bad", "bookmark-v9"), nowhere} {
-		pdir, err := gym.ParticipantDir(dir, gym.KindResources, ownerInstance)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := e.own.call(t, "restore", restoreBody(e.prefix+"-restore-owner", dir, episodes(id)))
-		wantRefused(t, r, http.StatusUnprocessableEntity, gym.CodeCheckpointState, filepath.Join(pdir, gym.ManifestName))
-		if s := e.own.status(t); s.Phase != gym.PhaseIdle || s.Report.Counts["sessions"] != 0 {
-			t.Errorf("owner status after a refused restore from %s: %+v, want idle, no session", dir, s)
-		}
+	for name, dir := range map[string]string{"drivers-alone": filepath.Join(e.dir, "bad", "drivers-alone"), "nowhere": nowhere} {
+		t.Run("owner-bad-folder/"+name, func(t *testing.T) {
+			if name == "drivers-alone" {
+				writeRecords(t, dir, ckID, ar)
+			}
+			pdir, err := gym.ParticipantDir(dir, gym.KindResources, ownerInstance)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := e.own.call(t, "restore", restoreBody(e.prefix+"-restore-owner", dir, episodes(id)))
+			wantRefused(t, r, http.StatusUnprocessableEntity, gym.CodeCheckpointState, filepath.Join(pdir, gym.ManifestName))
+			if s := e.own.status(t); s.Phase != gym.PhaseIdle || s.Report.Counts["sessions"] != 0 {
+				t.Errorf("owner status after a refused restore from %s: %+v, want idle, no session", dir, s)
+			}
+		})
 	}
-	e.wantPhase("idle")
-	if s := c.status(t); s.Report.Counts["sessions"] != 0 {
-		t.Errorf("status after the refused restores: %+v, want no session", s)
-	}
-	// Nothing was installed: the attempt a restore would have installed
-	// (attempt 1) starts at seed and is never relaunched.
-	res = postRun(t.Context(), c.url, "/run", id, withAttempt(e.body(id, 3, 0.05), 1)).result(t)
-	checkOneLaunchFresh(t, id, 1, res, 3)
-	e.wantPhase("idle")
+	// Nothing was installed by the refused restores above (this subtest
+	// comes after them on purpose): the attempt a restore would have
+	// installed (attempt 1) starts at seed and is never relaunched.
+	t.Run("nothing-installed", func(t *testing.T) {
+		e.wantPhase(t, "idle")
+		if s := c.status(t); s.Report.Counts["sessions"] != 0 {
+			t.Errorf("status after the refused restores: %+v, want no session", s)
+		}
+		res := postRun(t.Context(), c.url, "/run", id, withAttempt(e.body(id, 3, 0.05), 1)).result(t)
+		checkOneLaunchFresh(t, id, 1, res, 3)
+		e.wantPhase(t, "idle")
+	})
 
 	// The good folder restores under the restore's own checkpoint id:
 	// the record of attempt 0 is installed for attempt 1, admission stays
@@ -361,22 +476,28 @@ func TestBadCalls(t *testing.T) {
 	restoreID := e.prefix + "-restore-good"
 	var rr gym.RestoreReply
 	c.must(t, "restore", restoreBody(restoreID, ckDir, episodes(id)), &rr)
-	if rr.Phase != gym.PhaseRestored || rr.SourceCheckpointID != ckID || !slices.Equal(rr.Restored, []string{id + "-a1"}) {
-		t.Errorf("restore answered %+v, want restored from %s: [%s-a1]", rr, ckID, id)
-	}
-	if s := c.status(t); s.Phase != gym.PhaseRestored || s.CheckpointID == nil || *s.CheckpointID != restoreID || s.Report.Counts["sessions"] != 1 {
-		t.Errorf("status after the restore: %+v, want restored under %s with 1 session", s, restoreID)
-	}
-	runRefused(t, postRun(t.Context(), c.url, "/run", late, e.body(late, 2, 0.05)), http.StatusConflict, gym.CodeCheckpointParked, late)
+	t.Run("restored", func(t *testing.T) {
+		if rr.Phase != gym.PhaseRestored || rr.SourceCheckpointID != ckID || !slices.Equal(rr.Restored, []string{id + "-a1"}) {
+			t.Errorf("restore answered %+v, want restored from %s: [%s-a1]", rr, ckID, id)
+		}
+		if s := c.status(t); s.Phase != gym.PhaseRestored || s.CheckpointID == nil || *s.CheckpointID != restoreID || s.Report.Counts["sessions"] != 1 {
+			t.Errorf("status after the restore: %+v, want restored under %s with 1 session", s, restoreID)
+		}
+		runRefused(t, postRun(t.Context(), c.url, "/run", late, e.body(late, 2, 0.05)), http.StatusConflict, gym.CodeCheckpointParked, late)
+	})
 	var ret gym.RetireReply
 	c.must(t, "retire", map[string]any{"checkpoint_id": restoreID, "deadline_ts": deadline(waitLimit),
 		"episode_ids": []gym.EpisodeID{{RolloutID: id, Attempt: 1}}}, &ret)
-	if s := c.status(t); s.Report.Counts["sessions"] != 0 || s.RetiredRollouts != 1 {
-		t.Errorf("status after retiring the restored attempt: %+v, want no session, 1 retired rollout", s)
-	}
+	t.Run("retired", func(t *testing.T) {
+		if s := c.status(t); s.Report.Counts["sessions"] != 0 || s.RetiredRollouts != 1 {
+			t.Errorf("status after retiring the restored attempt: %+v, want no session, 1 retired rollout", s)
+		}
+	})
 	e.resume(restoreID)
-	res = postRun(t.Context(), c.url, "/run", late, e.body(late, 2, 0.05)).result(t)
-	checkOneLaunchFresh(t, late, 0, res, 2)
+	t.Run("new-run-after-resume", func(t *testing.T) {
+		res := postRun(t.Context(), c.url, "/run", late, e.body(late, 2, 0.05)).result(t)
+		checkOneLaunchFresh(t, late, 0, res, 2)
+	})
 }
 
 // folderState lists a folder's files with their sizes and digests.

@@ -172,7 +172,7 @@ func TestCheckpointedRuns(t *testing.T) {
 	if res := postRun(t.Context(), e.ctl.url, "/run", gone, e.body(gone, 2, 0.05)).result(t); res.Reward != 1 {
 		t.Errorf("%s after the forgets: %+v, want reward 1", gone, res)
 	}
-	e.wantPhase("idle")
+	e.wantPhase(t, "idle")
 }
 
 // TestCommitStop: a commit with stop (Gym's "the controller stops after

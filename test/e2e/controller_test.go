@@ -1,7 +1,7 @@
 package e2e
 
 // The test controller: the checkpoint control plane spoken as NeMo Gym's
-// coordinator speaks it (shared/notes/gym-protocols.md), to its two
+// coordinator speaks it (docs/gym.md, "The checkpoint routes"), to its two
 // participants: the driver (kind agent) and the owner (kind resources).
 // POST /ng-control/v1/checkpoint/<call> with Authorization: Bearer; every
 // body has checkpoint_id and deadline_ts, commit adds checkpoint_dir,

@@ -83,7 +83,7 @@ func TestCrashRestore(t *testing.T) {
 		if _, err := os.Stat(dir); err == nil {
 			t.Errorf("a refused commit wrote %s", dir)
 		}
-		e.wantPhase("prepared")
+		e.wantPhase(t, "prepared")
 	})
 	if !slices.Equal(ck.ownPrep.Report.Restarts, []string{restart}) {
 		t.Errorf("the owner's prepare reported restarts %v, want [%s]", ck.ownPrep.Report.Restarts, restart)

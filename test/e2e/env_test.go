@@ -459,14 +459,20 @@ type health struct {
 
 func (e *env) health() health {
 	e.t.Helper()
+	return e.healthOf(e.t)
+}
+
+// healthOf is health failing t, a subtest of the env's test.
+func (e *env) healthOf(t *testing.T) health {
+	t.Helper()
 	resp, err := http.Get(e.ctl.url + "/healthz")
 	if err != nil {
-		e.t.Fatalf("GET /healthz: %v", err)
+		t.Fatalf("GET /healthz: %v", err)
 	}
 	defer resp.Body.Close()
 	var h health
 	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || resp.StatusCode != http.StatusOK {
-		e.t.Fatalf("GET /healthz: HTTP %d, %v", resp.StatusCode, err)
+		t.Fatalf("GET /healthz: HTTP %d, %v", resp.StatusCode, err)
 	}
 	return h
 }

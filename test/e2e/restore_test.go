@@ -25,7 +25,7 @@ func TestRestoreRefusedWhileRunsInFlight(t *testing.T) {
 	ckID := e.prefix + "-old"
 	ckDir := writeRecords(t, filepath.Join(e.dir, "checkpoints", ckID), ckID, seedRecord(a, 0))
 	wantRefused(t, e.ctl.call(t, "restore", restoreBody(e.prefix+"-restore", ckDir, episodes(a))), http.StatusConflict, gym.CodeRefused, "in flight", a, b)
-	e.wantPhase("idle")
+	e.wantPhase(t, "idle")
 	if s := e.ctl.status(t); s.Report.Counts["sessions"] != 2 {
 		t.Errorf("status after the refused restore: %+v, want the 2 live sessions and nothing restored", s)
 	}
@@ -35,7 +35,7 @@ func TestRestoreRefusedWhileRunsInFlight(t *testing.T) {
 			t.Errorf("%s: %+v, want reward 1 from its one launch", r.rollout, res)
 		}
 	}
-	e.wantPhase("idle")
+	e.wantPhase(t, "idle")
 	if s := e.ctl.status(t); s.Report.Counts["sessions"] != 0 {
 		t.Errorf("status after the runs: %+v, want no session (nothing restored)", s)
 	}

@@ -97,9 +97,10 @@ func testPauseFourTimes(t *testing.T, ver openCode) {
 	t.Logf("pause 2, mid-tool, processes %v: %s", harnesstest.Comms(a), compareStill(t, a, w.Observe(sb, l1)))
 	w.Resume(p, "ck-2")
 	// Wait until the run has continued its launch before the next
-	// checkpoint: a Prepare right after Resume finds the run still marked
-	// parked at ck-2 and reports it parked while it goes on running (see
-	// the report on pkg/driver/participant.go).
+	// checkpoint, so pause 3 holds the launch ck-2's resume let go on. (A
+	// Prepare at once would wait for it too: the resume sets a parked run
+	// back to waiting, Participant.OpenAdmission in pkg/driver/agent.go, so
+	// it is not exported while its harness goes on.)
 	w.WaitContinued(2)
 	w.Prepare(p, "ck-3")
 	if b := w.Observe(sb, l1); !slices.Contains(harnesstest.Comms(b), "sleep") {

@@ -167,32 +167,30 @@ func (e *execd) freeze() {
 	e.mu.Unlock()
 }
 
-// thaw lets execd go on, and ends up to cut of the foreground streams
-// still waiting for their final event there, oldest first, without it.
+// thaw ends up to cut of the foreground streams still waiting for their
+// final event, oldest first, without it, and then lets execd go on. The
+// streams are cut while the gate still holds every event, and the caller
+// continues the sandbox's processes only after: a command that ends once
+// continued cannot slip its final event past its cut.
 func (e *execd) thaw(cut int) {
 	e.mu.Lock()
-	gate := e.gate
-	e.gate = nil
 	var fls []*flight
 	for fl := range e.flights {
 		fls = append(fls, fl)
-	}
-	e.mu.Unlock()
-	if gate != nil {
-		close(gate)
 	}
 	sort.Slice(fls, func(i, j int) bool { return fls[i].start.Before(fls[j].start) })
 	for i, fl := range fls {
 		if i >= cut {
 			break
 		}
-		e.mu.Lock()
-		_, waiting := e.flights[fl]
 		delete(e.flights, fl)
-		e.mu.Unlock()
-		if waiting {
-			close(fl.cut)
-		}
+		close(fl.cut)
+	}
+	gate := e.gate
+	e.gate = nil
+	e.mu.Unlock()
+	if gate != nil {
+		close(gate)
 	}
 }
 

@@ -554,15 +554,24 @@ func TestSnapshotFreezesTheSandbox(t *testing.T) {
 	// orphaned it would get SIGHUP and SIGCONT.
 	running, stopped := pidOf("running"), pidOf("stopped")
 	testkit.Eventually(t, "the stopped one to stop", func() (bool, string) { return proctest.State(stopped) == 'T', "" })
+	// The command in flight ends only once the test lets it, after the
+	// freeze: so it is in flight at the thaw however slow the machine (a
+	// one-second sleep once ended before the snapshot froze it, in CI).
 	inFlight := make(chan []ev, 1)
 	go func() {
-		evs, _ := f.run(map[string]any{"command": "sleep 1; echo finished > " + mp + "/in-flight"})
+		evs, _ := f.run(map[string]any{"command": "echo > " + mp + "/in-flight-started; while [ ! -e " + mp + "/may-end ]; do sleep 0.02; done; echo finished > " + mp + "/in-flight"})
 		inFlight <- evs
 	}()
-	testkit.Eventually(t, "the command in flight to start", func() (bool, string) { return len(f.srv.Commands(f.id)) >= 2, "" })
+	testkit.Eventually(t, "the command in flight to start", func() (bool, string) {
+		_, err := os.Stat(filepath.Join(f.srv.HostPath(f.id), "in-flight-started"))
+		return err == nil, ""
+	})
 	var sn snapshotReply
 	f.lifecycle("POST", "/sandboxes/"+f.id+"/snapshots", map[string]string{"name": "freeze"}, &sn)
 	testkit.Eventually(t, "the freeze", func() (bool, string) { return proctest.State(running) == 'T', "" })
+	if err := os.WriteFile(filepath.Join(f.srv.HostPath(f.id), "may-end"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	afterc := make(chan []ev, 1)
 	go func() {
 		evs, _ := f.run(map[string]any{"command": "date +%s%N"})

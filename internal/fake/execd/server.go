@@ -922,8 +922,8 @@ func (s *Server) take(sb *fakeSandbox, snap *snapshot) {
 	if fz != nil {
 		n := len(fz.fds)
 		start := fz.start
+		sb.execd.thaw(s.opt.EndAtThaw) // cuts the streams in flight first
 		fz.thaw()
-		sb.execd.thaw(s.opt.EndAtThaw)
 		s.mu.Lock()
 		s.freezes = append(s.freezes, Freeze{SandboxID: sb.id, SnapshotID: snap.id, Start: start, End: time.Now(), Processes: n})
 		s.mu.Unlock()

@@ -1,6 +1,6 @@
 // Package model is the fake model: a scripted model server on the loopback interface,
 // for end-to-end tests that run a real harness with no network and no real
-// model. It speaks three wires: OpenAI chat completions (OpenCode), the
+// model. It speaks three wires: OpenAI chat completions (OpenCode, Pi), the
 // OpenAI Responses API (Codex CLI) and the Anthropic Messages API (Claude
 // Code).
 //
@@ -42,7 +42,10 @@
 //
 //   - Chat completions: OpenAI's chunk stream (data lines only, [DONE] at
 //     the end, usage chunk if stream_options.include_usage), as OpenCode
-//     1.17.11's @ai-sdk/openai-compatible reads it.
+//     1.17.11's @ai-sdk/openai-compatible reads it, and Pi 0.73.1's
+//     openai-completions provider (the OpenAI JS SDK 6.26.0: a system
+//     message first, user content as text parts, an assistant's
+//     "content": null beside its tool_calls, tool results as role "tool").
 //   - Responses, as Codex CLI 0.171.0 reads it (openai/codex
 //     codex-rs/codex-api/src/sse/responses.rs, process_sse): named events
 //     whose data carries type and sequence_number: response.created,

@@ -978,3 +978,25 @@ func (l *logRecorder) count(s string) int {
 	}
 	return n
 }
+
+// TestSentMessages: a request's conversation comes back as sent, each
+// message byte for byte (spacing and key order kept), and the rest of the
+// body without the array; on the Responses API the conversation is
+// "input". A body without it, or whose array is no array, is an error.
+func TestSentMessages(t *testing.T) {
+	body := `{"model":"m", "messages":[ {"role":"user","content":"a b"} ,{"content":null,"role":"assistant"}],"stream":true}`
+	msgs, rest, err := Request{API: APIChat, Body: json.RawMessage(body)}.SentMessages()
+	if err != nil || len(msgs) != 2 || string(msgs[0]) != `{"role":"user","content":"a b"}` || string(msgs[1]) != `{"content":null,"role":"assistant"}` ||
+		string(rest) != `{"model":"m", "messages":,"stream":true}` {
+		t.Errorf("chat: %q, rest %q, %v", msgs, rest, err)
+	}
+	msgs, rest, err = Request{API: APIResponses, Body: json.RawMessage(`{"input":[{"type":"message"}],"messages":[]}`)}.SentMessages()
+	if err != nil || len(msgs) != 1 || string(rest) != `{"input":,"messages":[]}` {
+		t.Errorf("responses: %q, rest %q, %v", msgs, rest, err)
+	}
+	for _, body := range []string{`{"model":"m"}`, `{"messages":{}}`, `[1]`} {
+		if _, _, err := (Request{API: APIMessages, Body: json.RawMessage(body)}).SentMessages(); err == nil {
+			t.Errorf("%s: no error", body)
+		}
+	}
+}

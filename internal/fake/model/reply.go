@@ -60,7 +60,9 @@ func DefaultScript(cmd string) func(Request) Reply {
 
 // ShellCall is a call of the shell tool of the harness that speaks r's API,
 // running cmd:
-//   - chat completions (OpenCode): "bash" with {"command", "description"};
+//   - chat completions (OpenCode, Pi): "bash" with {"command",
+//     "description"} (Pi's bash takes {"command", "timeout"} and runs the
+//     call all the same);
 //   - Responses (Codex CLI): "exec_command" with {"cmd"};
 //   - Messages (Claude Code): "Bash" with {"command", "description"}.
 func (r Request) ShellCall(cmd string) *ToolCall {

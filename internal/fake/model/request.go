@@ -17,7 +17,7 @@ import (
 // The model APIs the server speaks, as Request.API names them.
 const (
 	// APIChat is OpenAI chat completions (POST /v1/chat/completions), the
-	// wire of OpenCode.
+	// wire of OpenCode and Pi.
 	APIChat = "chat.completions"
 	// APIResponses is the OpenAI Responses API (POST /v1/responses), the
 	// wire of Codex CLI.
@@ -121,6 +121,34 @@ func (r Request) HistoryKey() string {
 		panic(err) // strings, bools and slices of them always marshal
 	}
 	return string(data)
+}
+
+// SentMessages splits the request's body, as it came, into its
+// conversation (each message, or each Responses input item, byte for
+// byte) and the body with the conversation's array cut out: two requests
+// that differ only by messages added at the end have equal rests and one
+// list a prefix of the other, byte for byte. The conversation is "input"
+// on the Responses API and "messages" on the others.
+func (r Request) SentMessages() (msgs []json.RawMessage, rest []byte, err error) {
+	key := "messages"
+	if r.API == APIResponses {
+		key = "input"
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(r.Body, &fields); err != nil {
+		return nil, nil, fmt.Errorf("the body is not a JSON object: %w", err)
+	}
+	raw, ok := fields[key]
+	if !ok {
+		return nil, nil, fmt.Errorf("the body has no %q", key)
+	}
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return nil, nil, fmt.Errorf("the body's %q is not an array: %w", key, err)
+	}
+	if n := bytes.Count(r.Body, raw); n != 1 {
+		return nil, nil, fmt.Errorf("the body's %q array is found %d times in it", key, n)
+	}
+	return msgs, bytes.Replace(r.Body, raw, nil, 1), nil
 }
 
 // summary is one log line's worth of the request.

@@ -1,6 +1,7 @@
 // Package owner is the driver's side of the sandbox owner (the resources
 // server that lends sandboxes): the calls of one rollout's session, with the
-// shapes of the rollout framework's HTTP calls (shared/notes/gym-protocols.md).
+// shapes of the rollout framework's HTTP calls (docs/gym.md, "What the
+// driver sends to a resources server").
 // An HTTP client and the lending owner both implement Owner.
 package owner
 

@@ -9,9 +9,10 @@
 // (Script) around a line built by sandbox.CommandLine (every word quoted,
 // so no task text, id or path can inject a command) that enforces the
 // timeout inside the sandbox and reports the command's exact output and
-// exit status itself, since real execd's events carry neither (see
-// shared/notes/sandbox-backends.md); a command the client stops following
-// is ended in the sandbox by its nonce (KillScript). The driver never
+// exit status itself, since real execd's events carry neither
+// (docs/driver.md, "OpenSandbox", lists what they carry instead); a
+// command the client stops following is ended in the sandbox by its nonce
+// (KillScript). The driver never
 // follows a launch by execd's command ids: ngsup keeps the launch's state on the
 // sandbox's disk, so a restart of execd (which forgets every command id)
 // or a finished command reported late changes nothing.

@@ -19,8 +19,8 @@ import (
 )
 
 // The tests of this file hold the backend to what the real lifecycle
-// server does (issue 19; shared/notes/sandbox-backends.md, the last
-// section), as the fake OpenSandbox reproduces it.
+// server does (issue 19; the list of it in docs/driver.md, "OpenSandbox"),
+// as the fake OpenSandbox reproduces it.
 
 // TestCreateWaitsUntilExecdAnswers proves a sandbox is ready when its
 // execd answers, not when the server says Running: with connections to
