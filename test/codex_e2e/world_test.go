@@ -19,11 +19,11 @@ import (
 const patience = 4 * time.Minute
 
 // The run body's task and check, and the final text of the scripted
-// model.
+// model: the same in every real-harness suite.
 const (
-	task      = "run the tool"
-	check     = "test -f done.txt"
-	finalText = "all done"
+	task      = harnesstest.Task
+	check     = harnesstest.Check
+	finalText = harnesstest.FinalText
 )
 
 // yieldMS is how long Codex's exec_command waits for the command before it
@@ -93,43 +93,25 @@ func (w *world) adapterWith(opt codex.Options) *codex.Adapter {
 	return a
 }
 
-// checkGymReply checks the /run reply of the run (harnesstest's
-// CheckGymReply: the exec_command call and its output, the final answer, the
-// usage) and its codex_* fields: the run finished, its session was
-// found, and its path.
-func (w *world) checkGymReply(response json.RawMessage) {
-	w.T.Helper()
-	fields := w.CheckGymReply(w.adapter(nil), response, "exec_command", finalText)
-	if string(fields["codex_finished"]) != "true" || string(fields["codex_session_found"]) != "true" || len(fields["codex_session_path"]) < 3 {
-		w.T.Errorf("the codex_* fields %v: want finished, session found and its path", fields)
-	}
-}
+// session is what this suite shares with the other suites of harnesses
+// whose adapter collects the session file: the result, its checks, the
+// participant and the rig.
+var session = harnesstest.SessionKit{Adapter: "codex", Tool: "exec_command"}
 
-// result is a run's result: the owner's verdict and the launch log
-// (harnesstest.Verdict), and Codex's response (what the adapter
-// collected).
-type result struct {
-	harnesstest.Verdict
-	Response harnesstest.SessionResponse `json:"response"`
-}
+// result is a run's result: the owner's verdict and the launch log, and
+// Codex's response (what the adapter collected).
+type result = harnesstest.SessionResult
 
-// mustSucceed waits for the run, which must return a result with reward 1
-// (the owner's check found done.txt in the workdir of the current sandbox),
-// Codex's exit code 0, its session read and the final text, and a Gym
-// reply that checkGymReply accepts.
+// mustSucceed waits for the run, which must be verified, with Codex's
+// exit code 0, its session read and the final text, and a Gym reply with
+// its codex_* fields (harnesstest.SessionKit.MustSucceed).
 func (w *world) mustSucceed(h *harnesstest.Run) result {
 	w.T.Helper()
-	return harnesstest.MustSucceed(w.World, h, func(r result, response json.RawMessage) {
-		w.T.Helper()
-		r.Response.Check(w.T, finalText)
-		w.checkGymReply(response)
-	})
+	return session.MustSucceed(w.World, w.adapter(nil), h)
 }
 
 // newParticipant is a participant for the Codex adapter.
-func newParticipant() *driver.Participant {
-	return driver.MustParticipant(driver.ParticipantConfig{Adapter: "codex"})
-}
+func newParticipant() *driver.Participant { return session.Participant() }
 
 // kit is what the shared matrix (harnesstest.Harness) needs of Codex.
 var kit = harnesstest.Harness{
@@ -149,14 +131,5 @@ var kit = harnesstest.Harness{
 
 // rig is the world as the shared matrix drives it.
 func (w *world) rig() harnesstest.Rig {
-	return harnesstest.Rig{
-		World:   w.World,
-		Adapter: func() harness.Adapter { return w.adapter(nil) },
-		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
-			w.T.Helper()
-			r := w.mustSucceed(h)
-			return harnesstest.Finished{Verdict: r.Verdict, SessionID: r.Response.SessionID, SessionPath: r.Response.SessionPath}
-		},
-		CheckOneToolRun: w.checkOneToolRun,
-	}
+	return session.Rig(w.World, func() harnesstest.SessionAdapter { return w.adapter(nil) }, w.checkOneToolRun)
 }

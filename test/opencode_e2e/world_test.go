@@ -22,12 +22,13 @@ import (
 // cores), never an assertion about speed.
 const patience = 4 * time.Minute
 
-// The run body's task and check, and the texts of the scripted model.
+// The run body's task and check, and the final text of the scripted model
+// (the same in every real-harness suite); the title OpenCode asks for.
 const (
-	task      = "run the tool"
-	check     = "test -f done.txt"
+	task      = harnesstest.Task
+	check     = harnesstest.Check
+	finalText = harnesstest.FinalText
 	titleText = "OpenCode e2e"
-	finalText = "all done"
 )
 
 // script is the fake model of these tests, deciding each reply from the

@@ -1,7 +1,6 @@
 package pie2e
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -9,7 +8,6 @@ import (
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/harnesstest"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/pi"
 )
 
@@ -19,11 +17,11 @@ import (
 const patience = 4 * time.Minute
 
 // The run body's task and check, and the final text of the scripted
-// model.
+// model: the same in every real-harness suite.
 const (
-	task      = "run the tool"
-	check     = "test -f done.txt"
-	finalText = "all done"
+	task      = harnesstest.Task
+	check     = harnesstest.Check
+	finalText = harnesstest.FinalText
 )
 
 // bashCall is a reply calling Pi's bash tool with cmd.
@@ -114,42 +112,25 @@ func (w *world) adapterWith(opt pi.Options) *pi.Adapter {
 	return a
 }
 
-// checkGymReply checks the /run reply of the run (harnesstest's
-// CheckGymReply: the bash call and its output, the final answer, the
-// usage) and its pi_* fields: the run finished, its session was found, and
-// its path.
-func (w *world) checkGymReply(response json.RawMessage) {
-	w.T.Helper()
-	fields := w.CheckGymReply(w.adapter(), response, "bash", finalText)
-	if string(fields["pi_finished"]) != "true" || string(fields["pi_session_found"]) != "true" || len(fields["pi_session_path"]) < 3 {
-		w.T.Errorf("the pi_* fields %v: want finished, session found and its path", fields)
-	}
-}
+// session is what this suite shares with the other suites of harnesses
+// whose adapter collects the session file: the result, its checks, the
+// participant and the rig.
+var session = harnesstest.SessionKit{Adapter: "pi", Tool: "bash"}
 
-// result is a run's result: the owner's verdict and the launch log
-// (harnesstest.Verdict), and Pi's response (what the adapter collected).
-type result struct {
-	harnesstest.Verdict
-	Response harnesstest.SessionResponse `json:"response"`
-}
+// result is a run's result: the owner's verdict and the launch log, and
+// Pi's response (what the adapter collected).
+type result = harnesstest.SessionResult
 
-// mustSucceed waits for the run, which must return a result with reward 1
-// (the owner's check found done.txt in the workdir of the current
-// sandbox), the launcher's exit code 0, Pi's session read and the final
-// text, and a Gym reply that checkGymReply accepts.
+// mustSucceed waits for the run, which must be verified, with the
+// launcher's exit code 0, Pi's session read and the final text, and a Gym
+// reply with its pi_* fields (harnesstest.SessionKit.MustSucceed).
 func (w *world) mustSucceed(h *harnesstest.Run) result {
 	w.T.Helper()
-	return harnesstest.MustSucceed(w.World, h, func(r result, response json.RawMessage) {
-		w.T.Helper()
-		r.Response.Check(w.T, finalText)
-		w.checkGymReply(response)
-	})
+	return session.MustSucceed(w.World, w.adapter(), h)
 }
 
 // newParticipant is a participant for the Pi adapter.
-func newParticipant() *driver.Participant {
-	return driver.MustParticipant(driver.ParticipantConfig{Adapter: "pi"})
-}
+func newParticipant() *driver.Participant { return session.Participant() }
 
 // kit is what the shared matrix (harnesstest.Harness) needs of Pi.
 var kit = harnesstest.Harness{
@@ -171,17 +152,8 @@ var kit = harnesstest.Harness{
 
 // rig is the world as the shared matrix drives it.
 func (w *world) rig() harnesstest.Rig {
-	return harnesstest.Rig{
-		World:   w.World,
-		Adapter: func() harness.Adapter { return w.adapter() },
-		MustSucceed: func(h *harnesstest.Run) harnesstest.Finished {
-			w.T.Helper()
-			r := w.mustSucceed(h)
-			return harnesstest.Finished{Verdict: r.Verdict, SessionID: r.Response.SessionID, SessionPath: r.Response.SessionPath}
-		},
-		CheckOneToolRun: func(reqs []fakemodel.Request, attempt int) string {
-			w.T.Helper()
-			return w.CheckToolRun(reqs, attempt, toolRun)
-		},
-	}
+	return session.Rig(w.World, func() harnesstest.SessionAdapter { return w.adapter() }, func(reqs []fakemodel.Request, attempt int) string {
+		w.T.Helper()
+		return w.CheckToolRun(reqs, attempt, toolRun)
+	})
 }
