@@ -55,7 +55,8 @@ func (k SessionKit) CheckGymReply(w *World, a GymShaper, response json.RawMessag
 	fields := w.CheckGymReply(a, response, k.Tool, FinalText)
 	p := k.Adapter + "_"
 	if string(fields[p+"finished"]) != "true" || string(fields[p+"session_found"]) != "true" || len(fields[p+"session_path"]) < 3 {
-		w.T.Errorf("the %s* fields %v: want finished, session found and its path", p, fields)
+		w.T.Errorf("the %s* fields: finished %s, session_found %s, session_path %s; want true, true and its path",
+			p, fields[p+"finished"], fields[p+"session_found"], fields[p+"session_path"])
 	}
 }
 
