@@ -104,3 +104,71 @@ func TestContinueAgainFindsLaunchRunning(t *testing.T) {
 		t.Errorf("continue sent again: continued %d, found %d, want 0 and %d: %+v", res.Continued, res.Found, len(procs), res)
 	}
 }
+
+// TestContinueReleasesAVforkParentHeldInD proves that continue clears the
+// SIGSTOP of a process the pause held in an uninterruptible call: a vfork
+// parent outside the harness's process group (so the group's SIGCONT does not
+// reach it) waits in D with SIGSTOP pending, which pause counts as held. It
+// still reads D at the continue; unless the continue sends it SIGCONT, it
+// takes that stop the moment its child is gone and stays stopped for good
+// (seen in CI under load, with a freshly exec'd sleep in D).
+func TestContinueReleasesAVforkParentHeldInD(t *testing.T) {
+	t.Parallel()
+	bin := vforkCBinary(t)
+	cgroupModes(t, func(t *testing.T, runFlags []string, method string) {
+		l := newLaunch(t)
+		// setsid(1) in a job of a shell without job control calls setsid()
+		// and execs: the vfork parent is the shell's child, in a session and
+		// process group of its own.
+		l.detach(runFlags, plain("/bin/sh", "-c", `setsid "$0" & wait`, bin))
+		h := l.harness()
+		var parent, child proc
+		waitFor(t, "the vfork parent to wait in D for its child", func() (bool, string) {
+			kids := taskChildren(h.PID, h.PID)
+			if len(kids) != 1 {
+				return false, fmt.Sprintf("the shell has children %v", kids)
+			}
+			ps, err := readStat(kids[0])
+			if err != nil {
+				return false, err.Error()
+			}
+			ts, _ := readTaskStat(kids[0], kids[0])
+			grand := taskChildren(kids[0], kids[0])
+			if ts.State != 'D' || len(grand) != 1 {
+				return false, fmt.Sprintf("parent %d in %c with children %v", kids[0], ts.State, grand)
+			}
+			cs, err := readStat(grand[0])
+			if err != nil {
+				return false, err.Error()
+			}
+			parent, child = proc{kids[0], ps.Start}, proc{grand[0], cs.Start}
+			return true, ""
+		})
+		l.own(parent)
+		l.own(child)
+		if ps, _ := readStat(parent.PID); ps.PGID != parent.PID {
+			t.Fatalf("fixture: the vfork parent %v leads no process group of its own (group %d)", parent, ps.PGID)
+		}
+		l.pause("--budget", "10s", "--d-budget", "20s")
+		if !sigstopPending(parent.PID, parent.PID) {
+			ps, _ := readStat(parent.PID)
+			t.Fatalf("fixture: the paused vfork parent has no SIGSTOP pending (state %c)", ps.State)
+		}
+		l.resume()
+		if sigstopPending(parent.PID, parent.PID) {
+			t.Errorf("after continue the vfork parent still has SIGSTOP pending: it stops as soon as its call returns")
+		}
+		// Its child gone, the parent's clone returns and it exits (the
+		// shell reaps it); a parent that kept the SIGSTOP stops instead.
+		if st, err := readStat(child.PID); err == nil && st.Start == child.Start {
+			unix.Kill(child.PID, unix.SIGKILL)
+		}
+		waitFor(t, "the vfork parent to run to its end once its child is gone", func() (bool, string) {
+			st, err := readStat(parent.PID)
+			if err != nil || st.Start != parent.Start || st.State == 'Z' {
+				return true, ""
+			}
+			return false, fmt.Sprintf("vfork parent %v in state %c", parent, st.State)
+		})
+	})
+}

@@ -696,10 +696,12 @@ func alive(p proc) bool {
 func isStoppedState(s byte) bool { return s == 'T' || s == 't' }
 
 // held reports whether p no longer runs code of its own: gone (or its pid
-// reused), a zombie with no live thread, or every live thread stopped (T/t),
-// or in an uninterruptible call (D) with SIGSTOP pending for it or with a
-// group stop under way (another thread of it stopped). The string says why
-// not.
+// reused), a zombie with no live thread, or every live thread stopped (T/t)
+// or on its way there: SIGSTOP pending for it, or a group stop under way
+// (another thread of it stopped). A thread the pause confirmed in an
+// uninterruptible call (D) with SIGSTOP pending reads R or S for a moment
+// when the call returns, until it takes the stop, which it does before it
+// runs an instruction of its own. The string says why not.
 func held(p proc) (bool, string) {
 	st, err := readStat(p.PID)
 	if err != nil || st.Start != p.Start {
@@ -709,7 +711,7 @@ func held(p proc) (bool, string) {
 		return true, "dead"
 	}
 	var anyStopped bool
-	var inD []int
+	var moving []int
 	states := map[int]byte{}
 	for _, tid := range tids(p.PID) {
 		ts, err := readTaskStat(p.PID, tid)
@@ -721,15 +723,13 @@ func held(p proc) (bool, string) {
 		case isStoppedState(ts.State):
 			anyStopped = true
 		case ts.State == 'Z' || ts.State == 'X':
-		case ts.State == 'D':
-			inD = append(inD, tid)
 		default:
-			return false, fmt.Sprintf("%v (%s) thread %d in state %c (threads %s)", p, st.Comm, tid, ts.State, fmtStates(states))
+			moving = append(moving, tid)
 		}
 	}
-	for _, tid := range inD {
+	for _, tid := range moving {
 		if !anyStopped && !sigstopPending(p.PID, tid) {
-			return false, fmt.Sprintf("%v (%s) thread %d in D without SIGSTOP pending (wchan %s)", p, st.Comm, tid, wchanOf(p.PID))
+			return false, fmt.Sprintf("%v (%s) thread %d in state %c without SIGSTOP pending (threads %s, wchan %s)", p, st.Comm, tid, states[tid], fmtStates(states), wchanOf(p.PID))
 		}
 	}
 	return true, "stopped"

@@ -69,10 +69,19 @@ func (l *Launch) resume(res *proto.ContinueResult) int {
 	}
 	var pending []proto.Pending
 	found := f.pass(func(t *target) {
-		// Stopped: T, or a zombie leader whose live threads are T. The
-		// group's members were continued by the group signal.
+		// The group's members were continued by the group signal.
+		if group && t.PGID == l.Receipt.HarnessPGID {
+			return
+		}
+		// What the pause held is continued whatever its state reads now:
+		// one it confirmed in an uninterruptible call with SIGSTOP pending
+		// (D) still reads D, and would take that stop as soon as the call
+		// returns unless a SIGCONT clears it first. Anything else is
+		// continued when it is stopped (T, or a zombie leader whose live
+		// threads are T) or has a SIGSTOP pending.
+		held := inPaused[procOf(t.Stat)] && !isDead(t.Stat)
 		stopped := t.State == 'T' || t.State == 'Z' && t.NumThreads > 1
-		if !stopped || group && t.PGID == l.Receipt.HarnessPGID {
+		if !held && !stopped && !l.FS.stopPending(t.PID) {
 			return
 		}
 		if err := t.Signal(unix.SIGCONT); err != nil && err != ErrNoProcess && err != ErrNotSameProcess {

@@ -346,8 +346,7 @@ func (fs FS) stoppedState(st Stat) (byte, bool) {
 	case st.State == 'Z' && st.NumThreads <= 1, st.State == 'X':
 		return st.State, true
 	case st.State == 'D' && st.NumThreads <= 1:
-		shd, sig, err := fs.Pending(st.PID, st.PID)
-		return st.State, err == nil && (shd|sig)&SigStop != 0
+		return st.State, fs.stopPending(st.PID)
 	case st.NumThreads <= 1:
 		return st.State, false
 	}

@@ -268,6 +268,13 @@ func (fs FS) Pending(pid, tid int) (shared, thread uint64, err error) {
 	return ParsePending(data)
 }
 
+// stopPending reports whether a SIGSTOP is pending for pid (shared or for
+// its main thread): it takes that stop when it next returns to user space.
+func (fs FS) stopPending(pid int) bool {
+	shd, sig, err := fs.Pending(pid, pid)
+	return err == nil && (shd|sig)&SigStop != 0
+}
+
 // ParsePending extracts ShdPnd and SigPnd from the text of a status file.
 func ParsePending(data []byte) (shared, thread uint64, err error) {
 	var haveShd, haveSig bool
