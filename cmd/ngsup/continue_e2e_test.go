@@ -123,7 +123,7 @@ func TestContinueReleasesAVforkParentHeldInD(t *testing.T) {
 		l.detach(runFlags, plain("/bin/sh", "-c", `setsid "$0" & wait`, bin))
 		h := l.harness()
 		var parent, child proc
-		waitFor(t, "the vfork parent to wait in D for its child", func() (bool, string) {
+		testkit.Eventually(t, "the vfork parent to wait in D for its child", func() (bool, string) {
 			kids := taskChildren(h.PID, h.PID)
 			if len(kids) != 1 {
 				return false, fmt.Sprintf("the shell has children %v", kids)
@@ -163,7 +163,7 @@ func TestContinueReleasesAVforkParentHeldInD(t *testing.T) {
 		if st, err := readStat(child.PID); err == nil && st.Start == child.Start {
 			unix.Kill(child.PID, unix.SIGKILL)
 		}
-		waitFor(t, "the vfork parent to run to its end once its child is gone", func() (bool, string) {
+		testkit.Eventually(t, "the vfork parent to run to its end once its child is gone", func() (bool, string) {
 			st, err := readStat(parent.PID)
 			if err != nil || st.Start != parent.Start || st.State == 'Z' {
 				return true, ""
