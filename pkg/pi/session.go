@@ -1,7 +1,7 @@
 package pi
 
 // Pi's saved session: <session dir>/<ISO time>_<uuid v7>.jsonl, one JSON
-// object a line (measured on 0.73.1, /work/shared/notes/pi-offline.md):
+// object a line (measured on 0.73.1, docs/pi.md):
 // a header {"type":"session","version":3,"id","timestamp","cwd"}, then
 // entries with an 8-hex "id" and the "parentId" they attach to:
 // model_change, thinking_level_change, and "message" entries whose

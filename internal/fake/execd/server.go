@@ -13,7 +13,7 @@
 // running in it, as a container's processes end with the container.
 //
 // By default it behaves as real execd was measured to (OpenSandbox commit
-// 4db3a993, see shared/notes/sandbox-backends.md): a command's output is
+// 4db3a993, as docs/driver.md's OpenSandbox section states): a command's output is
 // written to files that are polled every 100 ms and sent one event per
 // line with its "\n" or "\r" dropped (a blank line as "\n", invalid UTF-8
 // as U+FFFD); a non-zero exit is an error event with the code as evalue,

@@ -3,7 +3,7 @@ package model
 // End-to-end test with real Claude Code (installed by
 // scripts/install-harnesses.sh into .tools/, ignored by git) against the
 // fake server on the Messages API, fully offline: flags and environment as
-// in /work/shared/notes/harnesses-offline.md.
+// in docs/claude.md.
 
 import (
 	"encoding/json"

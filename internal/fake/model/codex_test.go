@@ -3,7 +3,7 @@ package model
 // End-to-end test with the real Codex CLI (installed by
 // scripts/install-harnesses.sh into .tools/, ignored by git) against the
 // fake server on the Responses API, fully offline: configuration and
-// environment as in /work/shared/notes/harnesses-offline.md.
+// environment as docs/codex.md states them.
 
 import (
 	"encoding/json"

@@ -2,8 +2,8 @@ package model
 
 // End-to-end tests with real OpenCode (installed by
 // scripts/install-opencode.sh into .tools/, ignored by git) against the fake
-// server, fully offline: the configuration and environment are those of
-// /work/shared/notes/opencode-offline.md.
+// server, fully offline: the configuration and environment are those the
+// README's OpenCode section states.
 
 import (
 	"bufio"
