@@ -32,10 +32,17 @@ const DefaultMaxOutput = 16 << 20
 //     file and SIGKILLs the job's group once the timeout has passed, in
 //     whole seconds; it checks every second that the script is still
 //     there, so it never outlives it by more than a second;
-//   - waits for the job with job control off again, so that a job stopped
-//     and continued (by itself, or by a snapshot freezing the sandbox) is
-//     waited for to its end, and takes its exit status from the shell
-//     (128+N for signal N);
+//   - waits for the job to its end with job control off again, so that a
+//     job stopped and continued (by itself, or by a snapshot freezing the
+//     sandbox) is waited for to its end, and takes its exit status from
+//     the shell (128+N for signal N). A job that stopped before job control
+//     went off is in the shell's table as stopped, and wait reports it
+//     stopped (147-150) at once (5 runs of 30 of a job that stops itself,
+//     at a load of 250): while the table says so, the script waits again
+//     every second; once the job is no longer listed stopped, one more
+//     wait gives its own status (the shell remembers it; a command that
+//     exited 147 itself keeps 147). bash 5.2's `wait -f` would do the
+//     same but loops for good when the job ends while it waits;
 //   - writes that status, and whether the watcher fired, to the .x file
 //     (the nonce's exit file), then prints, as single lines of the
 //     stream, the stdout and stderr base64-encoded (hex through od where
@@ -84,6 +91,10 @@ echo "$c" >"$t.pid"
 w=$!
 set +m
 wait "$c"; rc=$?
+while [ "$rc" -ge 147 ] && [ "$rc" -le 150 ]; do
+  [[ $'\n'"$(jobs -sp)"$'\n' == *$'\n'"$c"$'\n'* ]] || { wait "$c"; rc=$?; break; }
+  sleep 1; wait "$c"; rc=$?
+done
 rm -f -- "$t.pid"%[3]s
 kill -KILL -"$w"
 to=0; [ -e "$t.to" ] && to=1
