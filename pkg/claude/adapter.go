@@ -13,10 +13,14 @@
 // that was due on stdin (--input-format stream-json: an interrupted tool
 // call's error result, or the tool results or prompt whose answer never
 // came) sends the model exactly the saved history and that message
-// (Session.Continuation; docs/claude.md). A session that cannot be
-// continued (not the task's, or no completed model response) starts over
-// in a fresh folder. Claude Code pauses in place at checkpoints by
-// default.
+// (Session.Continuation; docs/claude.md). Claude Code saves its session
+// from a timer, after it has printed a reply and started its tool: before
+// a relaunch reads the saved session, what the last launch had sent or
+// received but not saved is added to it from that launch's stdout and
+// stdin (Unsaved, unsaved.go), so no reply it had is asked for again. A
+// session that cannot be continued (not the task's, or no completed model
+// response) starts over in a fresh folder. Claude Code pauses in place at
+// checkpoints by default.
 package claude
 
 import (
@@ -151,7 +155,12 @@ func (a *Adapter) Launch(ctx context.Context, lc harness.LaunchContext) (harness
 	if err != nil {
 		return harness.LaunchSpec{}, fmt.Errorf("claude: %w", err)
 	}
-	// The task beside the session, for the resume decision; the other
+	rec, err := json.Marshal(LaunchRecord{ID: lc.LaunchID, Dir: lc.LaunchDir})
+	if err != nil {
+		return harness.LaunchSpec{}, fmt.Errorf("claude: the launch record: %w", err)
+	}
+	// The task beside the session, for the resume decision; the launch
+	// record, for a relaunch to find what this launch printed; the other
 	// files make the folders Claude Code expects to exist.
 	for _, f := range []struct {
 		name string
@@ -161,6 +170,7 @@ func (a *Adapter) Launch(ctx context.Context, lc harness.LaunchContext) (harness
 		{"home/.keep", nil},
 		{"tmp/.keep", nil},
 		{"config/.keep", nil},
+		{launchRecordFile, rec},
 	} {
 		if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, f.name), f.data, 0o600); err != nil {
 			return harness.LaunchSpec{}, fmt.Errorf("claude: write %s: %w", f.name, err)
@@ -170,14 +180,29 @@ func (a *Adapter) Launch(ctx context.Context, lc harness.LaunchContext) (harness
 	return spec, nil
 }
 
-// continueSession is the launch of a resume: the saved session's
-// Continuation, its input written into the state folder, then `claude -p
-// ... --resume ID --resume-session-at AT --input-format stream-json` with
-// that file as its stdin (LaunchSpec.Stdin).
+// continueSession is the launch of a resume: the saved session, with
+// what the last launch had sent or received but not saved appended to
+// its file first (Unsaved), its Continuation, the input written into the
+// state folder, then `claude -p ... --resume ID --resume-session-at AT
+// --input-format stream-json` with that file as its stdin
+// (LaunchSpec.Stdin). The launch record (launchRecordFile) is written
+// last, naming this launch.
 func (a *Adapter) continueSession(ctx context.Context, lc harness.LaunchContext, st State, spec harness.LaunchSpec) (harness.LaunchSpec, error) {
 	file, data, err := harness.ReadNewestFile(ctx, lc.Sandbox, st.configDir(), sessionGlob)
 	if err != nil {
 		return harness.LaunchSpec{}, fmt.Errorf("claude: %w", err)
+	}
+	if file != "" {
+		last, err := a.lastLaunch(ctx, lc.Sandbox, st)
+		if err != nil {
+			return harness.LaunchSpec{}, fmt.Errorf("claude: %w", err)
+		}
+		if add, n, err := Unsaved(data, last.LaunchRecord, last.stdout); err == nil && n > 0 {
+			data = append(data, add...)
+			if err := lc.Sandbox.Upload(ctx, file, data, 0o600); err != nil {
+				return harness.LaunchSpec{}, fmt.Errorf("claude: add the unsaved entries to the session %s: %w", file, err)
+			}
+		}
 	}
 	s, err := ParseSession(data)
 	if file == "" || err != nil || s.ID == "" {
@@ -195,10 +220,57 @@ func (a *Adapter) continueSession(ctx context.Context, lc harness.LaunchContext,
 	if err := lc.Sandbox.Upload(ctx, in, input, 0o600); err != nil {
 		return harness.LaunchSpec{}, fmt.Errorf("claude: write the continuation's input: %w", err)
 	}
+	rec, err := json.Marshal(LaunchRecord{ID: lc.LaunchID, Dir: lc.LaunchDir, Saved: int64(len(data)), At: c.At, Input: c.Input})
+	if err != nil {
+		return harness.LaunchSpec{}, fmt.Errorf("claude: the launch record: %w", err)
+	}
+	if err := lc.Sandbox.Upload(ctx, path.Join(st.Home, launchRecordFile), rec, 0o600); err != nil {
+		return harness.LaunchSpec{}, fmt.Errorf("claude: write the launch record: %w", err)
+	}
 	spec.Stdin = in
 	spec.Argv = append(append([]string{a.opt.Claude}, a.flags()...),
 		"--resume", s.ID, "--resume-session-at", c.At, "--input-format", "stream-json")
 	return spec, nil
+}
+
+// lastRun is the last launch on a state's session: its record, and the
+// end of its stdout (what is there; none when the record or the file is
+// missing). why says what could not be read.
+type lastRun struct {
+	LaunchRecord
+	stdout []byte
+	why    string
+}
+
+// lastLaunch reads the state's launch record and the last maxStdout bytes
+// of that launch's stdout (a first line cut by the bound left out),
+// inside the sandbox. Only a cancelled ctx is an error; anything else
+// unreadable is lastRun.why.
+func (a *Adapter) lastLaunch(ctx context.Context, sb harness.LentSandbox, st State) (lastRun, error) {
+	var r lastRun
+	raw, ok, err := harness.ReadSandboxFile(ctx, sb, path.Join(st.Home, launchRecordFile))
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return r, err
+	case err != nil:
+		r.why = fmt.Sprintf("the launch record could not be read (%v)", err)
+		return r, nil
+	case !ok:
+		return r, nil
+	}
+	if err := json.Unmarshal(raw, &r.LaunchRecord); err != nil || r.stdoutPath() == "" {
+		r.why = fmt.Sprintf("the launch record %.200q names no launch folder", raw)
+		return r, nil
+	}
+	out, _, err := harness.ReadTail(ctx, sb, r.stdoutPath(), maxStdout)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return r, err
+	case err != nil:
+		r.why = fmt.Sprintf("launch %s's stdout could not be read (%v)", r.ID, err)
+	}
+	r.stdout = out // none when the launch never started
+	return r, nil
 }
 
 // ResumeDecision implements harness.Adapter: a saved session that starts
@@ -215,22 +287,47 @@ func (a *Adapter) ResumeDecision(ctx context.Context, sb harness.LentSandbox, ra
 		s, _ := json.Marshal(State{Home: harness.StateDir(sb, "claude", rollout, attempt)})
 		return harness.Decision{Resume: false, Reason: why + "; starting over with the task in a fresh CLAUDE_CONFIG_DIR", State: s}, nil
 	}
-	s, task, why, err := harness.ReadSavedSession(ctx, sb, st.configDir(), sessionGlob, path.Join(st.Home, taskFileName), "CLAUDE_CONFIG_DIR", ParseSession)
+	last, err := a.lastLaunch(ctx, sb, st)
 	if err != nil {
 		return harness.Decision{}, err
 	}
+	// The session as the launch left it: what it had sent or received but
+	// not saved is added (continueSession writes it into the file).
+	added, note := 0, ""
+	if last.why != "" {
+		note = "; " + last.why
+	}
+	parse := func(data []byte) (*Session, error) {
+		add, n, err := Unsaved(data, last.LaunchRecord, last.stdout)
+		if err != nil {
+			note = fmt.Sprintf("; launch %s's stdout was not added to it (%v)", last.ID, err)
+			return ParseSession(data)
+		}
+		added = n
+		return ParseSession(append(append([]byte(nil), data...), add...))
+	}
+	s, task, why, err := harness.ReadSavedSession(ctx, sb, st.configDir(), sessionGlob, path.Join(st.Home, taskFileName), "CLAUDE_CONFIG_DIR", parse)
+	if err != nil {
+		return harness.Decision{}, err
+	}
+	if added > 0 {
+		note = entriesNote(added, last.LaunchRecord)
+	}
 	if why != "" {
-		return fresh(why)
+		if n := countReplies(last.stdout, ""); n > 0 {
+			why += fmt.Sprintf(" (launch %s had printed %d model repl%s before any was saved: the fresh start asks the model again)", last.ID, n, map[bool]string{true: "y", false: "ies"}[n == 1])
+		}
+		return fresh(why + note)
 	}
 	ok, why := s.Continuable(task)
 	if !ok {
-		return fresh(why)
+		return fresh(why + note)
 	}
 	c, err := s.Continuation()
 	if err != nil {
-		return fresh(fmt.Sprintf("%s, but it cannot be continued (%v)", why, err))
+		return fresh(fmt.Sprintf("%s, but it cannot be continued (%v)%s", why, err, note))
 	}
-	return harness.Decision{Resume: true, Reason: fmt.Sprintf("%s; continuing it at its last entry with claude --resume --resume-session-at, sending %s (no turn added)", why, c.What)}, nil
+	return harness.Decision{Resume: true, Reason: fmt.Sprintf("%s; continuing it at its last entry with claude --resume --resume-session-at, sending %s (no turn added)%s", why, c.What, note)}, nil
 }
 
 // Response implements harness.Adapter: the exit code, the session file

@@ -17,11 +17,13 @@ import (
 	"fmt"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
+	"github.com/ngharness/ngharness/pkg/proto"
 )
 
 // CheckModelURL checks an adapter's model_url option: set, and an
@@ -211,6 +213,37 @@ func ReadSandboxFile(ctx context.Context, sb LentSandbox, file string) (data []b
 		return nil, false, nil
 	}
 	return res.Stdout, true, nil
+}
+
+// LaunchStdout is where a launch's stdout is kept: the file
+// proto.StdoutFile in its folder (LaunchContext.LaunchDir), the
+// harness's fd 1 itself (ngsup opens it O_APPEND for the harness, and
+// the tag-only launcher redirects to it), so what the harness wrote is
+// there at once, and the sandbox's snapshot carries it into a fork.
+func LaunchStdout(launchDir string) string { return path.Join(launchDir, proto.StdoutFile) }
+
+// ReadTail reads, inside the sandbox, the last max bytes of file; when
+// the file was longer, its first line, cut by the bound, is left out. A
+// file that is not there reads as ok false with no error.
+func ReadTail(ctx context.Context, sb LentSandbox, file string, max int) (data []byte, ok bool, err error) {
+	// One byte more than the bound tells a file longer than it, and
+	// whether the bound fell on a line's end.
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"tail", "-c", strconv.Itoa(max + 1), "--", file}, Timeout: 2 * time.Minute})
+	if err != nil {
+		return nil, false, fmt.Errorf("read %s: %w", file, err)
+	}
+	if res.ExitCode != 0 {
+		return nil, false, nil
+	}
+	data = res.Stdout
+	if len(data) > max {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			return nil, true, nil // one line, longer than the bound
+		}
+		data = data[i+1:]
+	}
+	return data, true, nil
 }
 
 // ReadSavedSession reads what a CLI adapter's resume decision weighs: the

@@ -89,6 +89,42 @@ func TestReadSandboxFile(t *testing.T) {
 	}
 }
 
+// TestReadTail: a launch's stdout (LaunchStdout) is read whole when it is
+// within the bound; past it, its last bytes from the first whole line
+// (the line the bound cut is left out); a missing file reads as ok false
+// and no error.
+func TestReadTail(t *testing.T) {
+	sb := hosttest.New(t)
+	lent := harness.LentSandbox{Sandbox: sb}
+	dir := filepath.Join(sb.Root(), "launches", "-L 1")
+	p := harness.LaunchStdout(dir)
+	if p != filepath.Join(dir, "stdout") {
+		t.Fatalf("LaunchStdout %q", p)
+	}
+	if err := sb.Upload(context.Background(), p, []byte("first line\nsecond\nthird\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		max  int
+		want string
+	}{
+		{100, "first line\nsecond\nthird\n"},
+		{24, "first line\nsecond\nthird\n"},
+		{20, "second\nthird\n"},
+		{13, "second\nthird\n"},
+		{12, "third\n"},
+		{5, ""},
+	} {
+		data, ok, err := harness.ReadTail(context.Background(), lent, p, c.max)
+		if err != nil || !ok || string(data) != c.want {
+			t.Errorf("max %d: %q %v %v, want %q", c.max, data, ok, err, c.want)
+		}
+	}
+	if data, ok, err := harness.ReadTail(context.Background(), lent, p+".missing", 10); err != nil || ok || len(data) != 0 {
+		t.Errorf("a missing file: %q %v %v", data, ok, err)
+	}
+}
+
 // TestJSONLinesArray: JSON lines become one JSON array (blank lines and a
 // last line cut short left out), and ArrayJSONLines gives the lines back
 // one a line; null or nothing is no data, anything but an array an

@@ -187,7 +187,15 @@ func TestClaudeCrashMidToolResumes(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, "crash", fakemodel.Options{Script: script("echo start; sleep 25; touch done.txt", "touch done.txt")})
 	waitSleep := func(sandboxID, launchID string) { w.WaitProc(sandboxID, launchID, "sleep") }
-	c := w.crashAfterSnapshot(waitSleep, waitSleep)
+	// Claude Code saves the reply from a 100 ms timer and may start the
+	// tool first (docs/claude.md): the checkpoint waits for the save, so
+	// the saved session holds the call (one saved without it is
+	// TestClaudeCrashReplyUnsaved).
+	ready := func(sandboxID, launchID string) {
+		waitSleep(sandboxID, launchID)
+		w.waitSessionHolds(sandboxID, `"type":"tool_use"`)
+	}
+	c := w.crashAfterSnapshot(ready, waitSleep)
 	if ok, why := c.saved.Continuable(task); !ok || len(c.saved.Responses()) != 1 {
 		t.Fatalf("the saved session: continuable %v (%s), %d responses; want the task and one completed response", ok, why, len(c.saved.Responses()))
 	}
@@ -357,7 +365,18 @@ func TestClaudeStopAtCheckpointContinues(t *testing.T) {
 // three calls in the final chain, and the run is verified.
 func TestClaudeCrashTwiceResumes(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "twice", fakemodel.Options{Script: func(r fakemodel.Request) fakemodel.Reply {
+	crashTwice(t, "twice", false)
+}
+
+// crashTwice is the body of TestClaudeCrashTwiceResumes, named name. With
+// unsaved, Claude Code's writes to its session file are held from before
+// attempt 2's launch until after ck-2's snapshot (HoldWrites), so that
+// snapshot's session holds nothing of attempt 2 although its reply had
+// come, been printed and its tool run (TestClaudeCrashTwiceReplyUnsaved);
+// attempt 1 is then checkpointed only once its session holds its call, so
+// that the relaunch in the fork has nothing to add to the file held.
+func crashTwice(t *testing.T, name string, unsaved bool) {
+	w := newWorld(t, name, fakemodel.Options{Script: func(r fakemodel.Request) fakemodel.Reply {
 		last := r.LastMessage()
 		switch {
 		case last.Role == "tool" && strings.Contains(last.Content, "interrupted") && r.Attempt == 2:
@@ -370,17 +389,37 @@ func TestClaudeCrashTwiceResumes(t *testing.T) {
 		return bashCall(r, "echo start; sleep 25; touch done.txt")
 	}})
 	waitSleep := func(sandboxID, launchID string) { w.WaitProc(sandboxID, launchID, "sleep") }
-	c := w.crashAfterSnapshot(waitSleep, waitSleep)
+	ready := waitSleep
+	if unsaved {
+		ready = func(sandboxID, launchID string) {
+			waitSleep(sandboxID, launchID)
+			w.waitSessionHolds(sandboxID, `"type":"tool_use"`)
+		}
+	}
+	c := w.crashAfterSnapshot(ready, waitSleep)
 
 	// Attempt 2: continued in the fork, then checkpointed while its tool
 	// sleeps, and crashed.
 	p2 := newParticipant()
 	w.Restore(p2, "ck-1", c.Committed)
+	var hold *harnesstest.WriteHold
+	if unsaved {
+		hold = w.HoldWrites(w.sessionFile(c.Fork))
+	}
 	h2 := w.Start(w.Runner(w.adapter(nil), p2), 2)
 	l2 := w.LaunchID(2, 2, c.Fork)
 	w.WaitProc(c.Fork, l2, "sleep")
+	if unsaved {
+		w.checkUnsaved(c.Fork, l2, hold, "echo again")
+	}
 	w.Prepare(p2, "ck-2")
-	_, ck2 := w.Commit(p2, "ck-2")
+	snaps2, ck2 := w.Commit(p2, "ck-2")
+	if unsaved {
+		hold.Release()
+		if s := w.snapshotSession(snaps2); len(s.Responses()) != 1 {
+			t.Fatalf("ck-2's session holds %d completed model responses, want attempt 1's alone (attempt 2's reply unsaved)", len(s.Responses()))
+		}
+	}
 	w.Resume(p2, "ck-2")
 	w.WaitContinued(2)
 	h2.Cancel(driver.ErrCrashed)
@@ -403,6 +442,9 @@ func TestClaudeCrashTwiceResumes(t *testing.T) {
 		!strings.Contains(l3.Reason, "holds 2 completed model responses; continuing it") ||
 		!strings.Contains(l3.Reason, "sending the interrupted tool call") {
 		t.Errorf("launch 3: %+v; want resumed in %s at the second interrupted call, finished", l3, fork2)
+	}
+	if unsaved && !strings.Contains(l3.Reason, "2 entries Claude Code had sent or received but not yet saved") {
+		t.Errorf("launch 3's reason %q does not say the unsaved entries were recovered from launch 2's stdout", l3.Reason)
 	}
 	a3 := harnesstest.ByAttempt(w.Model.Requests(), 3)
 	if len(a2) != 1 || len(a3) != 2 {

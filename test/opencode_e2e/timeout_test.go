@@ -71,7 +71,28 @@ func testPausedTimeCountsTowardToolTimeout(t *testing.T, ver openCode) {
 	h := w.Start(w.Runner(w.adapter(nil), p), 1)
 	sb := w.WaitSandbox(1)
 	l1 := w.LaunchID(1, 1, sb)
-	w.WaitProc(sb, l1, "sleep")
+	// The pause comes once the command's second step runs: by then
+	// OpenCode has armed its timer (a pause 60 ms after the first sleep
+	// showed once came before it did, in CI, and the timer then started
+	// after the continue).
+	first := map[int]bool{}
+	for _, p := range w.WaitProc(sb, l1, "sleep").Processes {
+		if p.Comm == "sleep" {
+			first[p.PID] = true
+		}
+	}
+	w.Eventually("the command's second step", func() (bool, string) {
+		tr, err := w.Suite.Tree(w.LaunchDir(sb, l1))
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range tr.Processes {
+			if p.Comm == "sleep" && !first[p.PID] {
+				return true, ""
+			}
+		}
+		return false, harnesstest.DescribeTree(tr)
+	})
 	seen := time.Now()
 
 	w.Prepare(p, "ck-1")
