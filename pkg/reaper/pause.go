@@ -3,9 +3,11 @@ package reaper
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -107,8 +109,12 @@ func (l *Launch) pause(res proto.PauseResult, opt PauseOptions, created bool, be
 	prev, _, skipped := readProcSet(l.path(proto.PausedFile))
 	res.SkippedLines += skipped
 	if len(prev) > 0 && !created {
+		inHeld := make(map[proto.Proc]bool, len(held))
+		for _, q := range held {
+			inHeld[q] = true
+		}
 		for _, q := range prev {
-			if !slices.Contains(held, q) && l.FS.Alive(q) {
+			if !inHeld[q] && l.FS.Alive(q) {
 				held = append(held, q)
 			}
 		}
@@ -118,7 +124,7 @@ func (l *Launch) pause(res proto.PauseResult, opt PauseOptions, created bool, be
 		os.Remove(l.path(proto.PauseFile))
 		return res, proto.ExitInternal, err
 	}
-	if err := l.remember(p.fresh); err != nil {
+	if err := l.remember(l.unrecorded(p.fresh)); err != nil {
 		fmt.Fprintf(os.Stderr, "ngsup: %v\n", err)
 	}
 	res.Paused = true
@@ -158,6 +164,8 @@ type pauser struct {
 
 func newPauser(l *Launch, opt PauseOptions) *pauser {
 	f := newFinder(l)
+	// The pause's visit (step's check) is safe to run in several workers.
+	f.workers = min(runtime.GOMAXPROCS(0), maxPassWorkers)
 	if opt.StopBudget == 0 {
 		opt.StopBudget = StopBudget
 	}
@@ -264,9 +272,14 @@ func (p *pauser) recoverFreeze() bool {
 // not confirmed stopped, and keeps them in p.pending.
 func (p *pauser) step() []proto.Pending {
 	p.passes++
+	// check runs in the pass's workers, several at once (finder.workers):
+	// what it records is guarded by mu; p.traced is only read.
+	var mu sync.Mutex
 	var pending []proto.Pending
 	unsettled := func(st Stat, state byte) {
+		mu.Lock()
 		pending = append(pending, proto.Pending{PID: st.PID, State: string(state), Comm: st.Comm})
+		mu.Unlock()
 	}
 	begin := time.Now()
 	traced := map[proto.Proc]time.Time{}
@@ -286,7 +299,9 @@ func (p *pauser) step() []proto.Pending {
 			if !seen {
 				since = begin
 			}
+			mu.Lock()
 			traced[q] = since
+			mu.Unlock()
 			if begin.Sub(since) < tracedSettle {
 				unsettled(st, state)
 			}
