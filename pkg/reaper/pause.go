@@ -152,6 +152,7 @@ type pauser struct {
 	f        *finder
 	opt      PauseOptions
 	frozen   bool                     // the cgroup held the launch while it was signalled
+	grouped  bool                     // the harness's process group was sent SIGSTOP
 	lastNews int                      // processes the last pass found for the first time
 	stopped  map[int]Stat             // everything found, by pid, with its latest stat
 	traced   map[proto.Proc]time.Time // in a ptrace stop (t) since, as of the last pass
@@ -192,7 +193,7 @@ func (p *pauser) run() bool {
 	if p.opt.CgroupFirst {
 		p.freezeAndStop()
 	}
-	p.l.signalGroup(unix.SIGSTOP)
+	p.grouped = p.l.signalGroup(unix.SIGSTOP)
 	wait := 200 * time.Microsecond
 	for {
 		if len(p.step()) == 0 {
@@ -283,11 +284,20 @@ func (p *pauser) step() []proto.Pending {
 	}
 	begin := time.Now()
 	traced := map[proto.Proc]time.Time{}
+	// In the first pass, a member of the harness's process group has the
+	// group's SIGSTOP pending: one not stopped yet has not run since, and
+	// a SIGSTOP of its own (a pidfd, a second read of its stat, the
+	// signal) would only cost the pause what the process needs to stop. A
+	// later pass signals it: it may have joined the group after the
+	// group's signal, or been continued since.
+	inGroup := func(st Stat) bool {
+		return p.passes == 1 && p.grouped && st.PGID == p.l.Receipt.HarnessPGID
+	}
 	check := func(st Stat, stop func()) {
 		state, ok := p.l.FS.stoppedState(st)
 		switch {
 		case !ok:
-			if !isStopped(st.State) {
+			if !isStopped(st.State) && !inGroup(st) {
 				stop()
 			}
 			unsettled(st, state)
