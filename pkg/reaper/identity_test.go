@@ -223,3 +223,68 @@ func TestPauseRecordsKnownWithInodes(t *testing.T) {
 	}
 	check("after a pause of processes recorded without inodes", pause())
 }
+
+// TestPauseStopsGroupMemberContinuedAfterGroupStop proves that a pause does
+// not count on the harness's group SIGSTOP beyond its first pass: the
+// members of the group, stopped by the group's signal and then continued by
+// something else in the launch (this test plays it, after the group's
+// signal and before the first pass), are signalled by the later passes one
+// by one and held. Without the cgroup, signals alone.
+func TestPauseStopsGroupMemberContinuedAfterGroupStop(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, like the benchmark launches")
+	}
+	tree := benchTree{name: "flat", script: flatScript, arg: "5", processes: 6}
+	bl := startSupervised(t, tree, launchOptions{cgroupFD: -1, noCgroup: true})
+	bl.waitBuilt(t, tree.processes, time.Minute)
+	l, _, unlock, _, err := openFor(VerbPause, bl.dir, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	p := newPauser(l, PauseOptions{NoCgroup: true})
+	defer p.undo()
+	if p.grouped = l.signalGroup(unix.SIGSTOP); !p.grouped {
+		t.Fatal("the harness's group could not be signalled")
+	}
+	all := func(state byte) bool {
+		n, inState := 0, 0
+		queue := []int{bl.sup.PID}
+		for len(queue) > 0 {
+			pid := queue[0]
+			queue = queue[1:]
+			st, err := ProcFS.ReadStat(pid)
+			if err != nil {
+				continue
+			}
+			if pid != bl.sup.PID {
+				n++
+				if st.State == state {
+					inState++
+				}
+			}
+			kids, _ := ProcFS.Children(pid, st.NumThreads, nil)
+			queue = append(queue, kids...)
+		}
+		return n == tree.processes && inState == n
+	}
+	waitAll := func(state byte) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !all(state); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the tree is not all %q", state)
+			}
+		}
+	}
+	waitAll('T')
+	l.signalGroup(unix.SIGCONT) // the hostile part: after the group's signal
+	waitAll('S')
+	for deadline := time.Now().Add(3 * time.Second); len(p.step()) > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d passes %d processes are not stopped: %+v", p.passes, len(p.pending), p.pending)
+		}
+	}
+	if !all('T') {
+		t.Fatal("the pause's passes ended with processes not stopped")
+	}
+}
