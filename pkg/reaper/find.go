@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -350,8 +349,8 @@ type visited struct {
 // lists the children of each one confirmed, in the order visit requires:
 // the process is visited (a pause stops it) before its children are read.
 // A long level is shared by up to f.workers workers, each taking the next
-// candidate not taken yet; the level is done when every worker is. A pass
-// past its deadline takes no more candidates (those not taken count as
+// candidate not taken yet; the level is done when every candidate is. A
+// pass past its deadline checks no more candidates (those left count as
 // not found; the caller's late() marks the pass cut).
 func (f *finder) visitLevel(level []candidate, visit visitFunc) []visited {
 	out := make([]visited, len(level))
@@ -378,22 +377,32 @@ func (f *finder) visitLevel(level []candidate, visit visitFunc) []visited {
 		}
 		return out
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= len(level) || f.pastDeadline() {
-					return
-				}
-				one(i)
+	// The caller is one of the workers, and waits only for candidates
+	// taken and not finished yet, never for a worker to start: on a busy
+	// machine a helper may get no CPU before the level is done, and then
+	// finds nothing left to take.
+	var next, finished atomic.Int64
+	n := int64(len(level))
+	lastDone := make(chan struct{})
+	work := func() {
+		for {
+			i := next.Add(1) - 1
+			if i >= n {
+				return
 			}
-		}()
+			if !f.pastDeadline() {
+				one(int(i))
+			}
+			if finished.Add(1) == n {
+				close(lastDone)
+			}
+		}
 	}
-	wg.Wait()
+	for range workers - 1 {
+		go work()
+	}
+	work()
+	<-lastDone
 	return out
 }
 
