@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -71,7 +70,7 @@ func (l *Launch) resume(res *proto.ContinueResult) int {
 	}
 	// The walk's workers visit several processes at once (finder.workers):
 	// what the visit counts is guarded by mu.
-	f.workers = min(runtime.GOMAXPROCS(0), maxPassWorkers)
+	f.workers = passWorkers()
 	var mu sync.Mutex
 	var pending []proto.Pending
 	found := f.pass(func(t *target) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -337,6 +338,44 @@ const levelShare = 32
 // beside the pauses of other launches).
 const maxPassWorkers = 4
 
+// passWorkers is how many workers a pause's or continue's pass may use: up
+// to maxPassWorkers, no more than the CPUs Go runs on, and 1 when no CPU is
+// idle now. On a machine whose CPUs are all taken a helper waits for one
+// (tens of ms under a heavy load) while the level it holds waits for it,
+// and a faster walk reaches more of the processes still stopping after
+// their group's SIGSTOP (one more pass); it is idle CPUs that make workers
+// pay. The runnable count is the kernel's, as /proc/loadavg shows it (the
+// host's, in a container): one small read per verb.
+func passWorkers() int {
+	cpus := runtime.GOMAXPROCS(0)
+	var buf [128]byte
+	data, err := readFile("/proc/loadavg", buf[:])
+	if err != nil {
+		return 1
+	}
+	runnable, ok := parseRunnable(data)
+	// This verb is one of the runnable.
+	if !ok || runnable-1 >= cpus {
+		return 1
+	}
+	return min(cpus, maxPassWorkers)
+}
+
+// parseRunnable reads the runnable count of a /proc/loadavg line
+// ("0.52 0.58 0.59 3/183 3131": 3).
+func parseRunnable(data []byte) (int, bool) {
+	fields := bytes.Fields(data)
+	if len(fields) < 4 {
+		return 0, false
+	}
+	run, _, ok := bytes.Cut(fields[3], []byte("/"))
+	if !ok {
+		return 0, false
+	}
+	n, err := atoi(run)
+	return n, err == nil && n >= 0
+}
+
 // visited is what a pass found of one candidate: its stat, whether it was
 // confirmed (and visited), and its children.
 type visited struct {
@@ -348,6 +387,11 @@ type visited struct {
 // visitLevel checks and visits every candidate of level (distinct pids) and
 // lists the children of each one confirmed, in the order visit requires:
 // the process is visited (a pause stops it) before its children are read.
+// The level is taken from its end: a children file lists the oldest child
+// first, and a signal to a process group reaches its newest member first,
+// so a pause that follows its group's SIGSTOP reaches first the processes
+// that have had the longest to stop (fewer found still running, fewer
+// passes).
 // A long level is shared by up to f.workers workers, each taking the next
 // candidate not taken yet; the level is done when every candidate is. A
 // pass past its deadline checks no more candidates (those left count as
@@ -369,7 +413,7 @@ func (f *finder) visitLevel(level []candidate, visit visitFunc) []visited {
 	}
 	workers := min(f.workers, len(level)/levelShare)
 	if workers < 2 {
-		for i := range level {
+		for i := len(level) - 1; i >= 0; i-- {
 			if f.pastDeadline() {
 				break
 			}
@@ -386,12 +430,12 @@ func (f *finder) visitLevel(level []candidate, visit visitFunc) []visited {
 	lastDone := make(chan struct{})
 	work := func() {
 		for {
-			i := next.Add(1) - 1
-			if i >= n {
+			k := next.Add(1) - 1
+			if k >= n {
 				return
 			}
 			if !f.pastDeadline() {
-				one(int(i))
+				one(int(n - 1 - k))
 			}
 			if finished.Add(1) == n {
 				close(lastDone)

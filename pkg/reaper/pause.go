@@ -3,7 +3,6 @@ package reaper
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -166,7 +165,7 @@ type pauser struct {
 func newPauser(l *Launch, opt PauseOptions) *pauser {
 	f := newFinder(l)
 	// The pause's visit (step's check) is safe to run in several workers.
-	f.workers = min(runtime.GOMAXPROCS(0), maxPassWorkers)
+	f.workers = passWorkers()
 	if opt.StopBudget == 0 {
 		opt.StopBudget = StopBudget
 	}
