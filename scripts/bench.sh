@@ -238,6 +238,11 @@ for tree in flat1000 flat4000 flat10000; do
 	done
 done
 echo
+fails=$({ grep -o 'BENCHFAIL tree=[^ ]* method=seedwalk who=[^ ]*' "$raw" || true; } | sed 's/BENCHFAIL tree=//; s/ method=seedwalk who=/ /' | sort | uniq -c | awk '{ printf "%s%s %s: %d", sep, $2, $3, $1; sep = "; " }')
+if [ -n "$fails" ]; then
+	echo
+	echo "Pauses not confirmed within their budget (left out of the medians; BENCHFAIL lines in $raw): $fails"
+fi
 echo "(us/process: the median over the processes of the tree, the harness included; for the seed its self median. Load average (1 min) at the samples: $({ grep -o 'BENCHSAMPLE tree=flat[0-9]* method=seedwalk .*' "$raw" || true; } | tr ' ' '\n' | sed -n 's/^load1=//p' | range))"
 
 # --- 2. Sizes ---------------------------------------------------------------

@@ -123,13 +123,18 @@ func (m seedMethod) run(sup int) (seedSample, error) {
 		argv[i] = strings.ReplaceAll(a, "{sup}", strconv.Itoa(sup))
 	}
 	rep, wall, cpu, err := runTimedCPU(argv)
+	if err == nil && rep.Paused != nil && !*rep.Paused {
+		err = fmt.Errorf("%s: not paused: %+v", m.name, rep)
+	}
 	if err != nil {
+		// A pause not confirmed in its budget (a heavily loaded machine)
+		// is a result, not the end of the benchmark: continue what it
+		// may hold (ngsup undid its own; the yardstick's continue
+		// resumes what it recorded), and say so.
+		runTimed(m.cont)
 		return s, err
 	}
 	s.pauseMS, s.cpuMS, s.selfMS, s.processes, s.passes = wall, cpu, rep.ElapsedMS, rep.Processes, rep.Passes
-	if rep.Paused != nil && !*rep.Paused {
-		return s, fmt.Errorf("%s: not paused: %+v", m.name, rep)
-	}
 	_, s.contMS, err = runTimed(m.cont)
 	return s, err
 }
@@ -271,6 +276,7 @@ func benchmarkSeedWalk(b *testing.B, n int) {
 	methods := seedMethods(b, bl.dir)
 	b.Logf("tree %s: %d processes, %s, methods %d", tree.name, tree.processes, room, len(methods))
 	var news []float64
+	failed := map[string]int{}
 	for round := 0; b.Loop(); round++ {
 		for k := range methods {
 			m := methods[(round+k)%len(methods)]
@@ -279,11 +285,19 @@ func benchmarkSeedWalk(b *testing.B, n int) {
 			bl.waitBuilt(b, tree.processes, time.Minute)
 			load := load1()
 			s, err := m.run(bl.sup.PID)
-			if err != nil {
-				b.Fatalf("round %d, %s: %v", round, m.name, err)
+			if err == nil && s.processes != tree.processes {
+				err = fmt.Errorf("held %d processes, want %d", s.processes, tree.processes)
 			}
-			if s.processes != tree.processes {
-				b.Fatalf("round %d, %s held %d processes, want %d", round, m.name, s.processes, tree.processes)
+			if err != nil {
+				// Printed and counted (scripts/bench.sh), not fatal: one
+				// method's failure under load says nothing of the others.
+				// A method that fails every time ends the benchmark.
+				failed[m.name]++
+				fmt.Printf("BENCHFAIL tree=%s method=seedwalk who=%s round=%d load1=%s error=%q\n", tree.name, m.name, round, load, err.Error())
+				if failed[m.name] > round/2+2 {
+					b.Fatalf("round %d, %s failed %d times; last: %v", round, m.name, failed[m.name], err)
+				}
+				continue
 			}
 			if m.name == "new" {
 				news = append(news, s.pauseMS)
