@@ -338,8 +338,30 @@ func parseProcLine(line []byte) (proto.Proc, uint64, bool) {
 	if len(line) > maxProcSetLine {
 		return proto.Proc{}, 0, false
 	}
-	fields := bytes.Fields(line)
-	if len(fields) != 2 && len(fields) != 3 {
+	// Split at ASCII white space into at most 3 fields, without the
+	// allocation of bytes.Fields (a pause reads the whole known set).
+	var fields [3][]byte
+	n := 0
+	for len(line) > 0 {
+		i := 0
+		for i < len(line) && isSpace(line[i]) {
+			i++
+		}
+		line = line[i:]
+		if len(line) == 0 {
+			break
+		}
+		j := 0
+		for j < len(line) && !isSpace(line[j]) {
+			j++
+		}
+		if n == len(fields) {
+			return proto.Proc{}, 0, false
+		}
+		fields[n], line = line[:j], line[j:]
+		n++
+	}
+	if n != 2 && n != 3 {
 		return proto.Proc{}, 0, false
 	}
 	pid, err1 := strconv.Atoi(string(fields[0]))
@@ -348,13 +370,17 @@ func parseProcLine(line []byte) (proto.Proc, uint64, bool) {
 		return proto.Proc{}, 0, false
 	}
 	var ino uint64
-	if len(fields) == 3 {
+	if n == 3 {
 		var err error
 		if ino, err = strconv.ParseUint(string(fields[2]), 10, 64); err != nil {
 			return proto.Proc{}, 0, false
 		}
 	}
 	return proto.Proc{PID: pid, StartTicks: start}, ino, true
+}
+
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'
 }
 
 // formatProcSet writes procs as "pid start [inode]" lines; inode gives each
