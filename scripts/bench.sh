@@ -24,6 +24,11 @@
 # an empty pattern skips those. NGSUP_BENCH_STOP_BIN=PATH times that ngsup
 # binary's stop of the storm instead of this tree's (an older ngsup).
 # VERSION_RUNS (200); CLI_RUNS (20).
+# SEED_PATTERN (SeedWalk) selects the comparison with the seed's walk
+# (BenchmarkSeedWalkFlat{1000,4000,10000}: the CLI `ngsup pause` of
+# $BIN/ngsup against scripts/seedwalk.py, and against the ngsup binary
+# NGSUP_BENCH_OLD_BIN when set, on the same tree in the same run), SEED_TIMES
+# (5) rounds of each; an empty pattern skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +40,8 @@ BENCH_PATTERN=${BENCH_PATTERN-Pause}
 STORM_PATTERN=${STORM_PATTERN-StopStorm|SupervisorIdle}
 STORM_COUNT=${STORM_COUNT:-3}
 STORM_TIMES=${STORM_TIMES:-3}
+SEED_PATTERN=${SEED_PATTERN-SeedWalk}
+SEED_TIMES=${SEED_TIMES:-5}
 VERSION_RUNS=${VERSION_RUNS:-200}
 CLI_RUNS=${CLI_RUNS:-20}
 NGSUP=$BIN/ngsup
@@ -49,6 +56,13 @@ median() {
 		if (NR == 0) { print "-"; exit }
 		if (NR % 2) printf "%.2f\n", v[(NR + 1) / 2]
 		else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# median3: median with three decimals (for ratios).
+median3() {
+	sort -g | awk '{ v[NR] = $1 } END {
+		if (NR == 0) { print "-"; exit }
+		if (NR % 2) printf "%.3f\n", v[(NR + 1) / 2]
+		else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 # range: "min-max" of the numbers on stdin.
 range() {
@@ -81,6 +95,7 @@ else
 	}
 	gobench "$BENCH_PATTERN" "$BENCH_TIMES" "$BENCH_COUNT"
 	gobench "$STORM_PATTERN" "$STORM_TIMES" "$STORM_COUNT"
+	NGSUP_BENCH_BIN=$(realpath "$NGSUP") gobench "$SEED_PATTERN" "$SEED_TIMES" 1
 	grep -E '^(Benchmark|goos|goarch|cpu|PASS|ok)' "$raw" >&2 || true
 fi
 if grep -q -- '--- SKIP' "$raw"; then
@@ -171,6 +186,64 @@ for m in running paused; do
 done
 echo
 echo "(ticks: utime+stime in clock ticks of $(getconf CLK_TCK 2>/dev/null || echo 100) a second; CPU ms and wake-ups (context switches) summed over the supervisor's threads)"
+
+# seed TREE WHO FIELD: the FIELD values of the seed-walk samples of TREE by WHO.
+seed() {
+	{ grep -o "BENCHSAMPLE tree=$1 method=seedwalk who=$2 .*" "$raw" || true; } |
+		tr ' ' '\n' | sed -n "s/^$3=//p"
+}
+# paired TREE A FA B FB: per round, A's FA over B's FB; one ratio a line.
+paired() {
+	{ grep -o "BENCHSAMPLE tree=$1 method=seedwalk .*" "$raw" || true; } | awk -v a="$2" -v fa="$3" -v b="$4" -v fb="$5" '
+		{ delete f; for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+		  if (f["who"] == a) x[f["round"]] = f[fa]; if (f["who"] == b) y[f["round"]] = f[fb] }
+		END { for (r in x) if ((r in y) && y[r] > 0) printf "%.3f\n", x[r] / y[r] }'
+}
+
+echo
+echo "## ngsup pause against the seed's walk (BenchmarkSeedWalkFlat*; the same tree, rounds in rotated order)"
+echo
+echo "ngsup: \`ngsup pause --dir D\` (wall time, process start included); old: the same with NGSUP_BENCH_OLD_BIN; seed: scripts/seedwalk.py, its walk alone (self: the interpreter's start not counted, as the seed's supervisor was already running). Medians; ratios are the medians of each round's ratio."
+echo
+printf '| %-9s | %-4s | %4s | %13s | %13s | %12s | %11s | %14s | %15s | %11s |\n' \
+	tree who runs "wall ms (med)" "self ms (med)" "CPU ms (med)" "us/process" "/ seed (self)" "<= 0.25x seed" "/ old"
+printf '|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n' ----------- ------ ------ --------------- --------------- -------------- ------------- ---------------- ----------------- -------------
+for tree in flat1000 flat4000 flat10000; do
+	if [ "$(seed "$tree" seed pause_ms | wc -l)" -eq 0 ]; then
+		printf '| %-9s | %-4s | %4s | %13s | %13s | %12s | %11s | %14s | %15s | %11s |\n' "$tree" - 0 - - - - - "not measured" -
+		continue
+	fi
+	procs=$(seed "$tree" seed processes | sort -u | head -1)
+	for who in new old seed; do
+		n=$(seed "$tree" "$who" pause_ms | wc -l)
+		[ "$n" -eq 0 ] && continue
+		wall=$(seed "$tree" "$who" pause_ms | median)
+		self=$(seed "$tree" "$who" self_ms | median)
+		cpu=$(seed "$tree" "$who" cpu_ms | median)
+		per=$(awk -v m="$wall" -v p="$procs" 'BEGIN { printf "%.1f", m * 1000 / p }')
+		if [ "$who" = seed ]; then
+			ratio=1 verdict=- vsold=-
+			per=$(awk -v m="$self" -v p="$procs" 'BEGIN { printf "%.1f", m * 1000 / p }')
+		else
+			ratio=$(paired "$tree" "$who" pause_ms seed self_ms | median3)
+			verdict=$(awk -v r="$ratio" 'BEGIN { print (r <= 0.25) ? "met" : "MISSED" }')
+			vsold=-
+			if [ "$who" = new ] && [ "$(seed "$tree" old pause_ms | wc -l)" -gt 0 ]; then
+				vsold=$(paired "$tree" new pause_ms old pause_ms | median3)
+			fi
+			[ "$who" = old ] && verdict="($verdict)"
+		fi
+		printf '| %-9s | %-4s | %4s | %13s | %13s | %12s | %11s | %14s | %15s | %11s |\n' \
+			"$tree" "$who" "$n" "$wall" "$self" "$cpu" "$per" "$ratio" "$verdict" "$vsold"
+	done
+done
+echo
+fails=$({ grep -o 'BENCHFAIL tree=[^ ]* method=seedwalk who=[^ ]*' "$raw" || true; } | sed 's/BENCHFAIL tree=//; s/ method=seedwalk who=/ /' | sort | uniq -c | awk '{ printf "%s%s %s: %d", sep, $2, $3, $1; sep = "; " }')
+if [ -n "$fails" ]; then
+	echo
+	echo "Pauses not confirmed within their budget (left out of the medians; BENCHFAIL lines in $raw): $fails"
+fi
+echo "(us/process: the median over the processes of the tree, the harness included; for the seed its self median. Load average (1 min) at the samples: $({ grep -o 'BENCHSAMPLE tree=flat[0-9]* method=seedwalk .*' "$raw" || true; } | tr ' ' '\n' | sed -n 's/^load1=//p' | range))"
 
 # --- 2. Sizes ---------------------------------------------------------------
 echo

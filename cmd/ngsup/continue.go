@@ -24,6 +24,7 @@ Prints {"continued","skipped","elapsed_ms","method","pending":[...]}.
 ` + fmt.Sprintf(severalDirsHelp, reaper.BatchWorkers, "0 or 4"),
 		Args: noArgs,
 		RunE: func(c *cobra.Command, args []string) error {
+			quietGC()
 			if len(dirs) > 1 {
 				if c.Flags().Changed("id") {
 					return usagef("--id names one launch: it cannot be given with %d --dir", len(dirs))

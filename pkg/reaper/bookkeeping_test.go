@@ -72,3 +72,31 @@ func TestProcSetInodes(t *testing.T) {
 		t.Errorf("read back %v %v skipped %d from %q", procs, inodes, skipped, data)
 	}
 }
+
+// TestParseProcLine pins what a record line of the known and paused sets
+// is: two or three fields of digits split by white space, a positive pid.
+func TestParseProcLine(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		p    proto.Proc
+		ino  uint64
+		ok   bool
+	}{
+		{"10 20", proto.Proc{PID: 10, StartTicks: 20}, 0, true},
+		{"10 20 30", proto.Proc{PID: 10, StartTicks: 20}, 30, true},
+		{" 10\t20  30 ", proto.Proc{PID: 10, StartTicks: 20}, 30, true},
+		{"10", proto.Proc{}, 0, false},
+		{"10 20 30 40", proto.Proc{}, 0, false},
+		{"0 20", proto.Proc{}, 0, false},
+		{"-1 20", proto.Proc{}, 0, false},
+		{"x 20", proto.Proc{}, 0, false},
+		{"10 -20", proto.Proc{}, 0, false},
+		{"10 20 x", proto.Proc{}, 0, false},
+		{"", proto.Proc{}, 0, false},
+	} {
+		p, ino, ok := parseProcLine([]byte(tc.line))
+		if p != tc.p || ino != tc.ino || ok != tc.ok {
+			t.Errorf("parseProcLine(%q) = %v %d %v, want %v %d %v", tc.line, p, ino, ok, tc.p, tc.ino, tc.ok)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -67,6 +68,10 @@ func (l *Launch) resume(res *proto.ContinueResult) int {
 	for _, p := range paused {
 		inPaused[p] = true
 	}
+	// The walk's workers visit several processes at once (finder.workers):
+	// what the visit counts is guarded by mu.
+	f.workers = passWorkers()
+	var mu sync.Mutex
 	var pending []proto.Pending
 	found := f.pass(func(t *target) {
 		// The group's members were continued by the group signal.
@@ -85,11 +90,16 @@ func (l *Launch) resume(res *proto.ContinueResult) int {
 			return
 		}
 		if err := t.Signal(unix.SIGCONT); err != nil && err != ErrNoProcess && err != ErrNotSameProcess {
-			pending = append(pending, proto.Pending{PID: t.PID, State: "T", Comm: t.Comm, Wchan: l.FS.Wchan(t.PID)})
+			wchan := l.FS.Wchan(t.PID)
+			mu.Lock()
+			pending = append(pending, proto.Pending{PID: t.PID, State: "T", Comm: t.Comm, Wchan: wchan})
+			mu.Unlock()
 			return
 		}
 		if !inPaused[procOf(t.Stat)] {
+			mu.Lock()
 			res.Continued++
+			mu.Unlock()
 		}
 	})
 	res.Found = len(live(found))

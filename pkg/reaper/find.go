@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -128,6 +130,13 @@ type finder struct {
 	// walk); cut says the last pass was ended so.
 	deadline time.Time
 	cut      bool
+	// workers is how many goroutines may walk one level of a pass at once
+	// (0 or 1: the pass is walked by its caller alone). Above 1, visit is
+	// called from several goroutines at once and must be safe for that.
+	workers int
+	// lastFound is how many processes the last pass found (to size the
+	// next one's map).
+	lastFound int
 }
 
 func newFinder(l *Launch) *finder {
@@ -212,39 +221,50 @@ func (f *finder) method(frozen bool) string {
 // pass walks the launch once, calling visit on every process found, and
 // returns them by pid.
 func (f *finder) pass(visit visitFunc) map[int]Stat {
-	seen := map[int]Stat{}
+	seen := make(map[int]Stat, f.lastFound)
+	defer func() { f.lastFound = len(seen) }()
 	l := f.l
 	var kids []int
 	f.cut = false
 	late := func() bool {
-		if !f.cut && !f.deadline.IsZero() && time.Now().After(f.deadline) {
+		if !f.cut && f.pastDeadline() {
 			f.cut = true
 		}
 		return f.cut
 	}
-	// drain visits the queued candidates and all their descendants.
+	// drain visits the queued candidates and all their descendants, a
+	// level at a time: the candidates queued, then their children, and so
+	// on. A pid queued twice in one level (listed by two sources) is
+	// checked once; its other candidates wait for the next level, where
+	// they are skipped if the first one was confirmed and checked if not.
 	drain := func(queue []candidate) {
+		inLevel := map[int]bool{}
 		for len(queue) > 0 && !late() {
-			c := queue[0]
-			queue = queue[1:]
-			if f.exclude[c.pid] {
-				continue
+			var level, later []candidate
+			clear(inLevel)
+			for _, c := range queue {
+				if f.exclude[c.pid] {
+					continue
+				}
+				if _, ok := seen[c.pid]; ok {
+					continue
+				}
+				if inLevel[c.pid] {
+					later = append(later, c)
+					continue
+				}
+				inLevel[c.pid] = true
+				level = append(level, c)
 			}
-			if _, ok := seen[c.pid]; ok {
-				continue
-			}
-			st, ok := f.check(c, visit)
-			if !ok {
-				continue
-			}
-			seen[c.pid] = st
-			threads := st.NumThreads
-			if st.State == 'Z' {
-				threads = 0 // a zombie leader's live threads still have children
-			}
-			kids, _ = l.FS.Children(c.pid, threads, kids[:0])
-			for _, k := range kids {
-				queue = append(queue, candidate{pid: k, parent: c.pid, src: fromChild})
+			queue = later
+			for i, v := range f.visitLevel(level, visit) {
+				if !v.ok {
+					continue
+				}
+				seen[level[i].pid] = v.st
+				for _, k := range v.kids {
+					queue = append(queue, candidate{pid: k, parent: level[i].pid, src: fromChild})
+				}
 			}
 		}
 	}
@@ -306,6 +326,134 @@ func (f *finder) pass(visit visitFunc) map[int]Stat {
 		}
 	}
 	return seen
+}
+
+// levelShare is the fewest candidates of a level each worker of a pass
+// takes: a shorter level is walked by one (starting a worker costs about
+// as much as checking a few processes).
+const levelShare = 32
+
+// maxPassWorkers bounds the workers of one pass: reading /proc scales with
+// the CPUs, but a pause runs beside the sandbox's own work (and, in a batch,
+// beside the pauses of other launches).
+const maxPassWorkers = 4
+
+// passWorkers is how many workers a pause's or continue's pass may use: up
+// to maxPassWorkers, no more than the CPUs Go runs on, and 1 when no CPU is
+// idle now. On a machine whose CPUs are all taken a helper waits for one
+// (tens of ms under a heavy load) while the level it holds waits for it,
+// and a faster walk reaches more of the processes still stopping after
+// their group's SIGSTOP (one more pass); it is idle CPUs that make workers
+// pay. The runnable count is the kernel's, as /proc/loadavg shows it (the
+// host's, in a container): one small read per verb.
+func passWorkers() int {
+	cpus := runtime.GOMAXPROCS(0)
+	var buf [128]byte
+	data, err := readFile("/proc/loadavg", buf[:])
+	if err != nil {
+		return 1
+	}
+	runnable, ok := parseRunnable(data)
+	// This verb is one of the runnable.
+	if !ok || runnable-1 >= cpus {
+		return 1
+	}
+	return min(cpus, maxPassWorkers)
+}
+
+// parseRunnable reads the runnable count of a /proc/loadavg line
+// ("0.52 0.58 0.59 3/183 3131": 3).
+func parseRunnable(data []byte) (int, bool) {
+	fields := bytes.Fields(data)
+	if len(fields) < 4 {
+		return 0, false
+	}
+	run, _, ok := bytes.Cut(fields[3], []byte("/"))
+	if !ok {
+		return 0, false
+	}
+	n, err := atoi(run)
+	return n, err == nil && n >= 0
+}
+
+// visited is what a pass found of one candidate: its stat, whether it was
+// confirmed (and visited), and its children.
+type visited struct {
+	st   Stat
+	ok   bool
+	kids []int
+}
+
+// visitLevel checks and visits every candidate of level (distinct pids) and
+// lists the children of each one confirmed, in the order visit requires:
+// the process is visited (a pause stops it) before its children are read.
+// The level is taken from its end: a children file lists the oldest child
+// first, and a signal to a process group reaches its newest member first,
+// so a pause that follows its group's SIGSTOP reaches first the processes
+// that have had the longest to stop (fewer found still running, fewer
+// passes).
+// A long level is shared by up to f.workers workers, each taking the next
+// candidate not taken yet; the level is done when every candidate is. A
+// pass past its deadline checks no more candidates (those left count as
+// not found; the caller's late() marks the pass cut).
+func (f *finder) visitLevel(level []candidate, visit visitFunc) []visited {
+	out := make([]visited, len(level))
+	one := func(i int) {
+		c := level[i]
+		st, ok := f.check(c, visit)
+		if !ok {
+			return
+		}
+		threads := st.NumThreads
+		if st.State == 'Z' {
+			threads = 0 // a zombie leader's live threads still have children
+		}
+		kids, _ := f.l.FS.Children(c.pid, threads, nil)
+		out[i] = visited{st: st, ok: true, kids: kids}
+	}
+	workers := min(f.workers, len(level)/levelShare)
+	if workers < 2 {
+		for i := len(level) - 1; i >= 0; i-- {
+			if f.pastDeadline() {
+				break
+			}
+			one(i)
+		}
+		return out
+	}
+	// The caller is one of the workers, and waits only for candidates
+	// taken and not finished yet, never for a worker to start: on a busy
+	// machine a helper may get no CPU before the level is done, and then
+	// finds nothing left to take.
+	var next, finished atomic.Int64
+	n := int64(len(level))
+	lastDone := make(chan struct{})
+	work := func() {
+		for {
+			k := next.Add(1) - 1
+			if k >= n {
+				return
+			}
+			if !f.pastDeadline() {
+				one(int(n - 1 - k))
+			}
+			if finished.Add(1) == n {
+				close(lastDone)
+			}
+		}
+	}
+	for range workers - 1 {
+		go work()
+	}
+	work()
+	<-lastDone
+	return out
+}
+
+// pastDeadline says the pass's deadline (if any) has passed. It only
+// reads, so the workers of a level may ask it at once.
+func (f *finder) pastDeadline() bool {
+	return !f.deadline.IsZero() && time.Now().After(f.deadline)
 }
 
 // check confirms c is what its source says, and visits it.

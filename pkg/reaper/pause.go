@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -107,8 +108,12 @@ func (l *Launch) pause(res proto.PauseResult, opt PauseOptions, created bool, be
 	prev, _, skipped := readProcSet(l.path(proto.PausedFile))
 	res.SkippedLines += skipped
 	if len(prev) > 0 && !created {
+		inHeld := make(map[proto.Proc]bool, len(held))
+		for _, q := range held {
+			inHeld[q] = true
+		}
 		for _, q := range prev {
-			if !slices.Contains(held, q) && l.FS.Alive(q) {
+			if !inHeld[q] && l.FS.Alive(q) {
 				held = append(held, q)
 			}
 		}
@@ -118,7 +123,7 @@ func (l *Launch) pause(res proto.PauseResult, opt PauseOptions, created bool, be
 		os.Remove(l.path(proto.PauseFile))
 		return res, proto.ExitInternal, err
 	}
-	if err := l.remember(p.fresh); err != nil {
+	if err := l.remember(l.unrecorded(p.fresh)); err != nil {
 		fmt.Fprintf(os.Stderr, "ngsup: %v\n", err)
 	}
 	res.Paused = true
@@ -146,6 +151,7 @@ type pauser struct {
 	f        *finder
 	opt      PauseOptions
 	frozen   bool                     // the cgroup held the launch while it was signalled
+	grouped  bool                     // the harness's process group was sent SIGSTOP
 	lastNews int                      // processes the last pass found for the first time
 	stopped  map[int]Stat             // everything found, by pid, with its latest stat
 	traced   map[proto.Proc]time.Time // in a ptrace stop (t) since, as of the last pass
@@ -158,6 +164,8 @@ type pauser struct {
 
 func newPauser(l *Launch, opt PauseOptions) *pauser {
 	f := newFinder(l)
+	// The pause's visit (step's check) is safe to run in several workers.
+	f.workers = passWorkers()
 	if opt.StopBudget == 0 {
 		opt.StopBudget = StopBudget
 	}
@@ -184,7 +192,7 @@ func (p *pauser) run() bool {
 	if p.opt.CgroupFirst {
 		p.freezeAndStop()
 	}
-	p.l.signalGroup(unix.SIGSTOP)
+	p.grouped = p.l.signalGroup(unix.SIGSTOP)
 	wait := 200 * time.Microsecond
 	for {
 		if len(p.step()) == 0 {
@@ -264,17 +272,31 @@ func (p *pauser) recoverFreeze() bool {
 // not confirmed stopped, and keeps them in p.pending.
 func (p *pauser) step() []proto.Pending {
 	p.passes++
+	// check runs in the pass's workers, several at once (finder.workers):
+	// what it records is guarded by mu; p.traced is only read.
+	var mu sync.Mutex
 	var pending []proto.Pending
 	unsettled := func(st Stat, state byte) {
+		mu.Lock()
 		pending = append(pending, proto.Pending{PID: st.PID, State: string(state), Comm: st.Comm})
+		mu.Unlock()
 	}
 	begin := time.Now()
 	traced := map[proto.Proc]time.Time{}
+	// In the first pass, a member of the harness's process group has the
+	// group's SIGSTOP pending: one not stopped yet has not run since, and
+	// a SIGSTOP of its own (a pidfd, a second read of its stat, the
+	// signal) would only cost the pause what the process needs to stop. A
+	// later pass signals it: it may have joined the group after the
+	// group's signal, or been continued since.
+	inGroup := func(st Stat) bool {
+		return p.passes == 1 && p.grouped && st.PGID == p.l.Receipt.HarnessPGID
+	}
 	check := func(st Stat, stop func()) {
 		state, ok := p.l.FS.stoppedState(st)
 		switch {
 		case !ok:
-			if !isStopped(st.State) {
+			if !isStopped(st.State) && !inGroup(st) {
 				stop()
 			}
 			unsettled(st, state)
@@ -286,7 +308,9 @@ func (p *pauser) step() []proto.Pending {
 			if !seen {
 				since = begin
 			}
+			mu.Lock()
 			traced[q] = since
+			mu.Unlock()
 			if begin.Sub(since) < tracedSettle {
 				unsettled(st, state)
 			}

@@ -40,6 +40,20 @@ func (fs FS) pidPath(pid int, rest string) string {
 // readFile reads a small /proc file with plain syscalls (no poller, no stat),
 // because pausing a thousand processes reads thousands of them.
 func readFile(path string, buf []byte) ([]byte, error) {
+	return readProcFile(path, buf, false)
+}
+
+// readLineFile is readFile for a file of one line that the kernel writes
+// whole at the first read (a stat file: its text is made in one go and
+// copied as far as the buffer holds): a first read that leaves room in the
+// buffer and ends with the line's newline is the whole file, and the read
+// that would return 0 is saved (one syscall of seven per process a pause
+// reaches). Anything else is read on to the end as readFile does.
+func readLineFile(path string, buf []byte) ([]byte, error) {
+	return readProcFile(path, buf, true)
+}
+
+func readProcFile(path string, buf []byte, line bool) ([]byte, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if err == unix.ENOENT || err == unix.ESRCH {
@@ -67,13 +81,16 @@ func readFile(path string, buf []byte) ([]byte, error) {
 			return buf[:n], nil
 		}
 		n += m
+		if line && n == m && n < len(buf) && buf[n-1] == '\n' {
+			return buf[:n], nil
+		}
 	}
 }
 
 // ReadStat reads /proc/PID/stat.
 func (fs FS) ReadStat(pid int) (Stat, error) {
 	var buf [512]byte
-	data, err := readFile(fs.pidPath(pid, "/stat"), buf[:])
+	data, err := readLineFile(fs.pidPath(pid, "/stat"), buf[:])
 	if err != nil {
 		return Stat{}, err
 	}
@@ -83,7 +100,7 @@ func (fs FS) ReadStat(pid int) (Stat, error) {
 // ReadTaskStat reads /proc/PID/task/TID/stat.
 func (fs FS) ReadTaskStat(pid, tid int) (Stat, error) {
 	var buf [512]byte
-	data, err := readFile(fs.pidPath(pid, "/task/"+strconv.Itoa(tid)+"/stat"), buf[:])
+	data, err := readLineFile(fs.pidPath(pid, "/task/"+strconv.Itoa(tid)+"/stat"), buf[:])
 	if err != nil {
 		return Stat{}, err
 	}

@@ -683,3 +683,26 @@ func TestHasEnvRealProcess(t *testing.T) {
 		t.Fatal(`the tag of launch "ab" matched launch "a"`)
 	}
 }
+
+// TestParseRunnable reads the runnable count of /proc/loadavg lines, and
+// refuses what is not one.
+func TestParseRunnable(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		n    int
+		ok   bool
+	}{
+		{"0.52 0.58 0.59 3/183 3131\n", 3, true},
+		{"112.00 220.53 169.01 388/20940 370", 388, true},
+		{"0.52 0.58 0.59", 0, false},
+		{"0.52 0.58 0.59 x/183 1", 0, false},
+		{"0.52 0.58 0.59 183 1", 0, false},
+	} {
+		if n, ok := parseRunnable([]byte(tc.line)); n != tc.n || ok != tc.ok {
+			t.Errorf("parseRunnable(%q) = %d, %v; want %d, %v", tc.line, n, ok, tc.n, tc.ok)
+		}
+	}
+	if w := passWorkers(); w < 1 || w > maxPassWorkers {
+		t.Errorf("passWorkers() = %d, want 1 to %d", w, maxPassWorkers)
+	}
+}

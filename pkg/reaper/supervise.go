@@ -550,7 +550,8 @@ func (s *supervisor) record() {
 		s.held[pid] = true
 		fresh = append(fresh, procOf(st))
 	}
-	l := Launch{Dir: s.opt.Dir}
+	// The real /proc, so that each record carries its pidfs inode.
+	l := Launch{Dir: s.opt.Dir, FS: ProcFS}
 	if err := l.remember(fresh); err != nil {
 		s.opt.Log("ngsup: launch %s: %v", s.opt.ID, err)
 	}
