@@ -141,8 +141,9 @@ func (s *Sandbox) env() []string {
 // Exec runs req in the sandbox and waits for it. With namespace isolation
 // the host runs
 //
-//	unshare --mount --propagation private -- /bin/sh -c 'mount --bind HOST MOUNTPOINT ... ; cd DIR && exec env K=V ... ARGV'
+//	unshare --mount --propagation private -- /bin/sh -c 'mount --bind -o ro TOOLS TOOLS; mount --bind HOST MOUNTPOINT ... ; cd DIR && exec env K=V ... ARGV'
 //
+// (TOOLS is the backend's shared tools folder, read-only to the command),
 // every word quoted; without it, /bin/sh -c 'cd DIR && exec ...'. The
 // command gets the backend's base environment plus req.Env, stdin from
 // req.Stdin (or /dev/null), and the sandbox's Workdir when req.Dir is empty
