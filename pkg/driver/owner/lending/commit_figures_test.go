@@ -88,11 +88,13 @@ func TestCommitFigures(t *testing.T) {
 }
 
 // fillLikeSoak writes what a soak run leaves in its sandbox: a launch
-// folder (receipt, known set, logs, origin) and the fake harness's state.
+// folder (the files ngsup keeps there) and the fake harness's state.
 func fillLikeSoak(ctx context.Context, root, work string, upload func(context.Context, string, []byte, uint32) error) error {
 	files := map[string]int{
-		"launches/l-0001/receipt.json": 600, "launches/l-0001/known": 300, "launches/l-0001/stdout": 2048,
+		"launches/l-0001/receipt": 600, "launches/l-0001/known": 300, "launches/l-0001/stdout": 2048,
 		"launches/l-0001/stderr": 512, "launches/l-0001/origin": 40, "launches/l-0001/supervisor.log": 400,
+		"launches/l-0001/lock": 0, "launches/l-0001/pause": 0, "launches/l-0001/paused": 120,
+		"launches/l-0001/paused-ns": 20, "launches/l-0001/stdin": 300,
 		"state/fake/s-1/steps": 200, "state/fake/s-1/session.json": 1500, "bin/fake-harness.sh": 900,
 	}
 	for rel, size := range files {
