@@ -57,6 +57,9 @@ type copier struct {
 	src   string
 	root  int                // dst's descriptor
 	links map[fileKey]string // first copy of a file with several links, relative to dst
+	// noClone: a reflink failed once (the filesystem has none), so no
+	// other file of the tree tries one.
+	noClone bool
 }
 
 func (c *copier) fail(rel, op string, err error) error {
@@ -145,45 +148,69 @@ func (c *copier) subfolder(sfd, dfd int, rel, name string) error {
 }
 
 func (c *copier) file(sfd, dfd int, rel, name string, st *unix.Stat_t) error {
-	// Opened as a path first (which never blocks), checked to be a regular
-	// file, then opened for reading through that descriptor: a FIFO put in
-	// its place meanwhile is never opened (its open would block), and the
-	// file read is the one checked.
-	pfd, err := unix.Openat(sfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	in, err := c.open(sfd, name)
 	if err != nil {
 		return c.fail(rel, "open", err)
 	}
-	defer unix.Close(pfd)
-	if err := unix.Fstat(pfd, st); err != nil {
+	defer unix.Close(in)
+	if err := unix.Fstat(in, st); err != nil {
 		return c.fail(rel, "stat", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return c.fail(rel, "copy", errors.New("it changed while it was copied"))
 	}
-	in, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return c.fail(rel, "open", err)
-	}
-	defer unix.Close(in)
 	out, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return c.fail(rel, "create the copy of", err)
 	}
 	defer unix.Close(out)
-	if err := copyData(in, out, st.Size); err != nil {
+	if err := c.copyData(in, out, st); err != nil {
 		return c.fail(rel, "copy", err)
 	}
 	return c.attrs(out, in, st, rel)
 }
 
-// copyData copies the data of in (size bytes) to out, an empty file: a
-// reflink where the filesystem can, else the data ranges (holes stay holes).
-func copyData(in, out int, size int64) error {
+// open opens the regular file name in the folder sfd for reading, never
+// blocking on a FIFO swapped in for it: without blocking first; a file
+// whose open would block (another process holds a lease on it) is opened
+// as a path, checked to be a regular file, and opened again through that
+// descriptor, waiting for the lease as cp waits.
+func (c *copier) open(sfd int, name string) (int, error) {
+	fd, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if !errors.Is(err, unix.EWOULDBLOCK) {
+		return fd, err
+	}
+	pfd, err := unix.Openat(sfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return -1, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return -1, errors.New("it changed while it was copied")
+	}
+	return unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+}
+
+// copyData copies the data of in (st is its stat) to out, an empty file:
+// a reflink where the filesystem can (tried until it fails once), else
+// the data; the data ranges alone of a sparse file (holes stay holes).
+func (c *copier) copyData(in, out int, st *unix.Stat_t) error {
+	size := st.Size
 	if size == 0 {
 		return nil
 	}
-	if unix.IoctlFileClone(out, in) == nil {
-		return nil
+	if !c.noClone {
+		if unix.IoctlFileClone(out, in) == nil {
+			return nil
+		}
+		c.noClone = true
+	}
+	if st.Blocks*512 >= size {
+		return copyRange(in, out, 0, size)
 	}
 	for off := int64(0); off < size; {
 		data, err := unix.Seek(in, off, unix.SEEK_DATA)

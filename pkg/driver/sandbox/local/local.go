@@ -382,8 +382,8 @@ func (b *Backend) open(id, workdir string) *Sandbox {
 	return s
 }
 
-// Snapshot copies a sandbox's folder to the snapshot snapshotID (cp -a
-// --reflink=auto), atomically: the copy is made under a temporary name and
+// Snapshot copies a sandbox's folder to the snapshot snapshotID (what cp -a
+// --reflink=auto copies, in this process: copyFolder), atomically: the copy is made under a temporary name and
 // renamed when complete. An existing snapshot is never replaced
 // (ErrExists); a sandbox that does not exist is ErrGone. The caller keeps
 // the sandbox still while it is copied.

@@ -86,11 +86,10 @@ func (b *Backend) installTool(name string, data []byte, sum string) (string, err
 	if err := CheckID("tool", name); err != nil {
 		return "", err
 	}
-	got := sha256.Sum256(data)
-	if len(sum) != 64 || hex.EncodeToString(got[:]) != strings.ToLower(sum) {
-		return "", fmt.Errorf("local: cannot install tool %s: %w", name, ErrToolSum)
-	}
 	sum = strings.ToLower(sum)
+	if len(sum) != 64 {
+		return "", fmt.Errorf("local: cannot install tool %s: %w (%q is not a hex SHA-256)", name, ErrToolSum, sum)
+	}
 	p := filepath.Join(b.toolsDir(), name+"-"+sum[:16])
 	b.tools.mu.Lock()
 	defer b.tools.mu.Unlock()
@@ -98,11 +97,19 @@ func (b *Backend) installTool(name string, data []byte, sum string) (string, err
 		b.tools.tools = map[string]*sharedTool{}
 	}
 	t := b.tools.tools[p]
-	if t == nil {
+	switch {
+	case t == nil:
+		// The content is hashed once, at its first install here.
+		got := sha256.Sum256(data)
+		if hex.EncodeToString(got[:]) != sum {
+			return "", fmt.Errorf("local: cannot install tool %s: %w", name, ErrToolSum)
+		}
 		t = &sharedTool{data: data, sum: sum}
 		b.tools.tools[p] = t
-	} else if t.sum != sum {
+	case t.sum != sum:
 		return "", fmt.Errorf("local: cannot install tool %s: %s holds another tool of the same name and sum prefix", name, p)
+	case len(data) != len(t.data):
+		return "", fmt.Errorf("local: cannot install tool %s: %w", name, ErrToolSum)
 	}
 	if err := b.verifyToolLocked(p, t); err != nil {
 		return "", err
