@@ -7,13 +7,15 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
-	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ngharness/ngharness/internal/e2eproc"
-	"github.com/ngharness/ngharness/internal/testkit"
-	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
 // TestOwnerStartSweepsTheCopyOfAKilledOwner: an `ngdriver owner serve`
@@ -21,24 +23,17 @@ import (
 // snapshots a session's sandbox leaves the partial copy
 // base/snapshots/.copy-ck-...; the next owner started on the same base
 // removes it before it serves, and leaves the sandbox and what is not its
-// own alone. The owner's cp is a wrapper that copies and then blocks, so
-// the kill lands between the copy and its rename.
+// own alone. The test holds a write lease on a file of the sandbox, so
+// the copy blocks when it opens that file (the lease's break is signalled
+// to the test: the copy is then in progress) and the kill lands in the
+// middle of the copy.
 func TestOwnerStartSweepsTheCopyOfAKilledOwner(t *testing.T) {
 	dir := t.TempDir()
-	base, logs, wrap := filepath.Join(dir, "base"), filepath.Join(dir, "logs"), filepath.Join(dir, "wrap")
-	for _, d := range []string{base, logs, wrap} {
+	base, logs := filepath.Join(dir, "base"), filepath.Join(dir, "logs")
+	for _, d := range []string{base, logs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-	}
-	realCp, err := exec.LookPath("cp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	marker := filepath.Join(wrap, "copied")
-	script := "#!/bin/sh\n" + sandbox.Quote(realCp) + " \"$@\" || exit $?\n: > " + sandbox.Quote(marker) + "\nexec sleep 3600\n"
-	if err := os.WriteFile(filepath.Join(wrap, "cp"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
 	}
 	var tok [16]byte
 	rand.Read(tok[:])
@@ -46,7 +41,7 @@ func TestOwnerStartSweepsTheCopyOfAKilledOwner(t *testing.T) {
 	args := []string{"owner", "serve", "--listen", "127.0.0.1:0", "--base", base, "--ngsup-dir", binDir, "--log-format", "json"}
 	env := []string{"NG_CONTROL_TOKEN=" + token}
 
-	first := e2eproc.StartProc(t, ngdriverBin, "owner0", logs, append(env, "PATH="+wrap+":"+os.Getenv("PATH")), args...)
+	first := e2eproc.StartProc(t, ngdriverBin, "owner0", logs, env, args...)
 	t.Cleanup(first.KillTree)
 	own := &controller{name: "owner", url: first.URL(t), token: token}
 	seed, err := json.Marshal(map[string]any{"files": map[string]string{"a.txt": "one"}})
@@ -65,6 +60,20 @@ func TestOwnerStartSweepsTheCopyOfAKilledOwner(t *testing.T) {
 	if len(sandboxes) != 1 {
 		t.Fatalf("sandboxes after the seed: %v", sandboxes)
 	}
+	// The lease: its break (the copy opening the file) is signalled here.
+	held, err := unix.Open(filepath.Join(sandboxes[0], "work", "a.txt"), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(held)
+	broken := make(chan os.Signal, 1)
+	signal.Notify(broken, syscall.SIGIO)
+	defer signal.Stop(broken)
+	if _, err := unix.FcntlInt(uintptr(held), unix.F_SETLEASE, unix.F_WRLCK); err != nil {
+		t.Skipf("no write lease on the sandbox's file here: %v", err)
+	}
+	release := func() { unix.FcntlInt(uintptr(held), unix.F_SETLEASE, unix.F_UNLCK) }
+	defer release()
 	id := runTag + "-sweep-ck1"
 	var prep prepared
 	own.must(t, "prepare", plainBody(id), &prep)
@@ -82,17 +91,16 @@ func TestOwnerStartSweepsTheCopyOfAKilledOwner(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	testkit.Eventually(t, "the commit's snapshot copy", func() (bool, string) {
-		if _, err := os.Stat(marker); err == nil {
-			return true, ""
-		}
-		if first.Exited() {
-			t.Fatalf("the owner exited (%v) before the commit's snapshot copy was made; owner stderr:\n%s", first.State, e2eproc.Tail(first.Errs.String(), 3000))
-		}
-		return false, "never made; owner stderr:\n" + e2eproc.Tail(first.Errs.String(), 3000)
-	})
+	select {
+	case <-broken:
+	case <-committing:
+		t.Fatalf("the commit ended without opening the leased file; owner stderr:\n%s", e2eproc.Tail(first.Errs.String(), 3000))
+	case <-time.After(waitLimit):
+		t.Fatalf("the commit's snapshot copy never opened the leased file; owner stderr:\n%s", e2eproc.Tail(first.Errs.String(), 3000))
+	}
 	first.KillTree()
 	<-committing
+	release()
 	left, _ := filepath.Glob(filepath.Join(base, "snapshots", ".copy-ck-*"))
 	if len(left) != 1 {
 		t.Fatalf("the killed owner left %v, want one partial copy", left)

@@ -40,7 +40,10 @@ func FindBinaries(dir, name string) map[string]string {
 
 // Tools uploads static helper binaries into sandboxes: once per sandbox,
 // for the sandbox's architecture, to <root>/bin/<name>-<hash>, skipped when
-// a file of that hash is already there (a fork of a snapshot has it).
+// a file of that hash is already there (a fork of a snapshot has it). A
+// sandbox whose backend shares tools across the host (sandbox.ToolSharer:
+// the local backend) gets the backend's read-only copy instead, and its
+// folder holds none.
 type Tools struct {
 	mu     sync.Mutex
 	images map[string]toolImage // by host path
@@ -65,6 +68,15 @@ func (t *Tools) Ensure(ctx context.Context, sb sandbox.Sandbox, name string, bin
 	img, err := t.image(p)
 	if err != nil {
 		return "", err
+	}
+	if ts, ok := sandbox.AsToolSharer(sb); ok {
+		// One read-only copy per host, not one in every sandbox (which
+		// every snapshot and fork would copy again).
+		dst, err := ts.SharedTool(ctx, name, img.data, img.sum)
+		if err != nil {
+			return "", fmt.Errorf("install %s for %s: %w", name, sb.ID(), err)
+		}
+		return dst, nil
 	}
 	dst := path.Join(sb.Root(), "bin", name+"-"+img.sum[:16])
 	res, err := execRetry(ctx, sb, sandbox.ExecRequest{Argv: []string{"test", "-x", dst}, Timeout: 30 * time.Second, HostPaths: true})

@@ -134,3 +134,34 @@ func AsHostBatcher(sb Sandbox) (HostBatcher, bool) {
 	}
 	return nil, false
 }
+
+// ToolSharer is the optional capability of a sandbox whose backend keeps
+// static helper binaries (ngsup, ngresume) once per host, outside every
+// sandbox's folder, instead of a copy uploaded into each sandbox (which a
+// snapshot and a fork would then copy again, 3.5 MB a sandbox). The shared
+// file is the backend's: no sandbox can write it, and the backend checks
+// it is still the content it installed before a command runs it, so code
+// in one sandbox can neither change the tool another sandbox runs nor the
+// one the host runs for it (HostPaths).
+type ToolSharer interface {
+	// SharedTool installs the tool name whose content is data (sum is the
+	// hex SHA-256 of data) unless the host has it already, and returns its
+	// path as commands of the sandbox name it (HostPaths commands too).
+	SharedTool(ctx context.Context, name string, data []byte, sum string) (string, error)
+}
+
+// AsToolSharer returns sb's ToolSharer, looking through wrappers
+// (Unwrapper); ok is false when sb has none.
+func AsToolSharer(sb Sandbox) (ToolSharer, bool) {
+	for i := 0; sb != nil && i < 16; i++ {
+		if ts, ok := sb.(ToolSharer); ok {
+			return ts, true
+		}
+		u, ok := sb.(Unwrapper)
+		if !ok {
+			return nil, false
+		}
+		sb = u.Unwrap()
+	}
+	return nil, false
+}

@@ -75,9 +75,13 @@ func (s *Sandbox) BatchKey() string { return "local:" + s.b.base }
 
 var _ sandbox.HostBatcher = (*Sandbox)(nil)
 
-// HostPathOf maps a path inside the sandbox to the host path it is at. It
-// is an error if p is not absolute or not below Inside().
+// HostPathOf maps a path inside the sandbox to the host path it is at (a
+// shared tool's path is its host path already). It is an error if p is not
+// absolute or not below Inside() or the tools folder.
 func (s *Sandbox) HostPathOf(p string) (string, error) {
+	if c := filepath.Clean(p); strings.HasPrefix(c, s.b.toolsDir()+"/") && strings.IndexByte(c, 0) < 0 {
+		return c, nil // a shared tool: the same path everywhere (tools.go)
+	}
 	rel, err := s.relInside(p)
 	if err != nil {
 		return "", err
@@ -137,8 +141,9 @@ func (s *Sandbox) env() []string {
 // Exec runs req in the sandbox and waits for it. With namespace isolation
 // the host runs
 //
-//	unshare --mount --propagation private -- /bin/sh -c 'mount --bind HOST MOUNTPOINT ... ; cd DIR && exec env K=V ... ARGV'
+//	unshare --mount --propagation private -- /bin/sh -c 'mount --bind -o ro TOOLS TOOLS; mount --bind HOST MOUNTPOINT ... ; cd DIR && exec env K=V ... ARGV'
 //
+// (TOOLS is the backend's shared tools folder, read-only to the command),
 // every word quoted; without it, /bin/sh -c 'cd DIR && exec ...'. The
 // command gets the backend's base environment plus req.Env, stdin from
 // req.Stdin (or /dev/null), and the sandbox's Workdir when req.Dir is empty
@@ -171,6 +176,13 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if err := s.b.exists(s.id); err != nil {
 		return sandbox.ExecResult{ExitCode: -1}, fmt.Errorf("exec in %s: %w", s.id, err)
 	}
+	// A shared tool the command names (ngsup as its first word, ngresume
+	// as the harness ngsup runs) runs only as the content installed.
+	for _, a := range req.Argv {
+		if err := s.b.checkTool(a); err != nil {
+			return sandbox.ExecResult{ExitCode: -1}, fmt.Errorf("exec in %s: %w", s.id, err)
+		}
+	}
 	timeout := req.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout
@@ -201,8 +213,9 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		}
 		// fd 3 says the bind mount is in place; it is closed before the
 		// command runs, so the command never sees it.
-		script := fmt.Sprintf("%s --bind %s %s || exit %d\nprintf ok >&3; exec 3>&-\n%s",
-			sandbox.Quote(s.b.mount), sandbox.Quote(s.host), sandbox.Quote(s.b.mountPoint), setupFailed, line)
+		// The shared tools are read-only in the namespace (tools.go).
+		script := fmt.Sprintf("%[1]s --bind -o ro %[2]s %[2]s || exit %[5]d\n%[1]s --bind %[3]s %[4]s || exit %[5]d\nprintf ok >&3; exec 3>&-\n%[6]s",
+			sandbox.Quote(s.b.mount), sandbox.Quote(s.b.toolsDir()), sandbox.Quote(s.host), sandbox.Quote(s.b.mountPoint), setupFailed, line)
 		cmd = exec.Command(s.b.unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script)
 		cmd.Dir = "/"
 		r, w, err := os.Pipe()

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -42,11 +41,11 @@ func randomSuffix() string {
 	return hex.EncodeToString(b[:])
 }
 
-// copyTree copies the folder src to dstDir/name with cp -a --reflink=auto,
-// under a temporary name first, then renamed into place (never replacing).
-// The temporary folder is locked (copyTemp) for as long as a process
-// copies into it: this one and cp, which inherits the lock, so a cp that
-// outlives a killed owner still holds it. Sweep removes only unlocked ones.
+// copyTree copies the folder src to dstDir/name (copyFolder: what cp -a
+// --reflink=auto copies, in this process), under a temporary name first,
+// then renamed into place (never replacing). The temporary folder is
+// locked (copyTemp) for as long as this process copies into it, so a
+// copy a killed owner left is unlocked: Sweep removes only unlocked ones.
 func (b *Backend) copyTree(ctx context.Context, src, dstDir, name string) error {
 	if _, err := os.Lstat(filepath.Join(dstDir, name)); err == nil {
 		return fmt.Errorf("%w: %s", ErrExists, filepath.Join(dstDir, name))
@@ -57,51 +56,24 @@ func (b *Backend) copyTree(ctx context.Context, src, dstDir, name string) error 
 	}
 	defer lock.Close()
 	defer removeAll(tmp) // a no-op once renamed
-	cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", "-T", "--", src, tmp)
-	cmd.Env = []string{"PATH=" + b.env["PATH"], "LC_ALL=C"}
-	cmd.ExtraFiles = []*os.File{lock}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
+	if err := copyFolder(ctx, src, tmp); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		// A copy that failed is a file error where it copied to (a full
-		// or read-only disk, mostly), so callers classify it as any other.
-		return &fs.PathError{Op: "copy " + src + " to", Path: filepath.Join(dstDir, name), Err: cpFailed(err, stderr.Bytes())}
+		// or read-only disk, mostly), so callers classify it as any other
+		// (errors.Is finds its errno).
+		return &fs.PathError{Op: "copy " + src + " to", Path: filepath.Join(dstDir, name), Err: err}
+	}
+	if copiedHook != nil {
+		copiedHook(tmp)
 	}
 	return renameNoReplace(tmp, filepath.Join(dstDir, name))
 }
 
-// cpFailure is why cp failed: its exit and the end of what it said, and
-// the errno it named when it is one of a disk's (errors.Is finds it).
-type cpFailure struct {
-	errno unix.Errno
-	text  string
-}
-
-func (e *cpFailure) Error() string { return e.text }
-
-func (e *cpFailure) Unwrap() error {
-	if e.errno == 0 {
-		return nil
-	}
-	return e.errno
-}
-
-// cpFailed reads cp's stderr for the errno of a failing disk (cp prints
-// strerror's text, as "No space left on device").
-func cpFailed(err error, stderr []byte) error {
-	f := &cpFailure{text: fmt.Sprintf("cp: %v: %s", err, tail(stderr, 2048))}
-	said := strings.ToLower(string(stderr))
-	for _, errno := range []unix.Errno{unix.ENOSPC, unix.EDQUOT, unix.EROFS, unix.EIO, unix.EACCES} {
-		if strings.Contains(said, strings.ToLower(errno.Error())) {
-			f.errno = errno
-			break
-		}
-	}
-	return f
-}
+// copiedHook, when set (by a test), runs once a copy is complete and
+// before it is renamed into place.
+var copiedHook func(tmp string)
 
 // removeTree renames dir/name away and deletes it.
 func removeTree(dir, name string) error {

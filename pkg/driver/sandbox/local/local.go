@@ -5,6 +5,7 @@
 //
 //	base/sandboxes/<id>/      a sandbox: work/ (the task's workdir), home/, .ngharness/ (ngharness's own files)
 //	base/snapshots/<id>/      a snapshot: a copy of a sandbox folder
+//	base/tools/<name>-<sum>   a helper binary shared by every sandbox, read-only to them (tools.go)
 //
 // A fork must look the same from inside as the sandbox it was taken from
 // (a saved harness session names absolute paths), so with namespace
@@ -77,6 +78,14 @@ var ErrProcessesLeft = errors.New("processes of the sandbox are still alive")
 // ErrBaseInUse means another owner holds the base folder (Claim).
 var ErrBaseInUse = errors.New("the base folder is in use by another owner")
 
+// ErrToolSum means a shared tool's content does not hash to the sum given
+// with it (SharedTool).
+var ErrToolSum = errors.New("the tool's content does not match its sum")
+
+// ErrToolUnknown means a command names a file of the tools folder that
+// this backend did not install: it is run only once installed here.
+var ErrToolUnknown = errors.New("not a tool this backend installed")
+
 // maxIDLen bounds ids so that the temporary names built from them stay
 // under the file name limit.
 const maxIDLen = 160
@@ -110,10 +119,12 @@ type Backend struct {
 	unshare    string
 	mount      string
 	env        map[string]string // base environment; without HOME, each sandbox's home/ is added
+	tools      toolStore         // the shared tools (tools.go)
 }
 
 // New makes a backend keeping sandboxes under base (base/sandboxes/<id>,
-// base/snapshots/<id>). It creates those folders and, with namespace
+// base/snapshots/<id>, and the shared tools in base/tools). It creates
+// those folders and, with namespace
 // isolation, the mount point on the host (an empty folder that only the
 // commands' namespaces mount over).
 func New(base string, opt Options) (*Backend, error) {
@@ -122,7 +133,7 @@ func New(base string, opt Options) (*Backend, error) {
 	}
 	base = filepath.Clean(base)
 	b := &Backend{base: base}
-	for _, d := range []string{b.sandboxesDir(), b.snapshotsDir()} {
+	for _, d := range []string{b.sandboxesDir(), b.snapshotsDir(), b.toolsDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("local: create %s: %w", d, err)
 		}
@@ -371,8 +382,8 @@ func (b *Backend) open(id, workdir string) *Sandbox {
 	return s
 }
 
-// Snapshot copies a sandbox's folder to the snapshot snapshotID (cp -a
-// --reflink=auto), atomically: the copy is made under a temporary name and
+// Snapshot copies a sandbox's folder to the snapshot snapshotID (what cp -a
+// --reflink=auto copies, in this process: copyFolder), atomically: the copy is made under a temporary name and
 // renamed when complete. An existing snapshot is never replaced
 // (ErrExists); a sandbox that does not exist is ErrGone. The caller keeps
 // the sandbox still while it is copied.

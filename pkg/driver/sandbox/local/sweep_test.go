@@ -12,14 +12,14 @@ import (
 	"time"
 
 	"github.com/ngharness/ngharness/internal/testkit"
-	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
 // sweepHelperEnv makes the test binary, re-run by TestSweepLeavesACopyInProgressAndRemovesOneAKilledProcessLeft,
 // act as an owner that snapshots a sandbox: it makes a backend on
-// $NGH_SWEEP_BASE and snapshots sandbox "sb" as "ck-1". The test puts a
-// cp first on its PATH that copies and then blocks, so the process is
-// killed with its copy made but not yet renamed into place.
+// $NGH_SWEEP_BASE and snapshots sandbox "sb" as "ck-1", and once the copy
+// is made (before it is renamed into place) it creates $NGH_SWEEP_MARKER
+// and blocks, so the process is killed with its copy made but not yet
+// renamed into place.
 const sweepHelperEnv = "NGH_SWEEP_HELPER"
 
 func TestSweepHelperProcess(t *testing.T) {
@@ -30,6 +30,12 @@ func TestSweepHelperProcess(t *testing.T) {
 	if err != nil {
 		os.Exit(3)
 	}
+	copiedHook = func(string) {
+		if err := os.WriteFile(os.Getenv("NGH_SWEEP_MARKER"), nil, 0o644); err != nil {
+			os.Exit(5)
+		}
+		select {}
+	}
 	if err := b.Snapshot(context.Background(), "sb", "ck-1"); err != nil {
 		os.Stderr.WriteString(err.Error() + "\n")
 		os.Exit(4)
@@ -38,9 +44,9 @@ func TestSweepHelperProcess(t *testing.T) {
 }
 
 // TestSweepLeavesACopyInProgressAndRemovesOneAKilledProcessLeft: an owner
-// process killed with SIGKILL (with its cp) in the middle of a snapshot
-// leaves base/snapshots/.copy-ck-1-<suffix>. While the copy is in progress
-// a Sweep leaves it alone (its folder is locked by the cp copying into
+// process killed with SIGKILL in the middle of a snapshot leaves
+// base/snapshots/.copy-ck-1-<suffix>. While the copy is in progress a
+// Sweep leaves it alone (its folder is locked by the process copying into
 // it); once the process group is gone the next Sweep removes it, and a
 // folder a killed removal left, but nothing else: not a finished
 // snapshot, not a name of another shape, not a file, not a sandbox.
@@ -82,24 +88,13 @@ func TestSweepLeavesACopyInProgressAndRemovesOneAKilledProcessLeft(t *testing.T)
 		t.Fatal(err)
 	}
 
-	realCp, err := exec.LookPath("cp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	wrap := t.TempDir()
-	marker := filepath.Join(wrap, "copied")
-	// The backend runs cp with a bare environment: the paths are written in.
-	script := "#!/bin/sh\n" + sandbox.Quote(realCp) + " \"$@\" || exit $?\n: > " + sandbox.Quote(marker) + "\nexec sleep 3600\n"
-	if err := os.WriteFile(filepath.Join(wrap, "cp"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	marker := filepath.Join(t.TempDir(), "copied")
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(self, "-test.run", "^TestSweepHelperProcess$")
-	cmd.Env = append(os.Environ(), sweepHelperEnv+"=1", "NGH_SWEEP_BASE="+base,
-		"PATH="+wrap+":"+os.Getenv("PATH"))
+	cmd.Env = append(os.Environ(), sweepHelperEnv+"=1", "NGH_SWEEP_BASE="+base, "NGH_SWEEP_MARKER="+marker)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -109,8 +104,7 @@ func TestSweepLeavesACopyInProgressAndRemovesOneAKilledProcessLeft(t *testing.T)
 	done := make(chan struct{})
 	var waitErr error
 	go func() { waitErr = cmd.Wait(); close(done) }()
-	// killGroup ends the helper's process group (the helper, the wrapper's
-	// sleep) and waits until every one of them is gone.
+	// killGroup ends the helper's process group and waits until every one of them is gone.
 	killGroup := func() {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-done
