@@ -156,17 +156,17 @@ func printBreakdowns(bs []breakdown) {
 		cmds = append(cmds, float64(len(b.commands)))
 		conc = append(conc, float64(b.concurrent))
 	}
-	row := func(name, unit string, xs []float64, scale float64) {
+	row := func(name, format string, xs []float64) {
 		m, x := medMax(xs)
-		fmt.Printf("| %s (median over checkpoints; largest) | %.3g %s; %.3g %s |\n", name, m*scale, unit, x*scale, unit)
+		fmt.Printf("| %s (median over checkpoints; largest) | "+format+"; "+format+" |\n", name, m, x)
 	}
-	row("driver's prepare handler", "s", handler, 1)
-	row("runs at their pause command, median", "s", arrMed, 1)
-	row("runs at their pause command, last", "s", arrMax, 1)
-	row("batched pause commands", "", cmds, 1)
-	row("batched pause commands at once, most", "", conc, 1)
-	row("pause command, median", "s", cmdMed, 1)
-	row("pause command, longest", "s", cmdMax, 1)
-	row("one launch's pause in ngsup, median", "ms", perMed, 1)
-	row("one launch's pause in ngsup, longest", "ms", perMax, 1)
+	row("driver's prepare handler", "%.3f s", handler)
+	row("runs at their pause command, median", "%.3f s", arrMed)
+	row("runs at their pause command, last", "%.3f s", arrMax)
+	row("batched pause commands", "%.0f", cmds)
+	row("batched pause commands at once, most", "%.0f", conc)
+	row("pause command, median", "%.3f s", cmdMed)
+	row("pause command, longest", "%.3f s", cmdMax)
+	row("one launch's pause in ngsup, median", "%.1f ms", perMed)
+	row("one launch's pause in ngsup, longest", "%.1f ms", perMax)
 }

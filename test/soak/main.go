@@ -664,7 +664,11 @@ func report(c config, results []result, prepares []float64, breakdowns []breakdo
 		mx = prepares[n-1]
 	}
 	failed := metric(metrics, "ngdriver_failed_pauses_total")
-	fmt.Printf("\n## Soak: %d rollouts, a checkpoint every %s for %s, crash and restore at %s (isolation %s)\n\n", c.rollouts, c.every, c.duration, c.crashAt, c.isolation)
+	crash := "crash and restore at " + c.crashAt.String()
+	if c.crashAt == 0 {
+		crash = "no crash"
+	}
+	fmt.Printf("\n## Soak: %d rollouts, a checkpoint every %s for %s, %s (isolation %s)\n\n", c.rollouts, c.every, c.duration, crash, c.isolation)
 	fmt.Printf("| figure | value |\n|---|---|\n")
 	fmt.Printf("| checkpoints | %d |\n", len(prepares))
 	fmt.Printf("| prepare, median | %.3f s |\n", med)
