@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -23,6 +24,12 @@ type breakdown struct {
 	launches   []int     // per batched pause command: launches in it
 	concurrent int       // most batched pause commands running at one moment
 	perLaunch  []float64 // per launch: ngsup's elapsed_ms for it, in ms
+	load       string    // the 1-minute load average when the prepare answered
+	// continuing counts the runs whose continue from the checkpoint before
+	// returned only after this prepare began: they had to finish it before
+	// they could pause again (a checkpoint that follows its predecessor's
+	// resume at once).
+	continuing int
 }
 
 // logLine is the part of a driver log line the breakdown reads.
@@ -40,6 +47,11 @@ type logLine struct {
 // [begin, end] (end: when the prepare answered).
 func readBreakdown(path string, begin, end time.Time) (breakdown, error) {
 	var b breakdown
+	if data, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(data)); len(f) > 0 {
+			b.load = f[0]
+		}
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return b, err
@@ -64,6 +76,8 @@ func readBreakdown(path string, begin, end time.Time) (breakdown, error) {
 			spans = append(spans, span{l.Time.Add(-took), l.Time})
 			b.commands = append(b.commands, took.Seconds())
 			b.launches = append(b.launches, l.Launches)
+		case l.Msg == "continued":
+			b.continuing++
 		case l.Msg == "paused":
 			if l.ElapsedMS != nil {
 				b.perLaunch = append(b.perLaunch, *l.ElapsedMS)
@@ -134,8 +148,8 @@ func (b breakdown) String() string {
 	for _, n := range b.launches {
 		most = max(most, n)
 	}
-	return fmt.Sprintf("handler %.3fs; arrival at the pause median %.3fs max %.3fs (%d); %d pause commands (up to %d launches, %d at once) median %.3fs max %.3fs; per launch median %.1fms max %.1fms",
-		b.handler, am, ax, len(b.arrivals), len(b.commands), most, b.concurrent, cm, cx, pm, px)
+	return fmt.Sprintf("load %s; handler %.3fs; %d runs still continuing; arrival at the pause median %.3fs max %.3fs (%d); %d pause commands (up to %d launches, %d at once) median %.3fs max %.3fs; per launch median %.1fms max %.1fms",
+		b.load, b.handler, b.continuing, am, ax, len(b.arrivals), len(b.commands), most, b.concurrent, cm, cx, pm, px)
 }
 
 // printBreakdowns adds the table rows of the prepares' breakdowns: for
@@ -144,9 +158,10 @@ func printBreakdowns(bs []breakdown) {
 	if len(bs) == 0 {
 		return
 	}
-	var handler, arrMed, arrMax, cmdMed, cmdMax, perMed, perMax, cmds, conc []float64
+	var handler, cont, arrMed, arrMax, cmdMed, cmdMax, perMed, perMax, cmds, conc []float64
 	for _, b := range bs {
 		handler = append(handler, b.handler)
+		cont = append(cont, float64(b.continuing))
 		m, x := medMax(b.arrivals)
 		arrMed, arrMax = append(arrMed, m), append(arrMax, x)
 		m, x = medMax(b.commands)
@@ -161,6 +176,7 @@ func printBreakdowns(bs []breakdown) {
 		fmt.Printf("| %s (median over checkpoints; largest) | "+format+"; "+format+" |\n", name, m, x)
 	}
 	row("driver's prepare handler", "%.3f s", handler)
+	row("runs still continuing from the checkpoint before", "%.0f", cont)
 	row("runs at their pause command, median", "%.3f s", arrMed)
 	row("runs at their pause command, last", "%.3f s", arrMax)
 	row("batched pause commands", "%.0f", cmds)
