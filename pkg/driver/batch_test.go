@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -240,6 +241,78 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 	}
 	if slices.ContainsFunc(e.Backend.Verbs("run"), func(x drivertest.Exec) bool { return x.ExitCode != 0 }) {
 		t.Errorf("a launch failed to start")
+	}
+	e.CheckNoProcs("after verify")
+}
+
+// TestBatchedPauseCommandsBounded proves that the batched pause commands
+// of one host never run more at once than Ngsup.BatchConcurrency, and that
+// the launches that wait for a slot are still each paused exactly once and
+// continue in place. Eight runs park at one checkpoint with batches of at
+// most two launches and two slots: four full batches form at once. Every
+// pause command is held (before it runs) until a third is running, which
+// only a driver without the bound lets happen, or a second has passed;
+// the most seen running at once must be two.
+func TestBatchedPauseCommandsBounded(t *testing.T) {
+	t.Parallel()
+	const n, perBatch, slots = 8, 2, 2
+	e := batchEnv(t)
+	e.Ngsup.BatchMax = perBatch
+	e.Ngsup.BatchConcurrency = slots
+	p := newParticipant()
+	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+	runs := startBatchedRuns(t, e, rn, "bound", n)
+
+	var running, most atomic.Int32
+	over := make(chan struct{})
+	var overOnce sync.Once
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		if len(req.Argv) < 2 || !drivertest.IsNgsup(req.Argv[0]) || req.Argv[1] != "pause" {
+			return next(ctx, req)
+		}
+		now := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		if now > slots {
+			overOnce.Do(func() { close(over) })
+		}
+		// Held so that commands the driver lets run together overlap;
+		// the wait is no assertion (a driver that keeps the bound only
+		// runs slower here).
+		select {
+		case <-over:
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+		}
+		return next(ctx, req)
+	})
+
+	res := prepare(t, p, "ckpt-1")
+	if m := most.Load(); m > slots {
+		t.Errorf("%d pause commands ran at once, want at most %d (BatchConcurrency)", m, slots)
+	}
+	for _, r := range runs {
+		if _, bm := bookmarkOf(t, res.Records, r.Rollout); bm.Paused == nil || bm.Paused.ID != r.launch {
+			t.Errorf("%s: want its launch exported paused, got %+v", r.Rollout, bm.Paused)
+		}
+		checkStates(t, r.Rollout+": while parked", r.Procs, "Tt")
+	}
+	counts := launchCounts(e.Backend.Verbs("pause"))
+	for _, r := range runs {
+		if counts[r.launch] != 1 {
+			t.Errorf("launch %s was named by %d pause commands, want 1", r.launch, counts[r.launch])
+		}
+	}
+	resume(t, p, "ckpt-1")
+	for _, r := range runs {
+		res := r.MustSucceed(t)
+		if len(res.Launches) != 1 {
+			t.Errorf("%s: want one launch, got %+v", r.Rollout, res.Launches)
+			continue
+		}
+		checkLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
+		drivertest.CheckStepsOnce(t, r.Session, pauseSteps)
 	}
 	e.CheckNoProcs("after verify")
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -650,4 +651,62 @@ func TestSupervisorCannotStartFallsBackToTagged(t *testing.T) {
 			t.Errorf("%v: the fallback launch is paused by its tag (--id)", x.Argv)
 		}
 	}
+}
+
+// TestPauseDoesNotWaitForTheCancelledWait proves that a run asked to park
+// starts its pause without waiting for the `ngsup wait` it cancelled to
+// return (at a checkpoint of hundreds of runs, killing and reaping the
+// waits took a median 0.8 s before the first pause). The cancelled wait's
+// exec is held, as a slow reap would hold it, until the launch's pause
+// command has started (or 20 s, after which the test fails): the pause must
+// start while it is held, and the launch is still paused, exported, and
+// continued in place to a verified end, every step once.
+func TestPauseDoesNotWaitForTheCancelledWait(t *testing.T) {
+	t.Parallel()
+	e := drivertest.New(t)
+	p := newParticipant()
+	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
+	ro := e.Rollout("pause-first")
+	pauseStarted := make(chan struct{})
+	var pauseOnce sync.Once
+	var heldWaits, waitFirst atomic.Int32
+	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
+		if len(req.Argv) < 2 || !drivertest.IsNgsup(req.Argv[0]) {
+			return next(ctx, req)
+		}
+		switch req.Argv[1] {
+		case "pause":
+			pauseOnce.Do(func() { close(pauseStarted) })
+		case "wait":
+			res, err := next(ctx, req)
+			if ctx.Err() != nil && heldWaits.Add(1) == 1 {
+				select {
+				case <-pauseStarted:
+				case <-time.After(20 * time.Second):
+					waitFirst.Store(1)
+				}
+			}
+			return res, err
+		}
+		return next(ctx, req)
+	})
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
+
+	res := prepare(t, p, "ckpt-1")
+	if waitFirst.Load() != 0 {
+		t.Errorf("the pause started only after the cancelled ngsup wait had returned")
+	}
+	if _, bm := bookmarkOf(t, res.Records, ro); bm.Paused == nil {
+		t.Errorf("want the launch exported paused")
+	}
+	checkStates(t, "while parked", run.Procs, "Tt")
+	resume(t, p, "ckpt-1")
+	r := run.MustSucceed(t)
+	if len(r.Launches) != 1 {
+		t.Fatalf("want one launch, got %+v", r.Launches)
+	}
+	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	checkVerified(t, e, ro, r)
+	drivertest.CheckStepsOnce(t, run.Session, pauseSteps)
+	e.CheckNoProcs("after verify", run.SandboxID)
 }

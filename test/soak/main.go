@@ -339,8 +339,10 @@ backends:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return err
 	}
+	driverLog := func(n int) string { return filepath.Join(c.work, fmt.Sprintf("driver-%d.log", n)) }
+	driverN := 1
 	startDriver := func(n int) (*proc, error) {
-		return start(filepath.Join(bin, "ngdriver"), filepath.Join(c.work, fmt.Sprintf("driver-%d.log", n)), env, "serve", "--config", cfgPath)
+		return start(filepath.Join(bin, "ngdriver"), driverLog(n), env, "serve", "--config", cfgPath)
 	}
 	driver, err := startDriver(1)
 	if err != nil {
@@ -419,6 +421,7 @@ backends:
 
 	// Checkpoints.
 	var prepares []float64
+	var breakdowns []breakdown
 	var notParked []string
 	crashed := c.crashAt == 0
 	ckptDir := filepath.Join(c.work, "checkpoints")
@@ -443,6 +446,13 @@ backends:
 			return err
 		}
 		prepares = append(prepares, took.Seconds())
+		bd, berr := readBreakdown(driverLog(driverN), t0, t0.Add(took))
+		if berr != nil {
+			fmt.Fprintf(os.Stderr, "soak: %s: cannot read the driver's log for the breakdown: %v\n", id, berr)
+		} else {
+			breakdowns = append(breakdowns, bd)
+			fmt.Fprintf(os.Stderr, "soak: %s: %s\n", id, bd)
+		}
 		if prep.Phase != "prepared" {
 			notParked = append(notParked, prep.Report.Blockers...)
 			if err := ctl.call(d.url, "resume", map[string]any{"checkpoint_id": id}, nil); err != nil {
@@ -502,7 +512,8 @@ backends:
 			driverPeak, driverCPU = max(driverPeak, peak), driverCPU+cpu
 			fmt.Fprintf(os.Stderr, "soak: crash: SIGKILL the driver (pid %d) at %.1fs\n", d.cmd.Process.Pid, time.Since(begin).Seconds())
 			d.kill()
-			nd, err := startDriver(2)
+			driverN = 2
+			nd, err := startDriver(driverN)
 			if err != nil {
 				return err
 			}
@@ -535,7 +546,9 @@ backends:
 			close(restored)
 		}
 	}
-	if !crashed {
+	if !crashed || c.crashAt == 0 {
+		// No restore is coming: runs the driver failed post their next
+		// attempt now.
 		close(restored)
 	}
 	fmt.Fprintf(os.Stderr, "soak: the owner exported %d sessions over the commits\n", ownerRecords)
@@ -555,7 +568,7 @@ backends:
 	peak, cpu := usage(d.cmd.Process.Pid)
 	driverPeak, driverCPU = max(driverPeak, peak), driverCPU+cpu
 	wall := time.Since(begin)
-	report(c, results, prepares, notParked, metrics, driverPeak, driverCPU, wall, base)
+	report(c, results, prepares, breakdowns, notParked, metrics, driverPeak, driverCPU, wall, base)
 	return nil
 }
 
@@ -592,7 +605,7 @@ func metric(metrics []byte, name string) map[string]float64 {
 	return out
 }
 
-func report(c config, results []result, prepares []float64, notParked []string, metrics []byte, peakMB, cpuS float64, wall time.Duration, base string) {
+func report(c config, results []result, prepares []float64, breakdowns []breakdown, notParked []string, metrics []byte, peakMB, cpuS float64, wall time.Duration, base string) {
 	lost, pauses, relaunched, resumed, failedRuns := 0, 0, 0, 0, 0
 	var errs, failures []string
 	for i, r := range results {
@@ -648,11 +661,16 @@ func report(c config, results []result, prepares []float64, notParked []string, 
 		mx = prepares[n-1]
 	}
 	failed := metric(metrics, "ngdriver_failed_pauses_total")
-	fmt.Printf("\n## Soak: %d rollouts, a checkpoint every %s for %s, crash and restore at %s (isolation %s)\n\n", c.rollouts, c.every, c.duration, c.crashAt, c.isolation)
+	crash := "crash and restore at " + c.crashAt.String()
+	if c.crashAt == 0 {
+		crash = "no crash"
+	}
+	fmt.Printf("\n## Soak: %d rollouts, a checkpoint every %s for %s, %s (isolation %s)\n\n", c.rollouts, c.every, c.duration, crash, c.isolation)
 	fmt.Printf("| figure | value |\n|---|---|\n")
 	fmt.Printf("| checkpoints | %d |\n", len(prepares))
 	fmt.Printf("| prepare, median | %.3f s |\n", med)
 	fmt.Printf("| prepare, max | %.3f s |\n", mx)
+	printBreakdowns(breakdowns)
 	fmt.Printf("| runs not parked by a deadline | %d |\n", len(notParked))
 	fmt.Printf("| pauses (counted in the results) | %d |\n", pauses)
 	if len(failed) == 0 {

@@ -35,6 +35,10 @@ type Ngsup struct {
 	// BatchMax bounds the launches of one batched command (0:
 	// DefaultBatchMax).
 	BatchMax int
+	// BatchConcurrency bounds the batched commands of one verb that run at
+	// once on one host (0: DefaultBatchConcurrency). A launch whose
+	// command runs alone takes a slot too.
+	BatchConcurrency int
 
 	mu       sync.Mutex
 	tools    *Tools
@@ -179,7 +183,11 @@ func (c control) Continue(ctx context.Context, sb sandbox.Sandbox, ref Ref) (pro
 	if err != nil {
 		return proto.ContinueResult{}, err
 	}
-	if a, ok := c.batched(ctx, "continue", sb, bin, ref); ok && (a.err != nil || a.line != nil) {
+	a, ok := c.batched(ctx, "continue", sb, bin, ref)
+	if a.release != nil {
+		defer a.release()
+	}
+	if ok && (a.err != nil || a.line != nil) {
 		var r proto.ContinueLine
 		if a.err != nil {
 			return r.ContinueResult, a.err

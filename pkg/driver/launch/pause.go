@@ -71,7 +71,11 @@ func (c control) Pause(ctx context.Context, sb sandbox.Sandbox, ref Ref, rollout
 		out.Code, out.Err = -1, err
 		return pauseFailed(out, begin)
 	}
-	if a, ok := c.batched(ctx, "pause", sb, bin, ref); ok {
+	a, ok := c.batched(ctx, "pause", sb, bin, ref)
+	if a.release != nil {
+		defer a.release()
+	}
+	if ok {
 		out.Attempts++
 		var r proto.PauseLine
 		if a.line != nil {
