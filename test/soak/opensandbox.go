@@ -1,0 +1,3 @@
+package main
+
+func runOpenSandbox(c config) error { return nil }
