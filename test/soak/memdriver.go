@@ -38,11 +38,11 @@ type debugStats struct {
 	CPUS float64 `json:"cpu_s"`
 	// HeapInuse and HeapAlloc are runtime.MemStats' (after a GC when
 	// asked with ?gc=1); Sys is what the runtime holds from the system.
-	HeapInuse  uint64          `json:"heap_inuse"`
-	HeapAlloc  uint64          `json:"heap_alloc"`
-	StackInuse uint64          `json:"stack_inuse"`
-	Sys        uint64          `json:"sys"`
-	Goroutines int             `json:"goroutines"`
+	HeapInuse  uint64           `json:"heap_inuse"`
+	HeapAlloc  uint64           `json:"heap_alloc"`
+	StackInuse uint64           `json:"stack_inuse"`
+	Sys        uint64           `json:"sys"`
+	Goroutines int              `json:"goroutines"`
 	Memory     memsandbox.Stats `json:"memory"`
 }
 

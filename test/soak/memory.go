@@ -182,7 +182,7 @@ func postRuns(ctl *controller, url string, n int, body func(i int) map[string]an
 // checkpointFigures is one checkpoint as the soak timed it.
 type checkpointFigures struct {
 	prepare, commit, ownerCommit, window float64 // seconds
-	cpu                                      float64 // the driver's CPU seconds over the window
+	cpu                                  float64 // the driver's CPU seconds over the window
 }
 
 // checkpoint runs one checkpoint of the driver and the owner as Gym's
