@@ -53,11 +53,15 @@ import (
 // memory backend's driver.
 const memDriverRole = "memdriver"
 
+// rampWave is how many rollouts the memory soak posts at once (-ramp).
+var rampWave int
+
 // backendFlag selects the soak: local (the default: real processes in
 // local sandboxes, the crash), memory or opensandbox.
 var backendFlag string
 
 func init() {
+	flag.IntVar(&rampWave, "ramp", 1000, "-backend memory: rollouts posted at once, each wave launched before the next")
 	flag.StringVar(&backendFlag, "backend", "local", "local (real processes, a crash and restore), memory (the driver's own cost: exec answered from memory) or opensandbox (the fake OpenSandbox of test/fakeexecd at the real server's timing)")
 }
 
@@ -132,13 +136,12 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// postRuns posts every rollout (attempt 0) to the driver and counts how
-// they end; a run posted while a checkpoint holds admission closed is
-// posted again, as Gym's collector does. body makes rollout i's body.
-func postRuns(ctl *controller, url string, n int, body func(i int) map[string]any, finished *atomic.Int64) ([]result, *sync.WaitGroup) {
-	results := make([]result, n)
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
+// postRuns posts rollouts from to to (attempt 0) to the driver and
+// records how they end in results; a run posted while a checkpoint holds
+// admission closed is posted again, as Gym's collector does. body makes
+// rollout i's body.
+func postRuns(ctl *controller, url string, from, to int, body func(i int) map[string]any, results []result, wg *sync.WaitGroup, finished *atomic.Int64) {
+	for i := from; i < to; i++ {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
@@ -176,7 +179,6 @@ func postRuns(ctl *controller, url string, n int, body func(i int) map[string]an
 			}
 		}(i)
 	}
-	return results, &wg
 }
 
 // checkpointFigures is one checkpoint as the soak timed it.
@@ -277,6 +279,7 @@ func runMemory(c config) error {
 	}
 	defer d.kill()
 	pid := d.cmd.Process.Pid
+	fmt.Fprintf(os.Stderr, "soak: the driver (pid %d) serves at %s (pprof under /debug/pprof/, its figures at /debug/stats)\n", pid, d.url)
 	stats := func(gc bool) (debugStats, error) {
 		u := d.url + "/debug/stats"
 		if gc {
@@ -304,24 +307,32 @@ func runMemory(c config) error {
 
 	var finished atomic.Int64
 	begin := time.Now()
-	results, wg := postRuns(ctl, d.url, c.rollouts, func(i int) map[string]any {
+	results := make([]result, c.rollouts)
+	var wg sync.WaitGroup
+	body := func(i int) map[string]any {
 		id := fmt.Sprintf("soak-%05d", i)
 		return map[string]any{"_ng_rollout_id": id, "task": "soak " + id, "check": "true",
 			"fake": map[string]any{"steps": steps, "step_s": c.stepS}}
-	}, &finished)
-	// Every run launched.
+	}
+	// Posted in waves of -ramp, each launched before the next is posted:
+	// a wave's calls to the owner each hold a connection at both ends,
+	// and the soak cannot raise the open-file limit past its hard one.
 	var st debugStats
-	for {
-		if st, err = stats(false); err != nil {
-			return err
+	for from := 0; from < c.rollouts; from += rampWave {
+		to := min(from+rampWave, c.rollouts)
+		postRuns(ctl, d.url, from, to, body, results, &wg, &finished)
+		for {
+			if st, err = stats(false); err != nil {
+				return err
+			}
+			if st.Memory.Running+st.Memory.Paused >= to {
+				break
+			}
+			if time.Since(begin) > 20*time.Minute || finished.Load() > 0 {
+				return fmt.Errorf("after %s, %d of %d launches run (%d runs finished): see %s", time.Since(begin).Round(time.Second), st.Memory.Running, to, finished.Load(), d.logf.Name())
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		if st.Memory.Running+st.Memory.Paused >= c.rollouts {
-			break
-		}
-		if time.Since(begin) > 20*time.Minute || finished.Load() > 0 {
-			return fmt.Errorf("after %s, %d of %d launches run (%d runs finished): see %s", time.Since(begin).Round(time.Second), st.Memory.Running, c.rollouts, finished.Load(), d.logf.Name())
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 	ramp := time.Since(begin)
 	cpuRamp := st.CPUS - idle.CPUS
