@@ -217,6 +217,36 @@ func (s *Service) RemoveSnapshot(ctx context.Context, id string) error {
 	return nil
 }
 
+// FinishAll makes every running or paused launch of the fake harness
+// finish now, with the steps it has done, as if its last step had just
+// been taken (exit code 0): a benchmark ends its rollouts this way once it
+// has measured them. It returns how many it finished.
+func (s *Service) FinishAll() int {
+	s.mu.Lock()
+	boxes := make([]*Sandbox, 0, len(s.boxes))
+	for _, b := range s.boxes {
+		boxes = append(boxes, b)
+	}
+	s.mu.Unlock()
+	n := 0
+	now := time.Now()
+	for _, b := range boxes {
+		b.mu.Lock()
+		for _, l := range b.launches {
+			l.advance(now)
+			if l.ended || l.copied || !l.fake {
+				continue
+			}
+			l.steps = max(l.done, l.firstStep)
+			l.done = l.steps
+			l.end(now, 0)
+			n++
+		}
+		b.mu.Unlock()
+	}
+	return n
+}
+
 // Stats returns the service's counts now.
 func (s *Service) Stats() Stats {
 	s.mu.Lock()

@@ -206,3 +206,25 @@ func TestPauseSeveralDirsAndStop(t *testing.T) {
 		t.Fatalf("commands not understood: %+v", st)
 	}
 }
+
+// TestFinishAll: every running or paused launch finishes at once, with
+// the steps it had done, and its wait says so.
+func TestFinishAll(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	a := w.start(t, "r-a", 1000, 100)
+	b := w.start(t, "r-b", 1000, 100)
+	l := w.ng.Launcher(true)
+	if out := l.Pause(ctx, w.sb, b, "r-b"); !out.Paused() {
+		t.Fatalf("pause: %+v", out)
+	}
+	if n := w.svc.FinishAll(); n != 2 {
+		t.Fatalf("FinishAll finished %d launches, want 2", n)
+	}
+	for _, ref := range []launch.Ref{a, b} {
+		r, ended, err := l.Wait(ctx, w.sb, ref, time.Minute)
+		if err != nil || !ended || r.ExitCode != 0 {
+			t.Fatalf("wait for %s: %+v %v %v", ref.ID, r, ended, err)
+		}
+	}
+}

@@ -8,7 +8,8 @@ package main
 // the soak (-role memdriver), in a process of its own, so its CPU and
 // memory are its own. Beside ngdriver's routes it serves /debug/ on the
 // same loopback listener: pprof, its memory (after a GC) and CPU time
-// (getrusage), and the memory backend's counts.
+// (getrusage), the memory backend's counts, and POST /debug/finish, which
+// makes every launch finish now (memsandbox.Service.FinishAll).
 
 import (
 	"encoding/json"
@@ -107,6 +108,9 @@ func serveMemDriver(args []string) error {
 		st.Memory = mem.Stats()
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(st)
+	})
+	mux.HandleFunc("POST /debug/finish", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%d\n", mem.FinishAll())
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

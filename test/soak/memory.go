@@ -294,7 +294,9 @@ func runMemory(c config) error {
 		return st, json.NewDecoder(resp.Body).Decode(&st)
 	}
 	ctl := &controller{token: token, client: &http.Client{Timeout: 0}}
-	steps := int((c.duration + c.every + 60*time.Second).Seconds() / c.stepS)
+	// Runs long enough to outlast any ramp and every checkpoint; once
+	// measured, the soak makes them finish (POST /debug/finish).
+	steps := int(24 * time.Hour.Seconds() / c.stepS)
 	fmt.Fprintf(os.Stderr, "soak: memory backend: %d rollouts of %d steps of %.1fs, a checkpoint every %s for %s; open files %d; load %s; work in %s\n",
 		c.rollouts, steps, c.stepS, c.every, c.duration, nofile, loadAvg(), c.work)
 
@@ -381,11 +383,14 @@ func runMemory(c config) error {
 		time.Sleep(time.Until(t.Add(c.every)))
 	}
 	peak, _ := usage(pid)
+	if resp, err := http.Post(d.url+"/debug/finish", "", nil); err == nil {
+		resp.Body.Close()
+	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(c.duration + 10*time.Minute):
+	case <-time.After(10 * time.Minute):
 		fmt.Fprintln(os.Stderr, "soak: runs still in flight at the deadline")
 	}
 	end, _ := stats(false)
