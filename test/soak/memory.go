@@ -139,12 +139,13 @@ func median(xs []float64) float64 {
 // postRuns posts rollouts from to to (attempt 0) to the driver and
 // records how they end in results; a run posted while a checkpoint holds
 // admission closed is posted again, as Gym's collector does. body makes
-// rollout i's body.
-func postRuns(ctl *controller, url string, from, to int, body func(i int) map[string]any, results []result, wg *sync.WaitGroup, finished *atomic.Int64) {
+// rollout i's body. ended counts the runs whose request came back.
+func postRuns(ctl *controller, url string, from, to int, body func(i int) map[string]any, results []result, wg *sync.WaitGroup, ended *atomic.Int64) {
 	for i := from; i < to; i++ {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
+			defer ended.Add(1)
 			b := body(i)
 			id := b["_ng_rollout_id"].(string)
 			b["_ng_attempt_index"] = 0
@@ -174,7 +175,6 @@ func postRuns(ctl *controller, url string, from, to int, body func(i int) map[st
 				if !results[i].ok {
 					results[i].err = fmt.Sprintf("reward %v: %.300s", r.Reward, out)
 				}
-				finished.Add(1)
 				return
 			}
 		}(i)

@@ -23,11 +23,13 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
@@ -75,10 +77,33 @@ func runOpenSandbox(c config) error {
 	if err != nil {
 		return err
 	}
-	defer func() {
+	// Everything started below ends on the way out, and also at SIGINT
+	// or SIGTERM: the launches run in the fake server's sandboxes, which
+	// only its Close ends.
+	var cleanups []func()
+	var once sync.Once
+	cleanup := func() {
+		once.Do(func() {
+			for i := len(cleanups) - 1; i >= 0; i-- {
+				cleanups[i]()
+			}
+		})
+	}
+	defer cleanup()
+	cleanups = append(cleanups, func() {
 		srv.Close()
 		if !c.keep {
 			os.RemoveAll(base)
+		}
+	})
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		if _, ok := <-sigs; ok {
+			fmt.Fprintln(os.Stderr, "soak: interrupted; ending what it started")
+			cleanup()
+			os.Exit(1)
 		}
 	}()
 	token := "soak-" + strconv.Itoa(os.Getpid())
@@ -102,13 +127,13 @@ func runOpenSandbox(c config) error {
 	if err != nil {
 		return err
 	}
-	defer own.kill()
+	cleanups = append(cleanups, own.kill)
 	driverLog := filepath.Join(c.work, "driver.log")
 	d, err := start(ngdriver, driverLog, env, "serve", "--config", cfgPath, "--owner", own.url)
 	if err != nil {
 		return err
 	}
-	defer d.kill()
+	cleanups = append(cleanups, d.kill)
 	pid := d.cmd.Process.Pid
 	ctl := &controller{token: token, client: &http.Client{Timeout: 0}}
 	// The runs outlast the ramp and the checkpoints; the soak does not wait
@@ -117,7 +142,9 @@ func runOpenSandbox(c config) error {
 	fmt.Fprintf(os.Stderr, "soak: opensandbox backend (fake, snapshot capacity %d): %d rollouts of %.1fs steps, a checkpoint every %s for %s; open files %d; load %s; work in %s\n",
 		osbCapacity, c.rollouts, c.stepS, c.every, c.duration, nofile, loadAvg(), c.work)
 
-	var finished atomic.Int64
+	// gone counts the runs whose request came back: none should before
+	// the soak ends, so each is a run that failed.
+	var gone atomic.Int64
 	results := make([]result, c.rollouts)
 	var wg sync.WaitGroup
 	body := func(i int) map[string]any {
@@ -130,14 +157,16 @@ func runOpenSandbox(c config) error {
 	begin := time.Now()
 	for from := 0; from < c.rollouts; from += rampWave {
 		to := min(from+rampWave, c.rollouts)
-		postRuns(ctl, d.url, from, to, body, results, &wg, &finished)
-		for launchedIn(driverLog) < to {
+		postRuns(ctl, d.url, from, to, body, results, &wg, &gone)
+		// A run that failed (its seed ran out of time under load, say)
+		// counts as done: it will not launch.
+		for launchedIn(driverLog)+int(gone.Load()) < to {
 			if time.Since(begin) > 60*time.Minute {
 				return fmt.Errorf("after %s, %d of %d launched: see %s", time.Since(begin).Round(time.Second), launchedIn(driverLog), to, driverLog)
 			}
 			time.Sleep(time.Second)
 		}
-		fmt.Fprintf(os.Stderr, "soak: %d launched at %.0fs, load %s\n", to, time.Since(begin).Seconds(), loadAvg())
+		fmt.Fprintf(os.Stderr, "soak: %d launched, %d failed at %.0fs, load %s\n", launchedIn(driverLog), gone.Load(), time.Since(begin).Seconds(), loadAvg())
 	}
 	ramp := time.Since(begin)
 	_, cpuRamp := usage(pid)
@@ -188,6 +217,12 @@ func runOpenSandbox(c config) error {
 	fmt.Printf("| driver CPU a checkpoint, median | %.2f s: %.3f ms a rollout |\n", median(col(func(f checkpointFigures) float64 { return f.cpu })), 1000*median(col(func(f checkpointFigures) float64 { return f.cpu }))/n)
 	fmt.Printf("| driver peak memory (VmHWM) | %.0f MB: %.1f KB a rollout |\n", peak, peak*1024/n)
 	fmt.Printf("| driver CPU, whole run | %.1f s over %.0f s |\n", cpu, time.Since(begin).Seconds())
-	fmt.Printf("| runs that failed or ended early | %d (finished %d) |\n", failedRuns, finished.Load())
+	fmt.Printf("| runs that failed or ended early | %d |\n", failedRuns)
+	for i, r := range results {
+		if r.err != "" {
+			fmt.Printf("\nfailed: soak-%05d: %.300s\n", i, r.err)
+			break
+		}
+	}
 	return nil
 }
