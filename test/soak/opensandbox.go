@@ -39,7 +39,12 @@ import (
 // osbCapacity is the fake server's SnapshotCapacity (-osb-capacity).
 var osbCapacity int
 
+// rampFor bounds the ramp (-ramp-for): no wave is posted after it, and
+// the checkpoints are taken over the runs launched by then.
+var rampFor time.Duration
+
 func init() {
+	flag.DurationVar(&rampFor, "ramp-for", 0, "-backend opensandbox: post no more waves after this long (0: post every rollout); the checkpoints then cover the runs launched")
 	flag.IntVar(&osbCapacity, "osb-capacity", 1, "-backend opensandbox: snapshots the fake server takes at full speed at once (1: the real server as measured)")
 }
 
@@ -155,9 +160,15 @@ func runOpenSandbox(c config) error {
 			"fake": map[string]any{"steps": steps, "step_s": c.stepS, "child": false, "own_session": false, "daemon": false, "untagged": false}}
 	}
 	begin := time.Now()
+	posted := 0
 	for from := 0; from < c.rollouts; from += rampWave {
+		if rampFor > 0 && time.Since(begin) > rampFor {
+			fmt.Fprintf(os.Stderr, "soak: the ramp ran out of its %s: %d of %d rollouts posted\n", rampFor, posted, c.rollouts)
+			break
+		}
 		to := min(from+rampWave, c.rollouts)
 		postRuns(ctl, d.url, from, to, body, results, &wg, &gone)
+		posted = to
 		// A run that failed (its seed ran out of time under load, say)
 		// counts as done: it will not launch.
 		for launchedIn(driverLog)+int(gone.Load()) < to {
@@ -192,7 +203,7 @@ func runOpenSandbox(c config) error {
 	}
 	peak, cpu := usage(pid)
 	failedRuns := 0
-	for _, r := range results {
+	for _, r := range results[:posted] {
 		if len(r.failed) > 0 || (!r.ok && r.err != "") {
 			failedRuns++
 		}
@@ -205,20 +216,21 @@ func runOpenSandbox(c config) error {
 		return out
 	}
 	prep := col(func(f checkpointFigures) float64 { return f.prepare })
-	n := float64(c.rollouts)
-	fmt.Printf("\n## Soak, opensandbox backend (fake server, snapshot capacity %d): %d rollouts, %d checkpoints every %s (load average %s at the end)\n\n", osbCapacity, c.rollouts, len(cks), c.every, loadAvg())
+	launched := launchedIn(driverLog)
+	n := float64(launched)
+	fmt.Printf("\n## Soak, opensandbox backend (fake server, snapshot capacity %d): %d rollouts launched (of %d), %d checkpoints every %s (load average %s at the end)\n\n", osbCapacity, launched, c.rollouts, len(cks), c.every, loadAvg())
 	fmt.Printf("| figure | value |\n|---|---|\n")
 	fmt.Printf("| all launched after | %.1f s (driver CPU %.1f s: %.2f ms a rollout) |\n", ramp.Seconds(), cpuRamp, 1000*cpuRamp/n)
 	fmt.Printf("| prepare, median (max) | %.3f s (%.3f s) |\n", median(prep), slices.Max(append(prep, 0)))
 	fmt.Printf("| prepare, each | %s |\n", fmtList(prep))
 	fmt.Printf("| driver commit, median | %.3f s |\n", median(col(func(f checkpointFigures) float64 { return f.commit })))
-	fmt.Printf("| owner commit (%d snapshots), median | %.1f s |\n", c.rollouts, median(col(func(f checkpointFigures) float64 { return f.ownerCommit })))
+	fmt.Printf("| owner commit (%d snapshots), median | %.1f s |\n", launched, median(col(func(f checkpointFigures) float64 { return f.ownerCommit })))
 	fmt.Printf("| owner commit, each | %s |\n", fmtList(col(func(f checkpointFigures) float64 { return f.ownerCommit })))
 	fmt.Printf("| driver CPU a checkpoint, median | %.2f s: %.3f ms a rollout |\n", median(col(func(f checkpointFigures) float64 { return f.cpu })), 1000*median(col(func(f checkpointFigures) float64 { return f.cpu }))/n)
 	fmt.Printf("| driver peak memory (VmHWM) | %.0f MB: %.1f KB a rollout |\n", peak, peak*1024/n)
 	fmt.Printf("| driver CPU, whole run | %.1f s over %.0f s |\n", cpu, time.Since(begin).Seconds())
 	fmt.Printf("| runs that failed or ended early | %d |\n", failedRuns)
-	for i, r := range results {
+	for i, r := range results[:posted] {
 		if r.err != "" {
 			fmt.Printf("\nfailed: soak-%05d: %.300s\n", i, r.err)
 			break
