@@ -209,13 +209,16 @@ func checkpoint(ctl *controller, driverURL, ownerURL, id, dir string) (checkpoin
 		return f, fmt.Errorf("%s: the owner answered phase %s", id, oprep.Phase)
 	}
 	var com, ocom commitReply
+	// A commit's deadline is the coordinator's; the owner's snapshots of
+	// a remote backend take minutes at thousands of sessions.
+	deadline := float64(time.Now().Add(30*time.Minute).UnixNano()) / 1e9
 	t1 := time.Now()
-	if err := ctl.call(driverURL, "commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": dir}, &com); err != nil {
+	if err := ctl.call(driverURL, "commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": dir, "deadline_ts": deadline}, &com); err != nil {
 		return f, err
 	}
 	f.commit = time.Since(t1).Seconds()
 	t2 := time.Now()
-	if err := ctl.call(ownerURL, "commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": dir}, &ocom); err != nil {
+	if err := ctl.call(ownerURL, "commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": dir, "deadline_ts": deadline}, &ocom); err != nil {
 		return f, fmt.Errorf("owner %w", err)
 	}
 	f.ownerCommit = time.Since(t2).Seconds()
