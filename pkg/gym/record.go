@@ -19,6 +19,9 @@ type Record struct {
 
 // NewRecord encodes v (a struct or map with an "episode_id" field) as a
 // record. HTML characters are not escaped, so a state is stored as written.
+// The encoder's output is already compact (it compacts what a Marshaler
+// answers too), so it is not compacted again: a commit makes a record of
+// every run, and each pass over the records counts at thousands of runs.
 func NewRecord(v any) (Record, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -26,7 +29,7 @@ func NewRecord(v any) (Record, error) {
 	if err := enc.Encode(v); err != nil {
 		return Record{}, Refuse(ErrCheckpointState, "checkpoint record is not JSON: %v", err)
 	}
-	return ParseRecord(bytes.TrimRight(buf.Bytes(), "\n"))
+	return parseCompact(bytes.TrimRight(buf.Bytes(), "\n"))
 }
 
 // ParseRecord reads one stored record: a JSON object with a valid
@@ -36,7 +39,11 @@ func ParseRecord(line []byte) (Record, error) {
 	if err := json.Compact(&buf, line); err != nil {
 		return Record{}, Refuse(ErrCheckpointState, "checkpoint record is not JSON: %v", err)
 	}
-	compact := buf.Bytes()
+	return parseCompact(buf.Bytes())
+}
+
+// parseCompact is ParseRecord of compact JSON, which it keeps.
+func parseCompact(compact []byte) (Record, error) {
 	if len(compact) == 0 || compact[0] != '{' {
 		return Record{}, Refuse(ErrCheckpointState, "checkpoint record is not a JSON object")
 	}

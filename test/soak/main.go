@@ -63,6 +63,13 @@ type config struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == memDriverRole {
+		if err := serveMemDriver(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "soak %s: %v\n", memDriverRole, err)
+			os.Exit(1)
+		}
+		return
+	}
 	var c config
 	flag.StringVar(&c.bin, "bin", "bin", "folder with ngdriver and ngsup-linux-*")
 	flag.StringVar(&c.work, "work", "", "work folder (default: a new temp folder)")
@@ -75,6 +82,10 @@ func main() {
 	flag.StringVar(&c.isolation, "isolation", "auto", "local sandboxes: auto (a mount namespace per sandbox when root), namespace or none")
 	flag.IntVar(&c.maxRuns, "max-runs", 0, "the driver's max_runs (0: the number of rollouts)")
 	flag.Parse()
+	run := run
+	if backendFlag != "local" {
+		run = runBackend
+	}
 	if err := run(c); err != nil {
 		fmt.Fprintf(os.Stderr, "soak: %v\n", err)
 		os.Exit(1)
