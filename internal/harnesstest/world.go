@@ -664,8 +664,8 @@ func (w *World) Observe(sandboxID, launchID string) Still {
 			s.Supervisor = settled(st)
 			continue
 		}
-		if st.State != 'T' && st.State != 't' {
-			w.T.Errorf("process %d (%s) of the paused launch %s is in state %c, want T (stopped)", p.PID, st.Comm, launchID, st.State)
+		if held, why := proctest.Held(p.PID, p.StartTicks); !held {
+			w.T.Errorf("process %d (%s) of the paused launch %s is in state %c, want it held (stopped): %s", p.PID, st.Comm, launchID, st.State, why)
 		}
 		s.Procs[p.PID] = st
 	}

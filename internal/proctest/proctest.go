@@ -46,7 +46,18 @@ func (s Stat) Live() bool { return s.State != 'Z' && s.State != 'X' }
 
 // ReadStat reads /proc/PID/stat; ok is false when the process is gone.
 func ReadStat(pid int) (Stat, bool) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return readStat(pid, fmt.Sprintf("/proc/%d/stat", pid))
+}
+
+// ReadTaskStat reads /proc/PID/task/TID/stat, one thread's stat; ok is
+// false when the thread is gone.
+func ReadTaskStat(pid, tid int) (Stat, bool) {
+	return readStat(pid, fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
+}
+
+// readStat parses the stat file at path, of process pid.
+func readStat(pid int, path string) (Stat, bool) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return Stat{}, false
 	}
@@ -91,6 +102,77 @@ func State(pid int) byte {
 func Same(pid int, start uint64) bool {
 	st, ok := ReadStat(pid)
 	return ok && st.StartTicks == start && st.Live()
+}
+
+// Tasks lists the process's thread ids, in order (none when it is gone).
+func Tasks(pid int) []int {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var out []int
+	for _, e := range ents {
+		if tid, err := strconv.Atoi(e.Name()); err == nil {
+			out = append(out, tid)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// StopPending reports whether SIGSTOP is pending for thread tid of pid, in
+// the process's shared set or the thread's own (ShdPnd, SigPnd of
+// /proc/PID/task/TID/status).
+func StopPending(pid, tid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid))
+	if err != nil {
+		return false
+	}
+	const bit = uint64(1) << (unix.SIGSTOP - 1)
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || k != "ShdPnd" && k != "SigPnd" {
+			continue
+		}
+		if n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && n&bit != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Held reports whether the process that started at start is alive and runs
+// no code of its own: every live thread stopped (T, t) or bound to stop
+// before its next instruction, because SIGSTOP is pending for it or a
+// group stop is under way (another of its threads is stopped). A pause
+// confirms a thread in an uninterruptible call (D) with SIGSTOP pending as
+// held: it stops when the call returns, and until then reads D, then R
+// or S for a moment. A process that is gone, or whose pid is another's
+// now, is not held. why says what was seen.
+func Held(pid int, start uint64) (held bool, why string) {
+	st, ok := ReadStat(pid)
+	if !ok || st.StartTicks != start {
+		return false, "gone"
+	}
+	var anyStopped bool
+	var moving []Stat
+	for _, tid := range Tasks(pid) {
+		ts, ok := ReadTaskStat(pid, tid)
+		switch {
+		case !ok, ts.State == 'Z', ts.State == 'X':
+		case ts.State == 'T' || ts.State == 't':
+			anyStopped = true
+		default:
+			ts.PID = tid
+			moving = append(moving, ts)
+		}
+	}
+	if !anyStopped && len(moving) == 0 {
+		return false, "dead"
+	}
+	for _, ts := range moving {
+		if !anyStopped && !StopPending(pid, ts.PID) {
+			return false, fmt.Sprintf("thread %d in state %c without SIGSTOP pending", ts.PID, ts.State)
+		}
+	}
+	return true, "stopped"
 }
 
 // Pids lists every process id in /proc, in order.

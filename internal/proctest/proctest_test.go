@@ -107,3 +107,28 @@ func TestKillSignalsOnlyTheSameProcess(t *testing.T) {
 		t.Errorf("a reaped process has state %q", State(pid))
 	}
 }
+
+// TestHeldOnlyWhenStopped: a running sleep is not held, the same sleep
+// stopped is, and neither another start time nor a killed one is.
+func TestHeldOnlyWhenStopped(t *testing.T) {
+	cmd := start(t, nil, "sleep", "300")
+	pid := cmd.Process.Pid
+	st, _ := ReadStat(pid)
+	if held, why := Held(pid, st.StartTicks); held || !strings.Contains(why, "without SIGSTOP pending") {
+		t.Errorf("a running sleep: held %v (%s)", held, why)
+	}
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the stopped sleep held", func() (bool, string) {
+		return Held(pid, st.StartTicks)
+	})
+	if held, why := Held(pid, st.StartTicks+1); held || why != "gone" {
+		t.Errorf("another start time: held %v (%s)", held, why)
+	}
+	KillSame(pid, st.StartTicks)
+	testkit.Eventually(t, "the killed sleep not held", func() (bool, string) {
+		held, why := Held(pid, st.StartTicks)
+		return !held, why
+	})
+}

@@ -102,7 +102,7 @@ func TestBatchedPauseAndContinue(t *testing.T) {
 		if bm.Paused == nil || bm.Paused.ID != r.launch || !bm.Paused.Supervised {
 			t.Errorf("%s: want its launch exported paused, got %+v", r.Rollout, bm.Paused)
 		}
-		checkStates(t, r.Rollout+": while parked", r.Procs, "Tt")
+		checkHeld(t, r.Rollout+": while parked", r.Procs)
 		checkAllStopped(t, e, r.Rollout+": while parked", r.SandboxID)
 	}
 	pauses := e.Backend.Verbs("pause")
@@ -205,7 +205,7 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 		if _, bm := bookmarkOf(t, res.Records, r.Rollout); bm.Paused == nil {
 			t.Errorf("%s: want its launch exported paused", r.Rollout)
 		}
-		checkStates(t, r.Rollout+": while parked", r.Procs, "Tt")
+		checkHeld(t, r.Rollout+": while parked", r.Procs)
 	}
 	pauses := e.Backend.Verbs("pause")
 	withShort := drivertest.ForLaunch(pauses, shortLaunch)
@@ -296,7 +296,7 @@ func TestBatchedPauseCommandsBounded(t *testing.T) {
 		if _, bm := bookmarkOf(t, res.Records, r.Rollout); bm.Paused == nil || bm.Paused.ID != r.launch {
 			t.Errorf("%s: want its launch exported paused, got %+v", r.Rollout, bm.Paused)
 		}
-		checkStates(t, r.Rollout+": while parked", r.Procs, "Tt")
+		checkHeld(t, r.Rollout+": while parked", r.Procs)
 	}
 	counts := launchCounts(e.Backend.Verbs("pause"))
 	for _, r := range runs {

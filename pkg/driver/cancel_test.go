@@ -31,7 +31,7 @@ func TestCancelKillsLaunchAndClosesSession(t *testing.T) {
 			run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 			if parked {
 				prepare(t, p, "ckpt-1")
-				checkStates(t, "while parked", run.Procs, "Tt")
+				checkHeld(t, "while parked", run.Procs)
 			}
 
 			run.Cancel(nil)

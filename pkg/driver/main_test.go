@@ -247,6 +247,22 @@ func checkStates(t *testing.T, what string, procs []drivertest.Proc, states stri
 	}
 }
 
+// checkHeld fails unless every process in procs is alive and held by the
+// pause: stopped, or in an uninterruptible call with SIGSTOP pending (it
+// stops when the call returns), as ngsup's pause confirms it.
+func checkHeld(t *testing.T, what string, procs []drivertest.Proc) {
+	t.Helper()
+	var bad []string
+	for _, p := range procs {
+		if held, why := p.Held(); !held {
+			bad = append(bad, fmt.Sprintf("%s in state %c: %s", p, p.State(), why))
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("%s: want every process held: %v", what, bad)
+	}
+}
+
 func boolp(b bool) *bool { return &b }
 
 // Short names for the hooks' signatures.

@@ -31,7 +31,8 @@ var allKinds = []string{"harness", "child", "own_session", "daemon", "untagged"}
 const pauseSteps = 12
 
 // checkAllStopped fails unless every process running in the sandbox, other
-// than ngsup itself, is stopped (state T or t).
+// than ngsup itself, is held (proctest.Held: stopped, or bound to stop
+// before it runs again).
 func checkAllStopped(t *testing.T, e *drivertest.Env, what, sandboxID string) {
 	t.Helper()
 	n := 0
@@ -40,8 +41,12 @@ func checkAllStopped(t *testing.T, e *drivertest.Env, what, sandboxID string) {
 			continue
 		}
 		n++
-		if st, ok := proctest.ReadStat(pid); ok && st.State != 'T' && st.State != 't' && st.State != 'Z' {
-			t.Errorf("%s: %s is not stopped", what, proctest.Describe(pid))
+		st, ok := proctest.ReadStat(pid)
+		if !ok || st.State == 'Z' {
+			continue
+		}
+		if held, why := proctest.Held(pid, st.StartTicks); !held {
+			t.Errorf("%s: %s is not stopped: %s", what, proctest.Describe(pid), why)
 		}
 	}
 	if n == 0 {
@@ -90,7 +95,7 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 		if runs := p.Runs(); len(runs) != 1 || runs[0].State != "parked" {
 			t.Errorf("%s: participant runs %+v, want the one run parked", id, runs)
 		}
-		checkStates(t, id+": while parked", run.Procs, "Tt")
+		checkHeld(t, id+": while parked", run.Procs)
 		checkAllStopped(t, e, id+": while parked", run.SandboxID)
 		held := drivertest.Steps(run.Session)
 		checkStill(t, e, id, run.SandboxID, stepS)
@@ -227,7 +232,7 @@ func TestPausedUnsupervisedLaunch(t *testing.T) {
 	if bm.Paused == nil || bm.Paused.Supervised {
 		t.Errorf("want an unsupervised paused launch in the bookmark, got %+v", bm.Paused)
 	}
-	checkStates(t, "while parked", run.Procs, "Tt")
+	checkHeld(t, "while parked", run.Procs)
 	checkAllStopped(t, e, "while parked", run.SandboxID)
 	resume(t, p, "ckpt-1")
 
@@ -405,7 +410,7 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 	ro := e.Rollout("continue-nothing")
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 2, Kinds: allKinds})
 	prepare(t, p, "ckpt-1")
-	checkStates(t, "while parked", run.Procs, "Tt")
+	checkHeld(t, "while parked", run.Procs)
 	// Every process the pause holds (its paused set, "pid start" lines),
 	// each killed only if it is still the one recorded.
 	held := heldByPause(t, e.LaunchDir(run.SandboxID, driver.LaunchID(ro, 1, 1, run.SandboxID)))
@@ -505,7 +510,7 @@ func TestEmptyPauseRetriedOnce(t *testing.T) {
 	})
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 	prepare(t, p, "ckpt-1")
-	checkStates(t, "while parked", run.Procs, "Tt")
+	checkHeld(t, "while parked", run.Procs)
 	resume(t, p, "ckpt-1")
 	r := run.MustSucceed(t)
 	if len(r.Launches) != 1 {
@@ -636,7 +641,7 @@ func TestSupervisorCannotStartFallsBackToTagged(t *testing.T) {
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 
 	prepare(t, p, "ckpt-1")
-	checkStates(t, "while parked", run.Procs, "Tt")
+	checkHeld(t, "while parked", run.Procs)
 	resume(t, p, "ckpt-1")
 
 	r := run.MustSucceed(t)
@@ -699,7 +704,7 @@ func TestPauseDoesNotWaitForTheCancelledWait(t *testing.T) {
 	if _, bm := bookmarkOf(t, res.Records, ro); bm.Paused == nil {
 		t.Errorf("want the launch exported paused")
 	}
-	checkStates(t, "while parked", run.Procs, "Tt")
+	checkHeld(t, "while parked", run.Procs)
 	resume(t, p, "ckpt-1")
 	r := run.MustSucceed(t)
 	if len(r.Launches) != 1 {

@@ -36,6 +36,16 @@ func (p Proc) State() byte {
 	return st.State
 }
 
+// Held reports whether the process is still the one that was read and is
+// held by a pause (proctest.Held: every thread stopped or bound to stop
+// before it runs again); why says what was seen.
+func (p Proc) Held() (bool, string) {
+	if p.StartTicks == 0 {
+		return false, "gone when read"
+	}
+	return proctest.Held(p.PID, p.StartTicks)
+}
+
 // ReadPids reads a fake harness's pids file (on the host) and the start
 // time of each process in it. In a container of a real engine
 // (DRIVERTEST_BACKEND=docker-real) the file's pids are the container's:
