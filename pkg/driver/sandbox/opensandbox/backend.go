@@ -63,6 +63,14 @@ const (
 	DefaultRetryFor = 30 * time.Second
 	// DefaultTTL is a new sandbox's lifetime (renewed by the owner).
 	DefaultTTL = time.Hour
+	// DefaultMaxUploads is how many large uploads (LargeUpload bytes or
+	// more) run at once: ngsup is 3.5 MB, and 256 at once held 535 MB in
+	// the driver (docs/BENCHMARKS.md).
+	DefaultMaxUploads = 8
+	// LargeUpload is the size from which an upload waits for one of
+	// MaxUploads slots; smaller ones (a command's stdin, a task's files)
+	// never wait behind a binary.
+	LargeUpload = 256 << 10
 )
 
 // Options configure a Backend. The json tags are the keys of its section
@@ -98,6 +106,11 @@ type Options struct {
 	// (default DefaultMaxOutput); a command that wrote more is an error
 	// naming the size.
 	MaxOutput int64 `json:"-"`
+	// MaxUploads bounds the uploads of LargeUpload bytes or more that run
+	// at once across every sandbox of the backend (default
+	// DefaultMaxUploads): each holds its data and a connection until the
+	// sandbox has it all.
+	MaxUploads int `json:"max_uploads"`
 
 	// What an owner's new sandboxes are made of.
 
@@ -121,6 +134,9 @@ type Options struct {
 type Backend struct {
 	opt Options
 	lc  *Lifecycle
+
+	// uploads holds a token per large upload in flight (MaxUploads).
+	uploads chan struct{}
 
 	mu        sync.Mutex
 	endpoints map[string]*Execd // sandbox id -> its execd, as last looked up
@@ -180,6 +196,9 @@ func New(opt Options) (*Backend, error) {
 	if opt.MaxOutput <= 0 {
 		opt.MaxOutput = DefaultMaxOutput
 	}
+	if opt.MaxUploads <= 0 {
+		opt.MaxUploads = DefaultMaxUploads
+	}
 	if len(opt.Entrypoint) == 0 {
 		opt.Entrypoint = []string{"tail", "-f", "/dev/null"}
 	}
@@ -192,7 +211,10 @@ func New(opt Options) (*Backend, error) {
 		opt.HTTP = &http.Client{Transport: tr}
 	}
 	lc := &Lifecycle{URL: opt.Server, APIKey: opt.APIKey, HTTP: opt.HTTP, Poll: opt.Poll}
-	return &Backend{opt: opt, lc: lc, endpoints: map[string]*Execd{}, spent: map[string][]string{}}, nil
+	return &Backend{
+		opt: opt, lc: lc, uploads: make(chan struct{}, opt.MaxUploads),
+		endpoints: map[string]*Execd{}, spent: map[string][]string{},
+	}, nil
 }
 
 // Name is "opensandbox".
@@ -496,7 +518,16 @@ func (s *Sandbox) Upload(ctx context.Context, p string, data []byte, mode uint32
 // upload is one POST /files/upload of data to p (not atomic), always to a
 // path of its own: it is idempotent, so a connection that broke is tried
 // again too (withExecd).
+// A large one first waits for a slot of the backend's MaxUploads.
 func (s *Sandbox) upload(ctx context.Context, p string, data []byte, mode uint32) error {
+	if len(data) >= LargeUpload {
+		select {
+		case s.b.uploads <- struct{}{}:
+			defer func() { <-s.b.uploads }()
+		case <-ctx.Done():
+			return transportError(ctx, "upload "+p+": wait for a slot", ctx.Err(), false)
+		}
+	}
 	meta := FileMetadata{Path: p, Mode: OctalDigits(mode)}
 	return s.withExecd(ctx, "upload "+p, true, func(ex *Execd) error { return ex.Upload(ctx, meta, data) })
 }

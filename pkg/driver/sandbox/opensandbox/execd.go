@@ -528,15 +528,18 @@ func (e *Execd) Wait(ctx context.Context, id string, poll time.Duration) (Comman
 
 // Upload writes data to path with meta's mode (and owner, group), as
 // multipart/form-data: the metadata part first, sent as a file part (execd
-// reads it only that way), then the file part.
+// reads it only that way), then the file part. The body is streamed from
+// data, never copied (a binary uploaded to many sandboxes at once is held
+// once), and can be sent again (GetBody) if a redirect or a retry of the
+// transport asks.
 func (e *Execd) Upload(ctx context.Context, meta FileMetadata, data []byte) error {
 	what := "POST /files/upload " + meta.Path
 	mj, err := json.Marshal(meta)
 	if err != nil {
 		return err
 	}
-	var body bytes.Buffer
-	mw := multipart.NewWriter(&body)
+	var head bytes.Buffer
+	mw := multipart.NewWriter(&head)
 	h := make(textproto.MIMEHeader)
 	h.Set("Content-Disposition", `form-data; name="metadata"; filename="metadata"`)
 	h.Set("Content-Type", "application/json")
@@ -548,17 +551,20 @@ func (e *Execd) Upload(ctx context.Context, meta FileMetadata, data []byte) erro
 	h = make(textproto.MIMEHeader)
 	h.Set("Content-Disposition", fmt.Sprintf(`form-data; name="file"; filename=%q`, path.Base(meta.Path)))
 	h.Set("Content-Type", "application/octet-stream")
-	if pw, err = mw.CreatePart(h); err != nil {
+	if _, err = mw.CreatePart(h); err != nil {
 		return err
 	}
-	pw.Write(data)
-	if err := mw.Close(); err != nil {
-		return err
+	// The writer's closing boundary, written after the data.
+	tail := "\r\n--" + mw.Boundary() + "--\r\n"
+	body := func() io.Reader {
+		return io.MultiReader(bytes.NewReader(head.Bytes()), bytes.NewReader(data), strings.NewReader(tail))
 	}
-	req, err := e.request(ctx, http.MethodPost, "/files/upload", &body)
+	req, err := e.request(ctx, http.MethodPost, "/files/upload", body())
 	if err != nil {
 		return err
 	}
+	req.ContentLength = int64(head.Len() + len(data) + len(tail))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body()), nil }
 	req.Header.Set("Content-Type", mw.FormDataContentType())
 	resp, err := e.do(ctx, req, what, nil, http.StatusOK, http.StatusCreated, http.StatusNoContent)
 	if err != nil {

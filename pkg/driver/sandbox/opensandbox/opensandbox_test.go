@@ -3,13 +3,16 @@ package opensandbox_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -484,5 +487,83 @@ func TestReadEventsFraming(t *testing.T) {
 	}
 	if _, err := opensandbox.ParseStream(bytes.NewReader([]byte("not json\n\n"))); err == nil {
 		t.Errorf("a stream that is not JSON was accepted")
+	}
+}
+
+// countingTransport counts the large uploads in flight and holds each
+// until more than limit are in flight or a second has passed, so that
+// uploads a backend lets run together overlap.
+type countingTransport struct {
+	next        http.RoundTripper
+	limit       int32
+	now, most   atomic.Int32
+	over        chan struct{}
+	overOnce    sync.Once
+	small, seen atomic.Int32
+}
+
+func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !strings.HasSuffix(req.URL.Path, "/files/upload") {
+		return c.next.RoundTrip(req)
+	}
+	if req.ContentLength < opensandbox.LargeUpload {
+		c.small.Add(1)
+		return c.next.RoundTrip(req)
+	}
+	c.seen.Add(1)
+	n := c.now.Add(1)
+	defer c.now.Add(-1)
+	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+	}
+	if n > c.limit {
+		c.overOnce.Do(func() { close(c.over) })
+	}
+	select {
+	case <-c.over:
+	case <-time.After(time.Second):
+	case <-req.Context().Done():
+	}
+	return c.next.RoundTrip(req)
+}
+
+// TestLargeUploadsBounded proves that uploads of LargeUpload bytes or
+// more run at most MaxUploads at once across the backend's sandboxes
+// (ngsup, 3.5 MB, uploaded to hundreds of sandboxes at once held 535 MB
+// in the driver), that each arrives byte for byte from the streamed body,
+// and that small uploads (a command's stdin) are not held back by them.
+func TestLargeUploadsBounded(t *testing.T) {
+	t.Parallel()
+	ct := &countingTransport{next: http.DefaultTransport.(*http.Transport).Clone(), limit: 2, over: make(chan struct{})}
+	f := newFixtureWith(t, fakeexecd.Options{}, opensandbox.Options{MaxUploads: 2, HTTP: &http.Client{Transport: ct}})
+	sbs := []*opensandbox.Sandbox{f.create("up-a"), f.create("up-b")}
+	big := make([]byte, opensandbox.LargeUpload+12345)
+	rand.Read(big)
+	const n = 6
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			errs[i] = sbs[i%2].Upload(context.Background(), fmt.Sprintf("/sandbox/work/big-%d", i), big, 0o755)
+		})
+	}
+	// A command with stdin (a small upload) while the large ones queue.
+	res := run(t, sbs[0], sandbox.ExecRequest{Argv: []string{"cat"}, Stdin: strings.NewReader("small")})
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("upload %d: %v", i, err)
+		}
+	}
+	if string(res.Stdout) != "small" || ct.small.Load() == 0 {
+		t.Errorf("the command with stdin printed %q (%d small uploads)", res.Stdout, ct.small.Load())
+	}
+	if m := ct.most.Load(); m > 2 || ct.seen.Load() != n {
+		t.Errorf("%d large uploads ran at once, want at most 2 (MaxUploads); %d seen, want %d", m, ct.seen.Load(), n)
+	}
+	for i := range n {
+		got, err := os.ReadFile(f.host(sbs[i%2], fmt.Sprintf("/sandbox/work/big-%d", i)))
+		if err != nil || !bytes.Equal(got, big) {
+			t.Errorf("big-%d: %d bytes (%v), want the %d uploaded", i, len(got), err, len(big))
+		}
 	}
 }
