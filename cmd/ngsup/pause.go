@@ -44,7 +44,9 @@ pause stops every member while it is frozen, thaws it, and says
 "recovered_freeze":true. "skipped_lines" counts lines of the launch's
 bookkeeping files that were not records (they are skipped).
 
-` + fmt.Sprintf(severalDirsHelp, reaper.BatchWorkers, "0, 3 or 4"),
+` + fmt.Sprintf(severalDirsHelp, reaper.BatchWorkers, "0, 3 or 4") + `
+Every launch's pause is begun (its lock taken, its pause file made, its
+harness's process group sent SIGSTOP) before any is confirmed.`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, args []string) error {
 			quietGC()
@@ -69,23 +71,22 @@ bookkeeping files that were not records (they are skipped).
 }
 
 // pauseMany pauses the launch in every dir and prints one PauseLine per
-// dir, in order (see severalDirsHelp).
+// dir, in order (see severalDirsHelp). Every pause is begun before any is
+// confirmed (reaper.PauseAll).
 func pauseMany(dirs []string, opt reaper.PauseOptions) error {
-	lines := make([]proto.PauseLine, len(dirs))
-	return printLines(len(dirs), func(i int) int {
-		res, code, err := reaper.Pause(dirs[i], opt)
+	var out lineOutput
+	reaper.PauseAll(dirs, opt, reaper.BatchWorkers, func(i int, res proto.PauseResult, code int, err error) {
 		code = lineCode(code, err)
 		if err != nil {
 			res.Error = err.Error()
 		}
-		lines[i] = proto.PauseLine{Dir: dirs[i], Code: code, PauseResult: res}
-		return code
-	}, func(i int) (any, string) {
-		if lines[i].Code == proto.ExitUsage || lines[i].Code == proto.ExitInternal {
-			return lines[i], fmt.Sprintf("pause --dir %s: %s", dirs[i], lines[i].Error)
+		msg := ""
+		if code == proto.ExitUsage || code == proto.ExitInternal {
+			msg = fmt.Sprintf("pause --dir %s: %s", dirs[i], res.Error)
 		}
-		return lines[i], ""
+		out.print(proto.PauseLine{Dir: dirs[i], Code: code, PauseResult: res}, msg, code)
 	})
+	return out.result()
 }
 
 // addDirsFlag adds pause's and continue's --dir, which may be repeated.
@@ -117,23 +118,41 @@ func lineCode(code int, err error) int {
 // 0 when every code is 0, else the largest.
 func printLines(n int, do func(i int) int, line func(i int) (any, string)) error {
 	codes := make([]int, n)
-	worst := proto.ExitOK
-	var perr error
+	var out lineOutput
 	reaper.Each(n, reaper.BatchWorkers, func(i int) { codes[i] = do(i) }, func(i int) {
 		v, msg := line(i)
-		if msg != "" {
-			fmt.Fprintf(os.Stderr, "ngsup: %s\n", msg)
-		}
-		if err := printJSON(v); err != nil && perr == nil {
-			perr = err
-		}
-		worst = max(worst, codes[i])
+		out.print(v, msg, codes[i])
 	})
-	if perr != nil {
-		return &exitError{code: proto.ExitInternal, err: perr}
+	return out.result()
+}
+
+// lineOutput prints the lines of a call naming several launches, in order,
+// and keeps the call's exit code.
+type lineOutput struct {
+	worst int
+	err   error
+}
+
+// print prints one launch's line (and msg, if any, on stderr) and counts
+// its code.
+func (o *lineOutput) print(v any, msg string, code int) {
+	if msg != "" {
+		fmt.Fprintf(os.Stderr, "ngsup: %s\n", msg)
 	}
-	if worst != proto.ExitOK {
-		return &exitError{code: worst}
+	if err := printJSON(v); err != nil && o.err == nil {
+		o.err = err
+	}
+	o.worst = max(o.worst, code)
+}
+
+// result is the exit of the whole call: 0 when every code is 0, else the
+// largest; 1 when a line could not be written.
+func (o *lineOutput) result() error {
+	if o.err != nil {
+		return &exitError{code: proto.ExitInternal, err: o.err}
+	}
+	if o.worst != proto.ExitOK {
+		return &exitError{code: o.worst}
 	}
 	return nil
 }

@@ -1,9 +1,15 @@
 package reaper
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/ngharness/ngharness/internal/proctest"
+	"github.com/ngharness/ngharness/pkg/proto"
 )
 
 // TestEach proves that Each runs every index once, never more than workers
@@ -50,6 +56,70 @@ func TestEach(t *testing.T) {
 		}
 		if most > tc.workers {
 			t.Errorf("n=%d workers=%d: %d ran at once", tc.n, tc.workers, most)
+		}
+	}
+}
+
+// TestPauseAllBeginsEveryPauseFirst proves PauseAll's order with a single
+// worker: every launch's pause is begun (SIGSTOP to its harness's group)
+// before the first is confirmed; paused one after another, the second
+// would begin only after the first was confirmed. Each launch is then held
+// and continues as Pause alone leaves it.
+func TestPauseAllBeginsEveryPauseFirst(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the launches' supervisors need root (cgroups)")
+	}
+	tree := benchTree{name: "flat3", script: flatScript, arg: "3", processes: 4}
+	var launches []*benchLaunch
+	var dirs []string
+	for range 3 {
+		bl := startBenchLaunch(t, tree)
+		launches, dirs = append(launches, bl), append(dirs, bl.dir)
+	}
+	var mu sync.Mutex
+	var events []string
+	pauseTrace = func(event, dir string) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, event+" "+filepath.Base(filepath.Dir(dir)))
+	}
+	defer func() { pauseTrace = nil }()
+	var codes []int
+	PauseAll(dirs, PauseOptions{}, 1, func(i int, res proto.PauseResult, code int, err error) {
+		if err != nil || !res.Paused || res.Processes != tree.processes {
+			t.Errorf("launch %d: code %d, %v, %+v", i, code, err, res)
+		}
+		codes = append(codes, code)
+	})
+	if !slices.Equal(codes, []int{0, 0, 0}) {
+		t.Fatalf("codes %v, want three 0 in order", codes)
+	}
+	mu.Lock()
+	got := slices.Clone(events)
+	mu.Unlock()
+	kinds := make([]string, len(got))
+	for i, e := range got {
+		kinds[i], _, _ = strings.Cut(e, " ")
+	}
+	if want := []string{"begun", "begun", "begun", "confirmed", "confirmed", "confirmed"}; !slices.Equal(kinds, want) {
+		t.Errorf("the pauses went %v, want every one begun first", got)
+	}
+	for _, bl := range launches {
+		n := 0
+		for _, p := range bl.tagged() {
+			if p.PID == bl.sup.PID {
+				continue
+			}
+			n++
+			if held, why := proctest.Held(p.PID, p.StartTicks); !held {
+				t.Errorf("%s: process %d not held while paused: %s", bl.id, p.PID, why)
+			}
+		}
+		if n != tree.processes {
+			t.Errorf("%s: %d processes of the launch found, want %d", bl.id, n, tree.processes)
+		}
+		if _, code, err := Continue(bl.dir); err != nil || code != proto.ExitOK {
+			t.Errorf("continue %s: code %d, %v", bl.dir, code, err)
 		}
 	}
 }

@@ -574,3 +574,63 @@ func startSelf(t *testing.T, test, env string, report func(line string) bool) *e
 	}
 	return cmd
 }
+
+// BenchmarkPauseBatch64 pauses 64 launches of 7 processes each (a harness
+// and 6 children, the soak's launch) in one call, as `ngsup pause` given
+// 64 --dir does, two ways in alternating rounds of one run: "each" pauses
+// every launch on its own, BatchWorkers at once, as Pause alone would;
+// "all" is PauseAll, which begins every pause (SIGSTOP to each harness's
+// group) before it confirms any. It reports the median of each, in ms per
+// batch and per launch, and logs every round as a BENCHSAMPLE line.
+func BenchmarkPauseBatch64(b *testing.B) {
+	skipUnlessRoot(b)
+	const n = 64
+	tree := benchTree{name: "flat6", script: flatScript, arg: "6", processes: 7}
+	dirs := make([]string, n)
+	for i := range dirs {
+		dirs[i] = startSupervised(b, tree, launchOptions{cgroupFD: -1}).dir
+	}
+	for _, d := range dirs {
+		bl := &benchLaunch{dir: d}
+		r, err := proto.ReadReceipt(d)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bl.sup = proto.Proc{PID: r.SupervisorPID, StartTicks: r.SupervisorStartTicks}
+		bl.waitBuilt(b, tree.processes, time.Minute)
+	}
+	check := func(how string, res proto.PauseResult, code int, err error) {
+		if err != nil || code != proto.ExitOK || !res.Paused || res.Processes != tree.processes {
+			b.Fatalf("%s: code %d, %v, %+v", how, code, err, res)
+		}
+	}
+	continueAll := func() {
+		Each(n, BatchWorkers, func(i int) {
+			if _, code, err := Continue(dirs[i]); err != nil || code != proto.ExitOK {
+				b.Errorf("continue %s: code %d, %v", dirs[i], code, err)
+			}
+		}, func(int) {})
+	}
+	var each, all []float64
+	for b.Loop() {
+		begin := time.Now()
+		Each(n, BatchWorkers, func(i int) {
+			res, code, err := Pause(dirs[i], PauseOptions{})
+			check("each", res, code, err)
+		}, func(int) {})
+		eachMS := ms(time.Since(begin))
+		continueAll()
+		begin = time.Now()
+		PauseAll(dirs, PauseOptions{}, BatchWorkers, func(i int, res proto.PauseResult, code int, err error) {
+			check("all", res, code, err)
+		})
+		allMS := ms(time.Since(begin))
+		continueAll()
+		each, all = append(each, eachMS), append(all, allMS)
+		b.Logf("BENCHSAMPLE batch=%d each_ms=%.3f all_ms=%.3f", n, eachMS, allMS)
+	}
+	b.ReportMetric(median(each), "each-ms/batch")
+	b.ReportMetric(median(all), "all-ms/batch")
+	b.ReportMetric(median(each)/n, "each-ms/launch")
+	b.ReportMetric(median(all)/n, "all-ms/launch")
+}

@@ -53,39 +53,111 @@ type PauseOptions struct {
 // stopped is continued again, so a failed pause leaves the launch running).
 // What it does in each state is the transition table's (transitions.go).
 func Pause(dir string, opt PauseOptions) (proto.PauseResult, int, error) {
-	begin := time.Now()
-	res := proto.PauseResult{Method: proto.MethodNone, Pending: []proto.Pending{}}
+	return beginPause(dir, opt).finish()
+}
+
+// PauseAll pauses the launch in every dir, each exactly as Pause would on
+// its own lock, and calls emit with each answer in the order of dirs, each
+// as soon as it and every one before it are known. Every pause is begun
+// before any is confirmed: each launch's folder is locked, its pause file
+// made and its harness's process group sent SIGSTOP, at most workers at
+// once. Then each is confirmed. While the later launches are begun, the
+// processes of the earlier ones take their stops, so a confirmation mostly
+// finds its launch stopped at its first pass instead of waiting for it:
+// on a loaded host the waits of launches paused one after another add up.
+func PauseAll(dirs []string, opt PauseOptions, workers int, emit func(i int, res proto.PauseResult, code int, err error)) {
+	begun := make([]*pauseBegun, len(dirs))
+	Each(len(dirs), workers, func(i int) { begun[i] = beginPause(dirs[i], opt) }, func(int) {})
+	type answer struct {
+		res  proto.PauseResult
+		code int
+		err  error
+	}
+	answers := make([]answer, len(dirs))
+	Each(len(dirs), workers, func(i int) {
+		res, code, err := begun[i].finish()
+		answers[i] = answer{res, code, err}
+	}, func(i int) { emit(i, answers[i].res, answers[i].code, answers[i].err) })
+}
+
+// pauseTrace, when set (by a test), is told each time a pause is begun and
+// each time one is confirmed, with its folder.
+var pauseTrace func(event, dir string)
+
+// pauseBegun is a pause begun: its folder locked, its pause file made and,
+// when the launch's processes may run, its harness's process group sent
+// SIGSTOP; or the pause's answer when there is nothing to stop.
+type pauseBegun struct {
+	l       *Launch
+	unlock  func()
+	p       *pauser // nil: the answer below is final
+	created bool
+	begin   time.Time
+
+	res  proto.PauseResult
+	code int
+	err  error
+}
+
+// beginPause is the first half of Pause: everything up to the first pass.
+func beginPause(dir string, opt PauseOptions) *pauseBegun {
+	b := &pauseBegun{begin: time.Now(), res: proto.PauseResult{Method: proto.MethodNone, Pending: []proto.Pending{}}}
 	l, st, unlock, code, err := openFor(VerbPause, dir, opt.ID, true)
 	if err != nil {
-		return res, code, err
+		b.code, b.err = code, err
+		return b
 	}
-	defer unlock()
+	b.l, b.unlock = l, unlock
 	created, err := touch(l.path(proto.PauseFile), strconv.FormatInt(time.Now().UnixNano(), 10))
 	if err != nil {
-		return res, proto.ExitUsage, unwritable(err, "paused")
+		b.code, b.err = proto.ExitUsage, unwritable(err, "paused")
+		return b
 	}
+	b.created = created
 	switch Transition(VerbPause, st).Do {
 	case Refuse:
 		// Ended, or never started (an unreadable receipt was refused as
 		// the folder was opened): the result is kept, exit 3.
-		return l.pauseEnded(res, created, begin)
+		b.res, b.code, b.err = l.pauseEnded(b.res, created, b.begin)
+		return b
 	case File:
 		// The pause file holds the run until continue.
-		res.Paused = true
-		res.Supervised = l.Supervised
-		res.ElapsedMS = ms(time.Since(begin))
-		return res, proto.ExitOK, nil
+		b.res.Paused = true
+		b.res.Supervised = l.Supervised
+		b.res.ElapsedMS = ms(time.Since(b.begin))
+		b.code = proto.ExitOK
+		return b
 	}
-	return l.pause(res, opt, created, begin)
+	b.p = newPauser(l, opt)
+	b.res.Supervised = l.Supervised
+	b.res.SkippedLines = b.p.f.skipped
+	b.res.RecoveredFreeze = b.p.recoverFreeze()
+	b.p.start()
+	if pauseTrace != nil {
+		pauseTrace("begun", dir)
+	}
+	return b
 }
 
-// pause is Pause's work on a launch whose processes may run: stop them all,
-// confirm, and record what it holds.
-func (l *Launch) pause(res proto.PauseResult, opt PauseOptions, created bool, begin time.Time) (proto.PauseResult, int, error) {
-	p := newPauser(l, opt)
-	res.Supervised = l.Supervised
-	res.SkippedLines = p.f.skipped
-	res.RecoveredFreeze = p.recoverFreeze()
+// finish is the second half of Pause: confirm, record what is held, and
+// unlock the folder.
+func (b *pauseBegun) finish() (proto.PauseResult, int, error) {
+	if b.unlock != nil {
+		defer b.unlock()
+	}
+	if b.p == nil {
+		return b.res, b.code, b.err
+	}
+	res, code, err := b.l.pause(b.res, b.p, b.created, b.begin)
+	if pauseTrace != nil {
+		pauseTrace("confirmed", b.l.Dir)
+	}
+	return res, code, err
+}
+
+// pause is Pause's work on a launch whose processes may run, once p has
+// begun (start): confirm every process stopped, and record what it holds.
+func (l *Launch) pause(res proto.PauseResult, p *pauser, created bool, begin time.Time) (proto.PauseResult, int, error) {
 	ok := p.run()
 	res.Method = p.f.method(p.frozen)
 	res.Passes = p.passes
@@ -175,12 +247,22 @@ func newPauser(l *Launch, opt PauseOptions) *pauser {
 	return &pauser{l: l, f: f, opt: opt, stopped: map[int]Stat{}}
 }
 
+// start is the pause's first move: the cgroup frozen first when asked
+// (CgroupFirst), then SIGSTOP to the harness's process group, which no
+// member can escape by forking.
+func (p *pauser) start() {
+	if p.opt.CgroupFirst {
+		p.freezeAndStop()
+	}
+	p.grouped = p.l.signalGroup(unix.SIGSTOP)
+}
+
 // stormPasses is the pass from which a walk that still finds new processes
 // is taken for a fork storm, and the cgroup is frozen to contain it.
 const stormPasses = 3
 
-// run is the pause loop: SIGSTOP to the harness's process group (race-free
-// against fork), then walk-and-stop passes until a pass finds every process
+// run is the pause loop, once start has sent SIGSTOP to the harness's
+// process group (race-free against fork): walk-and-stop passes until a pass finds every process
 // already stopped when it was reached. Such a pass is complete: a process
 // read as stopped before its children were listed cannot have forked one
 // the listing missed. When passes keep finding new processes (a tree that
@@ -189,10 +271,6 @@ const stormPasses = 3
 // each takes its SIGSTOP before it runs another instruction of its own.
 func (p *pauser) run() bool {
 	begin := time.Now()
-	if p.opt.CgroupFirst {
-		p.freezeAndStop()
-	}
-	p.grouped = p.l.signalGroup(unix.SIGSTOP)
 	wait := 200 * time.Microsecond
 	for {
 		if len(p.step()) == 0 {
