@@ -6,6 +6,8 @@
 #     supervised launch (the Go benchmarks of pkg/reaper), for each tree and
 #     method (default: signals, the cgroup only in a fork storm; cgroup:
 #     freeze first; signal: never the cgroup);
+#   - a pause of 64 launches of 7 processes in one call, each launch paused
+#     on its own against every pause begun first (BenchmarkPauseBatch64);
 #   - the stripped static sizes of bin/ngsup-linux-{amd64,arm64};
 #   - the wall time of `bin/ngsup version`;
 #   - the wall time of the CLI `ngsup pause` and `ngsup continue` on a
@@ -134,6 +136,28 @@ done
 cgv=$({ grep -o 'cgroup_v=[0-9]' "$raw" || true; } | sort -u | tr '\n' ' ')
 echo
 echo "cgroup of the launches: ${cgv:-none}(1 = v1 freezer, 2 = cgroup2 cgroup.freeze)"
+
+# batch FIELD: the FIELD values of BenchmarkPauseBatch64's BENCHSAMPLE lines.
+batch() {
+	{ grep -o "BENCHSAMPLE batch=64 .*" "$raw" || true; } | tr ' ' '\n' | sed -n "s/^$1=//p"
+}
+echo
+echo "## A pause of 64 launches of 7 processes in one call (BenchmarkPauseBatch64; the two orders alternate in each round)"
+echo
+printf '| %-34s | %4s | %15s | %13s | %16s |\n' order runs "batch ms (med)" "batch range" "ms/launch (med)"
+printf '|%s|%s|%s|%s|%s|\n' ------------------------------------ ------ ----------------- --------------- ------------------
+for o in each all; do
+	n=$(batch "${o}_ms" | wc -l)
+	label="each launch paused on its own"
+	[ "$o" = all ] && label="every pause begun first (PauseAll)"
+	if [ "$n" -eq 0 ]; then
+		printf '| %-34s | %4s | %15s | %13s | %16s |\n' "$label" 0 - - "not measured"
+		continue
+	fi
+	med=$(batch "${o}_ms" | median)
+	printf '| %-34s | %4s | %15s | %13s | %16s |\n' "$label" "$n" "$med" "$(batch "${o}_ms" | range)" \
+		"$(awk -v m="$med" 'BEGIN { printf "%.2f", m / 64 }')"
+done
 
 # storm METHOD STOPPER FIELD: the FIELD values of the storm's BENCHSAMPLE lines.
 storm() {
