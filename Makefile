@@ -7,7 +7,7 @@ COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 BIN       := bin
 
-.PHONY: all build ngsup ngresume ngdriver test test-short bench soak lint demo fuzz clean
+.PHONY: all build ngsup ngresume ngdriver test test-packages test-short bench soak lint demo fuzz clean
 
 all: build
 
@@ -33,16 +33,31 @@ ngdriver:
 
 # The whole suite: real processes, real signals, real /proc. Run as root for
 # the cgroup and mount-namespace tests (they skip with a message otherwise).
-# test/gym_e2e runs on its own after the rest: in one CI run beside the other
-# e2e packages, processes of one of its paused launches vanished. The likely
-# cause (launch ids shared across deployments on one host) is fixed; it stays
-# apart until CI runs show it (docs/gym.md "Left out, and why"). The timeout
-# is per package: test/backends_e2e runs the driver's whole suite through
-# three backends and took 11 minutes at a load average of 12.
+# The driver's suite (pkg/driver) runs once per backend: through the local
+# backend with every other package, and through each backend of
+# DRIVER_BACKENDS (drivertest.BackendEnv: the fake OpenSandbox, a real
+# Docker engine, which skips saying why when none was started) beside them,
+# each its own `go test` of the same package. test/gym_e2e runs on its own
+# after the rest: in one CI run beside the other e2e packages, processes of
+# one of its paused launches vanished. The likely cause (launch ids shared
+# across deployments on one host) is fixed; it stays apart until CI runs
+# show it (docs/gym.md "Left out, and why"). The timeouts are per package.
+DRIVER_BACKENDS ?= opensandbox docker-real
+
 test: build
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/gym_e2e$$)
+	$(MAKE) --no-print-directory --output-sync=target -j $$(( 1 + $(words $(DRIVER_BACKENDS)) )) \
+		test-packages $(addprefix test-driver-,$(DRIVER_BACKENDS))
 	$(GO) test -race -count=1 -timeout 20m ./test/gym_e2e/
+
+# Every package but test/gym_e2e, the driver's through the local backend.
+test-packages:
+	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/gym_e2e$$)
+
+# The driver's suite through one backend: make test-driver-opensandbox,
+# test-driver-docker-real, or test-driver-docker (the fake docker CLI).
+test-driver-%:
+	DRIVERTEST_BACKEND=$* $(GO) test -count=1 -timeout 20m ./pkg/driver/
 
 test-short:
 	$(GO) test -short -count=1 ./...

@@ -6,10 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strings"
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/dockertest"
@@ -19,43 +16,6 @@ import (
 // client: dockertest found it on PATH before TestMain put the fake docker
 // first. They skip, saying why, when no engine was started for the tests
 // (NGHARNESS_DOCKER_IMAGE unset; .ci/run sets it).
-
-// TestDriverSuiteRealDocker runs the driver's whole test suite (pkg/driver:
-// the stage machine, pauses continued in place, stops, crashes restored
-// into a fork of a `docker commit`, cancellations, leaving the sandbox,
-// hostile text) through the docker backend and a real engine
-// (DRIVERTEST_BACKEND=docker-real), beside the fake-CLI run of
-// TestDriverSuiteThroughBackends. Whatever the child run leaves in the
-// engine (it is killed at its timeout) is removed by the run's label.
-func TestDriverSuiteRealDocker(t *testing.T) {
-	t.Parallel()
-	eng := dockertest.New(t, "ngtest-suite")
-	t.Cleanup(func() {
-		if left := eng.Labelled(dockertest.RunLabelKey + "=" + eng.Prefix); len(left) > 0 {
-			t.Errorf("the driver's suite left containers %v (removed now)", left)
-		}
-		if err := eng.RemoveLabelled(dockertest.RunLabelKey + "=" + eng.Prefix); err != nil {
-			t.Error(err)
-		}
-	})
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	cmd := exec.Command(goBin, "test", "-count=1", "-timeout", "15m", "github.com/ngharness/ngharness/pkg/driver")
-	cmd.Env = append(os.Environ(),
-		"DRIVERTEST_BACKEND=docker-real", // drivertest.BackendRealDocker
-		dockertest.ClientEnv+"="+eng.Client, dockertest.RunEnv+"="+eng.Prefix)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		s := string(out)
-		if len(s) > 20000 {
-			s = "..." + s[len(s)-20000:]
-		}
-		t.Fatalf("the driver's suite through a real Docker engine failed: %v\n%s", err, s)
-	}
-	t.Logf("the driver's suite through a real Docker engine: %s", strings.TrimSpace(string(out)))
-}
 
 // TestNgdriverServeRealDocker proves the wiring a user configures against
 // a real engine: `ngdriver owner serve --backend docker` lends containers

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ngharness/ngharness/internal/dockertest"
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
@@ -16,8 +17,10 @@ import (
 
 // BackendEnv names the backend the driver's tests run through: "" or
 // "local" (the default), "opensandbox" (the fake OpenSandbox of
-// internal/fake/execd) or "docker" (the docker client found on PATH, which
-// must be the fake of internal/fake/cli). Either fake keeps its sandboxes
+// internal/fake/execd) or "docker" (the fake docker client of
+// internal/fake/cli, which Main builds). `make test` runs the suite once
+// per backend of its DRIVER_BACKENDS, each a `go test ./pkg/driver/` with
+// this variable set (`make test-driver-<name>` runs one). Either fake keeps its sandboxes
 // in the Env's local backend, so every helper that looks at a
 // sandbox on the host works unchanged; only the driver's execs and
 // uploads, and the owner's create, snapshot, fork and remove, go through
@@ -61,7 +64,11 @@ func withBackend(t *testing.T, lb *local.Backend) (sandbox.Backend, sandbox.Lend
 		}
 		return b, b, localView{lb}
 	case "docker":
-		b, err := docker.New(docker.Options{Env: []string{"FAKECLI_BASE=" + lb.Base()}, Image: "fake", Root: root, Workdir: work})
+		fake := testkit.Bin("docker")
+		if fake == "" {
+			t.Fatalf("drivertest: %s=docker: the fake docker was not built (drivertest.Main builds it)", BackendEnv)
+		}
+		b, err := docker.New(docker.Options{Binary: fake, Env: []string{"FAKECLI_BASE=" + lb.Base()}, Image: "fake", Root: root, Workdir: work})
 		if err != nil {
 			t.Fatal(err)
 		}

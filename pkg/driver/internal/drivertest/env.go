@@ -44,8 +44,15 @@ const Patience = 3 * time.Minute
 const StopGrace = 500 * time.Millisecond
 
 // Main builds the static ngsup once for the test binary (testkit.Build),
-// runs the tests and removes it. Call it from TestMain.
-func Main(m *testing.M) { os.Exit(testkit.Main(m, "ngsup")) }
+// and the fake docker client when BackendEnv is "docker", runs the tests
+// and removes them. Call it from TestMain.
+func Main(m *testing.M) {
+	programs := []string{"ngsup"}
+	if os.Getenv(BackendEnv) == "docker" {
+		programs = append(programs, "docker")
+	}
+	os.Exit(testkit.Main(m, programs...))
+}
 
 // NgsupDir is the folder of the ngsup Main built.
 func NgsupDir() string {
