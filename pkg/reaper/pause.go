@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -236,8 +237,6 @@ type pauser struct {
 
 func newPauser(l *Launch, opt PauseOptions) *pauser {
 	f := newFinder(l)
-	// The pause's visit (step's check) is safe to run in several workers.
-	f.workers = passWorkers()
 	if opt.StopBudget == 0 {
 		opt.StopBudget = StopBudget
 	}
@@ -350,6 +349,12 @@ func (p *pauser) recoverFreeze() bool {
 // not confirmed stopped, and keeps them in p.pending.
 func (p *pauser) step() []proto.Pending {
 	p.passes++
+	// The pause's visit (check below) is safe to run in several workers.
+	// How many is asked at every pass: right after the SIGSTOP to the
+	// harness's group its members are runnable until they have stopped,
+	// and a walk that takes their CPUs reaches them before they stop (one
+	// more pass).
+	p.f.workers = passWorkers()
 	// check runs in the pass's workers, several at once (finder.workers):
 	// what it records is guarded by mu; p.traced is only read.
 	var mu sync.Mutex
@@ -360,6 +365,7 @@ func (p *pauser) step() []proto.Pending {
 		mu.Unlock()
 	}
 	begin := time.Now()
+	var waited atomic.Int64 // ns the first pass spent in awaitGroupStop
 	traced := map[proto.Proc]time.Time{}
 	// In the first pass, a member of the harness's process group has the
 	// group's SIGSTOP pending: one not stopped yet has not run since, and
@@ -374,6 +380,11 @@ func (p *pauser) step() []proto.Pending {
 		state, ok := p.l.FS.stoppedState(st)
 		switch {
 		case !ok:
+			if inGroup(st) && !isStopped(st.State) && p.awaitGroupStop(st, &waited) {
+				// Stopped before its children are listed: as complete as
+				// if the walk had found it stopped.
+				return
+			}
 			if !isStopped(st.State) && !inGroup(st) {
 				stop()
 			}
@@ -425,6 +436,39 @@ func (p *pauser) step() []proto.Pending {
 	slices.SortFunc(pending, func(a, b proto.Pending) int { return a.PID - b.PID })
 	p.pending = pending
 	return pending
+}
+
+// groupStopWait bounds the time the first pass spends, over all its
+// workers, waiting for members of the harness's process group to take the
+// group's SIGSTOP (awaitGroupStop).
+const groupStopWait = 20 * time.Millisecond
+
+// awaitGroupStop waits a moment for st's process, a member of the
+// harness's group reached by the first pass before it took the group's
+// SIGSTOP, to stop (T) or die. Right after the group's signal its members
+// are runnable until they stop, and a walk that overtakes them would have
+// to walk the whole tree again (a second pass) for the few it found
+// running. Waiting here instead, while it is still the same process, makes
+// its children's listing (which follows) complete. The first pass waits
+// at most groupStopWait in all (waited counts it); then the process counts
+// as not settled, as before.
+func (p *pauser) awaitGroupStop(st Stat, waited *atomic.Int64) bool {
+	for waited.Load() < int64(groupStopWait) {
+		t0 := time.Now()
+		time.Sleep(50 * time.Microsecond)
+		now, err := p.l.FS.ReadStat(st.PID)
+		waited.Add(int64(time.Since(t0)))
+		if err != nil || now.StartTicks != st.StartTicks {
+			return false // gone: the pass's own reading of it decides
+		}
+		switch state, ok := p.l.FS.stoppedState(now); {
+		case ok && state != 't':
+			return true
+		case ok, isStopped(now.State):
+			return false // traced, or threads still stopping: the usual path
+		}
+	}
+	return false
 }
 
 func allUninterruptible(pending []proto.Pending) bool {
