@@ -413,7 +413,7 @@ func (s *supervisor) loop() {
 			}
 			unix.Kill(-pgid, sig.(unix.Signal))
 		case <-record.C:
-			s.record()
+			s.recordAdopted()
 		case <-timeout:
 			timeout = nil
 			if left := s.runningTimeLeft(); left > 0 {
@@ -535,9 +535,25 @@ func (s *supervisor) reap() bool {
 // adopted. The walk of a later stop or pause finds their descendants. The
 // children of every thread are read: each thread's file lists only the
 // children it forked or adopted.
-func (s *supervisor) record() {
+func (s *supervisor) record() { s.recordFrom(false) }
+
+// recordAdopted is record's periodic form: it reads the children of the
+// main thread only. An orphan is adopted by the first live thread of its
+// subreaper, the main thread of a Go program, which never exits; what the
+// supervisor forks itself (the harness, from any thread) is recorded by
+// the full record at the start, at each SIGCHLD and when a pause ends. At
+// 512 launches on 2 CPUs the full record every 250 ms (a listing of the
+// task folder and a read of each thread's file) took 13.5 % of the
+// machine's CPU during a checkpoint (docs/BENCHMARKS.md).
+func (s *supervisor) recordAdopted() { s.recordFrom(true) }
+
+func (s *supervisor) recordFrom(mainThread bool) {
 	self := os.Getpid()
-	s.kids, _ = ProcFS.Children(self, 0, s.kids[:0])
+	if mainThread {
+		s.kids, _ = ProcFS.TaskChildren(self, self, s.kids[:0])
+	} else {
+		s.kids, _ = ProcFS.Children(self, 0, s.kids[:0])
+	}
 	var fresh []proto.Proc
 	for _, pid := range s.kids {
 		if s.held[pid] {
