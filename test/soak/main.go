@@ -297,13 +297,11 @@ type result struct {
 	failed []string
 }
 
-func run(c config) error {
-	if os.Geteuid() != 0 {
-		return errors.New("run as root (local sandboxes, cgroups)")
-	}
-	bin, _ := filepath.Abs(c.bin)
+// defaults fills what a mode's run needs and the flags left unset: a new
+// work folder (named with prefix) and max_runs at the number of rollouts.
+func (c *config) defaults(prefix string) error {
 	if c.work == "" {
-		d, err := os.MkdirTemp("", "ngsoak-")
+		d, err := os.MkdirTemp("", prefix)
 		if err != nil {
 			return err
 		}
@@ -311,6 +309,17 @@ func run(c config) error {
 	}
 	if c.maxRuns == 0 {
 		c.maxRuns = c.rollouts
+	}
+	return nil
+}
+
+func run(c config) error {
+	if os.Geteuid() != 0 {
+		return errors.New("run as root (local sandboxes, cgroups)")
+	}
+	bin, _ := filepath.Abs(c.bin)
+	if err := c.defaults("ngsoak-"); err != nil {
+		return err
 	}
 	base := filepath.Join(c.work, "local")
 	if !c.keep {

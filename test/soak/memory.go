@@ -236,15 +236,8 @@ func runMemory(c config) error {
 	}
 	nofile := raiseFileLimit()
 	bin, _ := filepath.Abs(c.bin)
-	if c.work == "" {
-		d, err := os.MkdirTemp("", "ngsoak-mem-")
-		if err != nil {
-			return err
-		}
-		c.work = d
-	}
-	if c.maxRuns == 0 {
-		c.maxRuns = c.rollouts
+	if err := c.defaults("ngsoak-mem-"); err != nil {
+		return err
 	}
 	token := "soak-" + strconv.Itoa(os.Getpid())
 	discard := slog.New(slog.DiscardHandler)

@@ -63,15 +63,8 @@ func runOpenSandbox(c config) error {
 	}
 	nofile := raiseFileLimit()
 	bin, _ := filepath.Abs(c.bin)
-	if c.work == "" {
-		d, err := os.MkdirTemp("", "ngsoak-osb-")
-		if err != nil {
-			return err
-		}
-		c.work = d
-	}
-	if c.maxRuns == 0 {
-		c.maxRuns = c.rollouts
+	if err := c.defaults("ngsoak-osb-"); err != nil {
+		return err
 	}
 	base := filepath.Join(c.work, "osb")
 	if err := os.MkdirAll(base, 0o755); err != nil {
