@@ -28,7 +28,7 @@ func TestCancelKillsLaunchAndClosesSession(t *testing.T) {
 			p := newParticipant()
 			rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 			ro := e.Rollout(name)
-			run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
+			run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, endlessSteps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
 			if parked {
 				prepare(t, p, "ckpt-1")
 				checkHeld(t, "while parked", run.Procs)
@@ -69,7 +69,7 @@ func TestOtherLaunchesLeftAlone(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	gone, kept := e.Rollout("cancelled"), e.Rollout("kept")
-	hg := e.Start(rn, gone, 1, drivertest.Task(gone, pauseSteps, stepS, nil))
+	hg := e.Start(rn, gone, 1, drivertest.Task(gone, endlessSteps, stepS, nil))
 	hk := e.Start(rn, kept, 1, drivertest.Task(kept, pauseSteps, stepS, nil))
 	runG := e.WaitRunning(hg, drivertest.Until{Kinds: allKinds})
 	runK := e.WaitRunning(hk, drivertest.Until{Steps: 1, Kinds: allKinds})
@@ -110,7 +110,7 @@ func TestIncompleteStopIsWarned(t *testing.T) {
 	p := newParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("stop-partial")
-	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Steps: 1})
+	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, endlessSteps, stepS, nil), drivertest.Until{Steps: 1})
 	run.Cancel(nil)
 	run.Wait(t)
 	launch := driver.LaunchID(ro, 1, 1, run.SandboxID)
@@ -132,11 +132,11 @@ func TestRealPartialStopStillWarns(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ro := e.Rollout("real-partial")
-	run := e.StartRunning(e.Runner(drivertest.Fake(pauseSteps, stepS), newParticipant()), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Kinds: allKinds})
+	run := e.StartRunning(e.Runner(drivertest.Fake(pauseSteps, stepS), newParticipant()), ro, 1, drivertest.Task(ro, endlessSteps, stepS, nil), drivertest.Until{Kinds: allKinds})
 	launch := driver.LaunchID(ro, 1, 1, run.SandboxID)
 	rec := e.Receipt(run.SandboxID, launch)
-	if rec == nil || !drivertest.IsSupervisor(rec.SupervisorPID) {
-		t.Fatalf("no live supervisor in the receipt: %+v", rec)
+	if rec == nil || !drivertest.IsSupervisor(rec.SupervisorPID) || rec.Ended {
+		t.Fatalf("no live supervisor of a running harness in the receipt: %+v", rec)
 	}
 	if err := syscall.Kill(rec.SupervisorPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -171,7 +171,7 @@ func TestSameRolloutOnOneHostNeverSharesALaunch(t *testing.T) {
 	a, b := drivertest.New(t), drivertest.New(t)
 	ro := a.Rollout("twin")
 	pa, pb := newParticipant(), newParticipant()
-	ha := a.Start(a.Runner(drivertest.Fake(pauseSteps, stepS), pa), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
+	ha := a.Start(a.Runner(drivertest.Fake(pauseSteps, stepS), pa), ro, 1, drivertest.Task(ro, endlessSteps, stepS, nil))
 	hb := b.Start(b.Runner(drivertest.Fake(pauseSteps, stepS), pb), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
 	runA := a.WaitRunning(ha, drivertest.Until{Kinds: allKinds})
 	runB := b.WaitRunning(hb, drivertest.Until{Steps: 1, Kinds: allKinds})
@@ -180,8 +180,8 @@ func TestSameRolloutOnOneHostNeverSharesALaunch(t *testing.T) {
 	}
 
 	rec := a.Receipt(runA.SandboxID, driver.LaunchID(ro, 1, 1, runA.SandboxID))
-	if rec == nil || !drivertest.IsSupervisor(rec.SupervisorPID) {
-		t.Fatalf("no live supervisor in the first deployment's receipt: %+v", rec)
+	if rec == nil || !drivertest.IsSupervisor(rec.SupervisorPID) || rec.Ended {
+		t.Fatalf("no live supervisor of a running harness in the first deployment's receipt: %+v", rec)
 	}
 	if err := syscall.Kill(rec.SupervisorPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)

@@ -25,6 +25,13 @@ func TestMain(m *testing.M) { drivertest.Main(m) }
 const (
 	steps = 8
 	stepS = 0.25
+	// endlessSteps is the length of a run a test ends itself (cancels,
+	// or kills its supervisor): ten minutes of steps, so that its harness
+	// is still running when the test acts however slowly the machine
+	// reached that point. A run of a few seconds could finish first on a
+	// loaded machine, and the test would then check a launch that ended
+	// by itself.
+	endlessSteps = 2400
 )
 
 // newParticipant is a participant for the fake adapter, with no limit on

@@ -655,10 +655,14 @@ func (o *Owner) Verify(ctx context.Context, key string, c owner.Cookies, body js
 
 // endVerified ends a verified session: its sandbox is stopped (a failure
 // is logged, the verdict stands, and the sandbox is kept) and it is marked
-// closed and verified, its sandbox removed (removeUnused) (s.mu held).
+// closed and verified, its sandbox removed (removeUnused) (s.mu held). The
+// stop is shielded from the caller's cancellation (the stop bounds its own
+// time): the session is closed whatever the caller does, and nobody would
+// retry the stop of a closed session, so a caller gone mid-verify must not
+// leave the sandbox's processes running.
 func (o *Owner) endVerified(ctx context.Context, s *session) {
 	s.closed, s.verified = true, true
-	if err := o.stop(ctx, s.sandboxID); err != nil {
+	if err := o.stop(context.WithoutCancel(ctx), s.sandboxID); err != nil {
 		o.log.Warn("stop the sandbox of a verified session; it is kept", "session", s.id, "sandbox", s.sandboxID, "err", err)
 		return
 	}

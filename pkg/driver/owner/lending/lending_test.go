@@ -549,6 +549,35 @@ func TestASandboxIsRemovedOnlyOnceItsProcessesAreEnded(t *testing.T) {
 	}
 }
 
+// TestVerifyEndsTheSandboxWhenItsCallerLeaves: a verify whose caller goes
+// away (its context cancelled) while the verified session's sandbox is
+// being stopped still ends the sandbox's processes and removes it. The
+// session is closed either way, and nothing would retry the stop.
+func TestVerifyEndsTheSandboxWhenItsCallerLeaves(t *testing.T) {
+	f := newFixture(t, Options{RemoveUnused: true})
+	r := f.seed(map[string]any{"task": "t"})
+	sb := f.connect(r.Cookies)
+	fd := f.startBackground(sb)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f.o.opt.StopSandbox = func(sctx context.Context, sb sandbox.Sandbox) error {
+		cancel() // the caller leaves as the stop begins
+		if err := sctx.Err(); err != nil {
+			return err // as a stop run through an exec does
+		}
+		return f.stop(sctx, sb)
+	}
+	if _, err := f.o.Verify(ctx, "", r.Cookies, []byte(`{}`)); err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	if !waitExit(fd, 0) {
+		t.Error("the verified sandbox's process survived its caller leaving")
+	}
+	if _, err := f.b.Open(sb.ID()); !errors.Is(err, sandbox.ErrGone) {
+		t.Errorf("the verified session's sandbox is still there (%v)", err)
+	}
+}
+
 func TestRestartAndNoSandboxFlags(t *testing.T) {
 	f := newFixture(t, Options{})
 	ctx := context.Background()
