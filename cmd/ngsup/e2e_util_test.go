@@ -485,7 +485,7 @@ func (l *launch) cleanup() {
 			if err != nil || st.Start != p.Start || st.State == 'Z' && st.Threads <= 1 {
 				continue
 			}
-			unix.Kill(p.PID, unix.SIGKILL)
+			signalProc(p, unix.SIGKILL)
 			left = append(left, fmt.Sprintf("%v %c %s", p, st.State, st.Comm))
 		}
 		if len(left) == 0 {
@@ -531,6 +531,21 @@ func removeCgroups(id string) {
 
 // startOwn starts argv as a process of the test itself (not of a launch),
 // and registers it with l's cleanup.
+// signalProc sends sig to p through a pidfd opened before p's start time
+// is checked, so that a pid reused by another process is never signalled.
+// It reports whether the signal was sent.
+func signalProc(p proc, sig unix.Signal) bool {
+	fd, err := unix.PidfdOpen(p.PID, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	if st, err := readStat(p.PID); err != nil || st.Start != p.Start {
+		return false
+	}
+	return unix.PidfdSendSignal(fd, sig, nil, 0) == nil
+}
+
 func (l *launch) startOwn(argv ...string) proc {
 	l.t.Helper()
 	cmd := exec.Command(argv[0], argv[1:]...)

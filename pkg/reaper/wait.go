@@ -10,9 +10,12 @@ import (
 )
 
 // Wait timing. A wait sleeps until the launch folder changes (inotify: the
-// receipt is replaced by a rename), so hundreds of waits in one sandbox
-// host cost nothing while their launches run; it wakes at least every
-// waitCheck to see whether the supervisor died without recording the end.
+// receipt is replaced by a rename) or the process it watches exits (a
+// pidfd of the supervisor, then of the harness if the supervisor died
+// without recording the end), so hundreds of waits in one sandbox host
+// cost nothing while their launches run: no timer wakes them. Where no
+// pidfd can be had (an old kernel, a /proc that is not this machine's), it
+// wakes every waitCheck to see whether the supervisor died.
 const (
 	waitCheck = time.Second
 	// waitPoll is the fallback when the folder cannot be watched.
@@ -43,6 +46,8 @@ func Wait(dir string, timeout time.Duration) (*proto.Receipt, int, error) {
 	// between the read and the sleep.
 	w := watchDir(l.Dir)
 	defer w.close()
+	ex := exitWatch{fd: -1}
+	defer func() { ex.close() }()
 	if err := l.Reload(); err != nil {
 		return nil, proto.ExitUsage, err
 	}
@@ -52,36 +57,93 @@ func Wait(dir string, timeout time.Duration) (*proto.Receipt, int, error) {
 			removeEndedCgroup(l.Receipt)
 			return l.Receipt, proto.ExitOK, nil
 		}
-		if time.Since(lastCheck) >= waitCheck {
+		if ex.fd < 0 && time.Since(lastCheck) >= waitCheck || ex.exited() {
 			lastCheck = time.Now()
-			if !l.FS.Live(l.supervisor()) {
+			if sup := l.supervisor(); l.FS.Live(sup) {
+				ex = ex.follow(l.FS, sup)
+			} else {
 				if err := l.Reload(); err != nil {
 					return nil, proto.ExitUsage, err
 				}
 				if l.Receipt.Ended {
 					continue
 				}
-				if h := l.harness(); h.PID == 0 || !l.FS.Live(h) {
+				h := l.harness()
+				if h.PID == 0 || !l.FS.Live(h) {
 					r := *l.Receipt
 					r.Ended = true
 					r.ExitCode = -1
 					r.Error = "the supervisor exited without recording the harness's end"
 					return &r, proto.ExitOK, nil
 				}
+				ex = ex.follow(l.FS, h)
 			}
 		}
 		sleep := waitCheck
+		if ex.fd >= 0 {
+			sleep = -1 // the pidfd wakes the wait: no timer
+		}
 		if !deadline.IsZero() {
 			left := time.Until(deadline)
 			if left <= 0 {
 				return l.Receipt, proto.ExitStillRunning, nil
 			}
-			sleep = min(sleep, left)
+			if sleep < 0 || left < sleep {
+				sleep = left
+			}
 		}
-		w.wait(sleep)
+		w.wait(sleep, ex.fd)
 		if err := l.Reload(); err != nil {
 			return nil, proto.ExitUsage, err
 		}
+	}
+}
+
+// exitWatch holds a pidfd of the process a wait watches, which becomes
+// readable when that process exits (a zombie has exited). fd is -1 when
+// none is held: the wait then looks every waitCheck.
+type exitWatch struct {
+	p  proto.Proc
+	fd int
+}
+
+// follow returns a watch of p: ex itself when it already watches p, else a
+// new one (ex closed). The pidfd is opened, then p's identity confirmed
+// (pid and start time), so that a pid reused before the open is never
+// watched in p's place; a p already gone, or no pidfd here (an old kernel,
+// a /proc that is not this machine's), gives a watch without one.
+func (ex exitWatch) follow(fs FS, p proto.Proc) exitWatch {
+	if ex.fd >= 0 && ex.p == p {
+		return ex
+	}
+	ex.close()
+	if p.PID <= 0 || fs.Root != ProcFS.Root || noPidfd.Load() {
+		return exitWatch{fd: -1}
+	}
+	fd, err := unix.PidfdOpen(p.PID, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return exitWatch{fd: -1}
+	}
+	if !fs.Live(p) {
+		unix.Close(fd)
+		return exitWatch{fd: -1}
+	}
+	return exitWatch{p: p, fd: fd}
+}
+
+// exited reports whether the watched process has exited, without waiting.
+func (ex exitWatch) exited() bool {
+	if ex.fd < 0 {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(ex.fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0 && fds[0].Revents&(unix.POLLIN|unix.POLLHUP|unix.POLLERR) != 0
+}
+
+func (ex exitWatch) close() {
+	if ex.fd >= 0 {
+		unix.Close(ex.fd)
 	}
 }
 
@@ -101,19 +163,30 @@ func watchDir(dir string) dirWatch {
 	return dirWatch{fd: fd}
 }
 
-// wait returns after an event in the folder or d, whichever comes first.
-func (w dirWatch) wait(d time.Duration) {
-	if w.fd < 0 {
-		time.Sleep(min(d, waitPoll))
-		return
+// wait returns after an event in the folder, the exit of the process
+// whose pidfd is pidfd (-1: none), or d (negative: no limit), whichever
+// comes first.
+func (w dirWatch) wait(d time.Duration, pidfd int) {
+	fds := make([]unix.PollFd, 0, 2)
+	if w.fd >= 0 {
+		fds = append(fds, unix.PollFd{Fd: int32(w.fd), Events: unix.POLLIN})
 	}
-	fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(fds, int(d.Milliseconds())+1)
+	if pidfd >= 0 {
+		fds = append(fds, unix.PollFd{Fd: int32(pidfd), Events: unix.POLLIN})
+	}
+	if w.fd < 0 && (d < 0 || d > waitPoll) {
+		d = waitPoll // nothing tells the wait that the folder changed
+	}
+	timeout := -1
+	if d >= 0 {
+		timeout = int(d.Milliseconds()) + 1
+	}
+	n, err := unix.Poll(fds, timeout)
 	if err != nil && err != unix.EINTR {
-		time.Sleep(min(d, waitPoll))
+		time.Sleep(waitPoll)
 		return
 	}
-	if n > 0 {
+	if n > 0 && w.fd >= 0 && fds[0].Revents != 0 {
 		var buf [4096]byte
 		for {
 			if m, err := unix.Read(w.fd, buf[:]); m <= 0 || err != nil {

@@ -12,7 +12,10 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ngharness/ngharness/internal/harnesstest"
+	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/harness"
@@ -289,5 +292,87 @@ func TestGymResponseFromTheSession(t *testing.T) {
 	json.Unmarshal(resp, &u)
 	if err != nil || string(u["output"]) != "[]" || string(u["usage"]) != "null" || string(fields["fake_session_found"]) != "false" {
 		t.Errorf("no session: %s %v %v; want no output, a null usage, fake_session_found false", resp, fields, err)
+	}
+}
+
+// TestAnInterruptNeverSplitsAStep proves that a SIGINT (a stop's first
+// signal) that reaches the fake harness between a step's two lines, the
+// session's and the workdir's, is taken only once the step is whole: the
+// harness exits 130 with as many steps in its session as lines in
+// progress. Before, sh died at once, and a relaunch on the saved session
+// skipped a step progress never got (a verify's check then failed, seen
+// in CI through a real Docker engine). The harness is stopped
+// (SIGSTOP) again and again until it is caught between the two lines,
+// then interrupted and let go.
+func TestAnInterruptNeverSplitsAStep(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	session, work := filepath.Join(dir, "session"), filepath.Join(dir, "work")
+	script := filepath.Join(dir, "harness.sh")
+	if err := os.WriteFile(script, []byte(scriptText()), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/bin/sh", script, session, work)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "FAKE_CHILD=0", "FAKE_OWN_SESSION=0", "FAKE_DAEMON=0", "FAKE_UNTAGGED=0",
+		"FAKE_STEPS=1000000", "FAKE_STEP_S=0"}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	// Every signal goes through a pidfd taken while the harness cannot
+	// have been reaped, so none reaches a process that got its pid later.
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatal(err)
+	}
+	defer unix.Close(pidfd)
+	signal := func(sig unix.Signal) error { return unix.PidfdSendSignal(pidfd, sig, nil, 0) }
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		// Through the pidfd os/exec holds, never by a bare pid or group
+		// once the harness may have been reaped (another test's process
+		// may have its number). Its one child, a "sleep 0", ends by itself.
+		cmd.Process.Kill()
+		err := <-done
+		done <- err
+	})
+	lines := func(path string) int {
+		data, _ := os.ReadFile(path)
+		return strings.Count(string(data), "\n")
+	}
+	caught := false
+	for try := 0; try < 100000 && !caught; try++ {
+		if err := signal(unix.SIGSTOP); err != nil {
+			t.Fatalf("stop the harness: %v", err)
+		}
+		for {
+			st, ok := proctest.ReadStat(pid)
+			if !ok || st.State == 'T' {
+				break
+			}
+		}
+		s, p := lines(filepath.Join(session, "steps")), lines(filepath.Join(work, "progress"))
+		if s == p+1 {
+			caught = true
+			signal(unix.SIGINT) // pending while it is stopped
+		} else if s != p {
+			t.Fatalf("the session holds %d steps and progress %d lines", s, p)
+		}
+		signal(unix.SIGCONT)
+	}
+	if !caught {
+		t.Fatal("the harness was never caught between a step's two lines")
+	}
+	err = <-done
+	done <- err
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+		t.Errorf("the interrupted harness ended with %v, want exit 130", err)
+	}
+	if s, p := lines(filepath.Join(session, "steps")), lines(filepath.Join(work, "progress")); s != p {
+		t.Errorf("after the interrupt the session holds %d steps and progress %d lines: a step was split", s, p)
 	}
 }

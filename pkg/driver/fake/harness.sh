@@ -12,18 +12,35 @@ session=$1
 work=$2
 shift 2
 mkdir -p "$session" "$work" || exit 70
+# A step is one turn recorded whole, as a harness appends a turn to its
+# session in one write: SIGINT or SIGTERM (a stop) is taken between steps,
+# never between a step's two lines, and ends the harness with 130 (what a
+# death by SIGINT reports). A stop's SIGKILL after its grace may still cut
+# anywhere; the grace is there so that it rarely has to.
+interrupted=
 if [ "${FAKE_IGNORE_SIGINT:-0}" = 1 ]; then
 	trap '' INT
+else
+	trap 'interrupted=1' INT TERM
 fi
+leave_if_interrupted() {
+	if [ -n "$interrupted" ]; then
+		exit 130
+	fi
+}
 if [ "${FAKE_INSTALL_S:-0}" != 0 ]; then
 	# "Installing": a child busy writing to the session folder.
 	mkdir -p "$session/install"
 	sleep "$FAKE_INSTALL_S" && touch "$session/install/done"
+	leave_if_interrupted
 fi
 if [ -n "${FAKE_INSTALL_UNTIL:-}" ]; then
 	# "Installing" until the file WORKDIR/FAKE_INSTALL_UNTIL exists.
 	mkdir -p "$session/install"
-	while [ ! -e "$work/$FAKE_INSTALL_UNTIL" ]; do sleep 0.05; done
+	while [ ! -e "$work/$FAKE_INSTALL_UNTIL" ]; do
+		sleep 0.05
+		leave_if_interrupted
+	done
 	touch "$session/install/done"
 fi
 # Every process started here records its pid in $session/pids, so tests
@@ -54,8 +71,10 @@ first=$((done_steps + 1))
 i=$first
 while [ "$i" -le "${FAKE_STEPS:-6}" ]; do
 	sleep "${FAKE_STEP_S:-0.5}"
+	leave_if_interrupted
 	echo "step $i" >>"$session/steps"
 	echo "step $i" >>"$work/progress"
+	leave_if_interrupted
 	i=$((i + 1))
 done
 total=$(wc -l <"$session/steps" 2>/dev/null || echo 0)
