@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -130,5 +131,18 @@ func TestRunSection(t *testing.T) {
 	}
 	if _, err := buildAdapter(config.Config{Adapter: "codex", Sections: map[string]map[string]any{"codex": sec}}); err == nil || !strings.Contains(err.Error(), "modle") {
 		t.Errorf("--set of a key codex does not have: %v, want an error naming it", err)
+	}
+}
+
+// TestServersListenOnLoopbackByDefault (issue 18, finding 1): where nothing
+// names an address, `serve` and `owner serve` listen on loopback only, so
+// no other host (and, where sandboxes have a network of their own, no
+// sandbox) reaches them unless the operator says so.
+func TestServersListenOnLoopbackByDefault(t *testing.T) {
+	for what, addr := range map[string]string{"serve (config.Default)": config.Default().Listen, "owner serve": defaultOwnerListen} {
+		host, _, err := net.SplitHostPort(addr)
+		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+			t.Errorf("%s listens on %q by default, want a loopback address", what, addr)
+		}
 	}
 }

@@ -175,3 +175,43 @@ func TestARunRestoredAtItsSeedStartsAfreshOnTheOwner(t *testing.T) {
 	r, _ := e.ownerCall(t, httpowner.RolloutPath(id+"-a1", "sandbox_access"), cookies, map[string]any{})
 	wantRefused(t, r, http.StatusUnauthorized, gym.CodeUnauthorized)
 }
+
+// TestSessionRoutesAnswerOnlyTheirCookie (issue 18, finding 1), over the
+// real `owner serve`: two rollouts seed a session each; a call on the
+// first's key to sandbox_access, verify or close_session without a cookie,
+// with a made-up secret, or with the second's cookie is refused (401 or 403
+// in Gym's envelope) and changes nothing: the first's own cookie then
+// still gets its sandbox, its session open, and its verify still grades it.
+func TestSessionRoutesAnswerOnlyTheirCookie(t *testing.T) {
+	e := newEnv(t, options{})
+	a, b := e.rollout("mine"), e.rollout("theirs")
+	seedA, cookiesA := e.ownerCall(t, httpowner.RolloutPath(a, "seed_session"), nil, e.body(a, 1, 0.01))
+	seedB, cookiesB := e.ownerCall(t, httpowner.RolloutPath(b, "seed_session"), nil, e.body(b, 1, 0.01))
+	if seedA.status != http.StatusOK || seedB.status != http.StatusOK || cookiesA[lending.CookieName] == "" || cookiesB[lending.CookieName] == "" {
+		t.Fatalf("seeds: %s (cookies %v); %s (cookies %v)", seedA, cookiesA, seedB, cookiesB)
+	}
+	id, _, _ := strings.Cut(cookiesA[lending.CookieName], ".")
+	strangers := map[string]map[string]string{
+		"no cookie":            nil,
+		"a made-up secret":     {lending.CookieName: id + "." + strings.Repeat("0", 64)},
+		"the other's cookie":   cookiesB,
+		"the session id alone": {lending.CookieName: id},
+	}
+	for _, route := range []string{"sandbox_access", "verify", "close_session"} {
+		for who, cookies := range strangers {
+			r, _ := e.ownerCall(t, httpowner.RolloutPath(a, route), cookies, map[string]any{})
+			if r.status != http.StatusUnauthorized && r.status != http.StatusForbidden || r.errorText() == "" {
+				t.Errorf("%s with %s: %s, want 401 or 403 in Gym's envelope", route, who, r)
+			}
+			if bytes.Contains(r.body, []byte("sandbox_id")) || bytes.Contains(r.body, []byte(`"reward"`)) {
+				t.Errorf("%s with %s answered what only the session's holder may read: %.300s", route, who, r.body)
+			}
+		}
+	}
+	if r, _ := e.ownerCall(t, httpowner.RolloutPath(a, "sandbox_access"), cookiesA, map[string]any{}); r.status != http.StatusOK || !bytes.Contains(r.body, []byte("sandbox_id")) {
+		t.Errorf("the session's own cookie after the refused calls: %s", r)
+	}
+	if r, _ := e.ownerCall(t, httpowner.RolloutPath(a, "verify"), cookiesA, map[string]any{}); r.status != http.StatusOK || !bytes.Contains(r.body, []byte(`"reward"`)) {
+		t.Errorf("the session's own verify after the refused calls: %s", r)
+	}
+}
