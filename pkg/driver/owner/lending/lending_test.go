@@ -20,11 +20,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -962,38 +964,99 @@ func (u *forkUser) RemoveSnapshot(ctx context.Context, id string) error {
 // has deleted the checkpoint that named it, the next commit drops it and
 // warns of nothing, the snapshot is kept, and it is removed as soon as
 // that fork is removed (here by the next restore), with no other call.
+// It does so over two lenders: "stub", the local backend's lender behind
+// forkUser, and "opensandbox", the OpenSandbox backend over the fake
+// server of internal/fake/execd, whose refusal is the real server's 409
+// SNAPSHOT::DELETE_CONFLICT (the snapshot is then left Deleting on the
+// server, which is where its presence is read).
 func TestSnapshotAForkUsesIsRemovedOnceTheForkIsGone(t *testing.T) {
-	f := newFixture(t, Options{})
-	var logs syncbuf.Buffer
-	f.o = New(Options{
-		Sandboxes:    &forkUser{Lender: f.b.Lender(), users: map[string]string{}},
-		StopSandbox:  f.stop,
-		RemoveUnused: true,
-		Logger:       slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testWriter{t}), nil)),
-	})
-	f.seedAt("k", map[string]any{"files": map[string]string{"a.txt": "one"}})
-	dir1 := t.TempDir()
-	s1 := f.commit("c1", dir1)["k"].State.Snapshot
-	f.restore("restore-c1", dir1, "k")
-	if err := os.RemoveAll(dir1); err != nil {
-		t.Fatal(err)
-	}
-	dir2 := t.TempDir()
-	f.commit("c2", dir2)
-	if !f.b.HasSnapshot(s1) {
-		t.Fatalf("the snapshot %s the fork uses is gone", s1)
-	}
-	if kept := f.o.KeptInUse(); !slices.Equal(kept, []string{s1}) {
-		t.Errorf("kept in use: %v, want %s", kept, s1)
-	}
-	f.restore("restore-c2", dir2, "k-a1")
-	if f.b.HasSnapshot(s1) {
-		t.Errorf("the snapshot %s is still there after the fork that used it was removed", s1)
-	}
-	if kept := f.o.KeptInUse(); len(kept) != 0 {
-		t.Errorf("still kept in use: %v", kept)
-	}
-	if strings.Contains(logs.String(), "level=WARN") {
-		t.Errorf("the owner warned:\n%s", logs.String())
+	for _, tc := range []struct {
+		name string
+		// lender makes the lender the owner lends through, on f's
+		// backend; state reads a snapshot's state ("" once it is gone)
+		// and inUse is the state of one kept while a fork uses it.
+		lender func(t *testing.T, f *fixture) (l sandbox.Lender, state func(snap string) string, inUse string)
+	}{
+		{"stub", func(t *testing.T, f *fixture) (sandbox.Lender, func(string) string, string) {
+			state := func(snap string) string {
+				if f.b.HasSnapshot(snap) {
+					return "present"
+				}
+				return ""
+			}
+			return &forkUser{Lender: f.b.Lender(), users: map[string]string{}}, state, "present"
+		}},
+		{"opensandbox", func(t *testing.T, f *fixture) (sandbox.Lender, func(string) string, string) {
+			if os.Geteuid() != 0 {
+				t.Skip("the fake OpenSandbox runs sandboxes in mount namespaces of their own: it needs root")
+			}
+			// The fake keeps its sandboxes in the fixture's backend, so
+			// the fixture's StopSandbox finds their folders by id.
+			const key = "lending-test-key"
+			srv, err := fakeexecd.Start(fakeexecd.Options{Store: f.b, APIKey: key, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(srv.Close)
+			mp := f.b.MountPoint()
+			b, err := opensandbox.New(opensandbox.Options{Server: srv.URL(), APIKey: key, Image: "fake",
+				Root: mp + "/" + local.RootFolder, Workdir: mp + "/" + local.WorkFolder, Poll: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b, srv.SnapshotState, "Deleting"
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, Options{})
+			lender, state, inUse := tc.lender(t, f)
+			var logs syncbuf.Buffer
+			f.o = New(Options{
+				Sandboxes:    lender,
+				StopSandbox:  f.stop,
+				RemoveUnused: true,
+				Logger:       slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testWriter{t}), nil)),
+			})
+			ctx := context.Background()
+			r := f.seedAt("k", map[string]any{"files": map[string]string{"a.txt": "one"}})
+			dir1 := t.TempDir()
+			s1 := f.commit("c1", dir1)["k"].State.Snapshot
+			if s1 == "" || state(s1) == "" {
+				t.Fatalf("the commit's snapshot %q is not there", s1)
+			}
+			f.restore("restore-c1", dir1, "k")
+			info, err := f.o.Session(r.Cookies)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fork := info.SandboxID
+			if _, err := lender.Open(ctx, fork); err != nil {
+				t.Fatalf("the fork %s of %s: %v", fork, s1, err)
+			}
+			if err := os.RemoveAll(dir1); err != nil {
+				t.Fatal(err)
+			}
+			dir2 := t.TempDir()
+			f.commit("c2", dir2)
+			if got := state(s1); got != inUse {
+				t.Fatalf("the snapshot %s the fork uses is %q, want %q", s1, got, inUse)
+			}
+			if kept := f.o.KeptInUse(); !slices.Equal(kept, []string{s1}) {
+				t.Errorf("kept in use: %v, want %s", kept, s1)
+			}
+			f.restore("restore-c2", dir2, "k-a1")
+			if _, err := lender.Open(ctx, fork); !errors.Is(err, sandbox.ErrGone) {
+				t.Errorf("the fork %s is still there after the restore that replaced it (%v)", fork, err)
+			}
+			if got := state(s1); got != "" {
+				t.Errorf("the snapshot %s is still there (%s) after the fork that used it was removed", s1, got)
+			}
+			if kept := f.o.KeptInUse(); len(kept) != 0 {
+				t.Errorf("still kept in use: %v", kept)
+			}
+			if strings.Contains(logs.String(), "level=WARN") {
+				t.Errorf("the owner warned:\n%s", logs.String())
+			}
+		})
 	}
 }
