@@ -8,8 +8,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 )
 
 // TestCancelKillsLaunchAndClosesSession proves that cancelling a run, both
