@@ -35,8 +35,8 @@ ngdriver:
 # the cgroup and mount-namespace tests (they skip with a message otherwise).
 # The driver's suite (pkg/driver) runs once per backend: through the local
 # backend with every other package, and through each backend of
-# DRIVER_BACKENDS (drivertest.BackendEnv: the fake OpenSandbox, a real
-# Docker engine, which skips saying why when none was started) beside them,
+# DRIVER_BACKENDS (internal/drivertest's BackendEnv: the fake OpenSandbox,
+# a real Docker engine, which skips saying why when none was started) beside them,
 # each its own `go test` of the same package. test/gym_e2e runs on its own
 # after the rest: in one CI run beside the other e2e packages, processes of
 # one of its paused launches vanished. The likely cause (launch ids shared
@@ -55,7 +55,8 @@ test-packages:
 	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/gym_e2e$$)
 
 # The driver's suite through one backend: make test-driver-opensandbox,
-# test-driver-docker-real, or test-driver-docker (the fake docker CLI).
+# test-driver-docker-real, or test-driver-docker or test-driver-kubectl (the
+# fake docker or kubectl CLI).
 test-driver-%:
 	DRIVERTEST_BACKEND=$* $(GO) test -count=1 -timeout 20m ./pkg/driver/
 

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
@@ -92,7 +92,7 @@ func TestBatchedPauseAndContinue(t *testing.T) {
 	t.Parallel()
 	const n = 12
 	e := batchEnv(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	runs := startBatchedRuns(t, e, rn, "batch", n)
 
@@ -140,7 +140,7 @@ func TestBatchedPauseAndContinue(t *testing.T) {
 			t.Errorf("%s: want one launch, got %+v", r.Rollout, res.Launches)
 			continue
 		}
-		checkLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
+		drivertest.CheckLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
 		checkVerified(t, e, r.Rollout, res)
 		drivertest.CheckStepsOnce(t, r.Session, pauseSteps)
 	}
@@ -173,7 +173,7 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 	t.Parallel()
 	const n = 4
 	e := batchEnv(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	short := e.Rollout("batch-ended")
 	// The launch's folder is known by its readable prefix before its
@@ -224,7 +224,7 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 	if len(rs.Launches) != 1 {
 		t.Fatalf("the ended run: want one launch, got %+v", rs.Launches)
 	}
-	checkLaunch(t, rs.Launches[0], driver.OutcomeFinished, 0, false)
+	drivertest.CheckLaunch(t, rs.Launches[0], driver.OutcomeFinished, 0, false)
 	checkVerified(t, e, short, rs)
 	if c := drivertest.ForLaunch(e.Backend.Verbs("continue"), shortLaunch); len(c) != 0 {
 		t.Errorf("the ended launch was continued: %+v", c)
@@ -235,7 +235,7 @@ func TestBatchedPauseKeepsEndedLaunch(t *testing.T) {
 			t.Errorf("%s: want one launch, got %+v", r.Rollout, res.Launches)
 			continue
 		}
-		checkLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
+		drivertest.CheckLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
 		checkVerified(t, e, r.Rollout, res)
 		drivertest.CheckStepsOnce(t, r.Session, pauseSteps)
 	}
@@ -259,7 +259,7 @@ func TestBatchedPauseCommandsBounded(t *testing.T) {
 	e := batchEnv(t)
 	e.Ngsup.BatchMax = perBatch
 	e.Ngsup.BatchConcurrency = slots
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	runs := startBatchedRuns(t, e, rn, "bound", n)
 
@@ -311,7 +311,7 @@ func TestBatchedPauseCommandsBounded(t *testing.T) {
 			t.Errorf("%s: want one launch, got %+v", r.Rollout, res.Launches)
 			continue
 		}
-		checkLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
+		drivertest.CheckLaunch(t, res.Launches[0], driver.OutcomeFinished, 1, false)
 		drivertest.CheckStepsOnce(t, r.Session, pauseSteps)
 	}
 	e.CheckNoProcs("after verify")

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
@@ -92,7 +92,7 @@ func TestBadBookmarkRefusesTheRestore(t *testing.T) {
 	e := drivertest.New(t)
 	for _, c := range badBookmarks {
 		good, bad := e.Rollout("good-"+c.name), e.Rollout("bad-"+c.name)
-		p := newParticipant()
+		p := drivertest.NewParticipant()
 		rn := e.Runner(drivertest.Fake(steps, stepS), p)
 		kept := json.RawMessage(`{"v":1,"next":"return","result":` + storedResult + `}`)
 		recs := []record{
@@ -149,7 +149,7 @@ func TestReturnBookmarkReturnsStoredResult(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ro := e.Rollout("at-return")
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	bm := json.RawMessage(`{"v":1,"next":"return","cookies":{"session_id":"gone"},"result":` + storedResult + `}`)
 	if err := restoreRecords(t, p, []record{{RolloutID: ro, Attempt: 3, Bookmark: bm}}); err != nil {
@@ -195,7 +195,7 @@ func TestVerifyBookmarkGradesAgainWithoutLaunching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(3, stepS), p)
 	if err := restoreRecords(t, p, []record{{RolloutID: ro, Attempt: 1, Bookmark: bm}}); err != nil {
 		t.Fatal(err)
@@ -228,7 +228,7 @@ func TestRestoredRestartRecordStartsOver(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ro := e.Rollout("restart-record")
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	bm := json.RawMessage(`{"v":1,"next":"harness","restart":true,"cookies":{"session_id":"old"},"state":{"session_dir":"/sandbox/.ngharness/state/fake/old"},"resume":true,"launches":[{"id":"old-a1-l1","outcome":"interrupted"}]}`)
 	if err := restoreRecords(t, p, []record{{RolloutID: ro, Attempt: 1, Bookmark: bm}}); err != nil {
@@ -251,7 +251,7 @@ func TestRestoredSeedRecordStartsAtSeed(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ro := e.Rollout("seed-record")
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	if err := restoreRecords(t, p, []record{{RolloutID: ro, Attempt: 1, Bookmark: json.RawMessage(`{"v":1,"next":"seed"}`)}}); err != nil {
 		t.Fatal(err)

@@ -8,8 +8,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 )
 
 // TestCancelKillsLaunchAndClosesSession proves that cancelling a run, both
@@ -25,7 +25,7 @@ func TestCancelKillsLaunchAndClosesSession(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			e := drivertest.New(t)
-			p := newParticipant()
+			p := drivertest.NewParticipant()
 			rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 			ro := e.Rollout(name)
 			run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, endlessSteps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
@@ -66,7 +66,7 @@ func TestCancelKillsLaunchAndClosesSession(t *testing.T) {
 func TestOtherLaunchesLeftAlone(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	gone, kept := e.Rollout("cancelled"), e.Rollout("kept")
 	hg := e.Start(rn, gone, 1, drivertest.Task(gone, endlessSteps, stepS, nil))
@@ -87,7 +87,7 @@ func TestOtherLaunchesLeftAlone(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("the other run launched %d times", len(r.Launches))
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	checkVerified(t, e, kept, r)
 	drivertest.CheckStepsOnce(t, runK.Session, pauseSteps)
 }
@@ -107,7 +107,7 @@ func TestIncompleteStopIsWarned(t *testing.T) {
 		}
 		return res, err
 	})
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("stop-partial")
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, endlessSteps, stepS, nil), drivertest.Until{Steps: 1})
@@ -132,7 +132,7 @@ func TestRealPartialStopStillWarns(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ro := e.Rollout("real-partial")
-	run := e.StartRunning(e.Runner(drivertest.Fake(pauseSteps, stepS), newParticipant()), ro, 1, drivertest.Task(ro, endlessSteps, stepS, nil), drivertest.Until{Kinds: allKinds})
+	run := e.StartRunning(e.Runner(drivertest.Fake(pauseSteps, stepS), drivertest.NewParticipant()), ro, 1, drivertest.Task(ro, endlessSteps, stepS, nil), drivertest.Until{Kinds: allKinds})
 	launch := driver.LaunchID(ro, 1, 1, run.SandboxID)
 	rec := e.Receipt(run.SandboxID, launch)
 	if rec == nil || !drivertest.IsSupervisor(rec.SupervisorPID) || rec.Ended {
@@ -170,7 +170,7 @@ func TestSameRolloutOnOneHostNeverSharesALaunch(t *testing.T) {
 	t.Parallel()
 	a, b := drivertest.New(t), drivertest.New(t)
 	ro := a.Rollout("twin")
-	pa, pb := newParticipant(), newParticipant()
+	pa, pb := drivertest.NewParticipant(), drivertest.NewParticipant()
 	ha := a.Start(a.Runner(drivertest.Fake(pauseSteps, stepS), pa), ro, 1, drivertest.Task(ro, endlessSteps, stepS, nil))
 	hb := b.Start(b.Runner(drivertest.Fake(pauseSteps, stepS), pb), ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil))
 	runA := a.WaitRunning(ha, drivertest.Until{Kinds: allKinds})
@@ -195,6 +195,6 @@ func TestSameRolloutOnOneHostNeverSharesALaunch(t *testing.T) {
 		t.Errorf("the other deployment's run lost processes: alive %v of %v", live, runB.Procs)
 	}
 	r := runB.MustSucceed(t)
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	drivertest.CheckStepsOnce(t, runB.Session, pauseSteps)
 }

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -30,7 +30,7 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 	e := drivertest.New(t)
 	ro := e.Rollout("crash")
 	body := drivertest.Task(ro, steps, stepS, nil)
-	p1 := newParticipant()
+	p1 := drivertest.NewParticipant()
 	run1 := e.StartRunning(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body, drivertest.Until{Steps: 2, Kinds: allKinds})
 
 	prepare(t, p1, "ckpt-1")
@@ -67,15 +67,15 @@ func TestPausedBookmarkRelaunchesAfterCrash(t *testing.T) {
 	if sb1 == run1.SandboxID {
 		t.Fatalf("the restore did not fork under a new sandbox id (%s)", sb1)
 	}
-	p2 := newParticipant()
+	p2 := drivertest.NewParticipant()
 	restore(t, e, p2, "ckpt-1", recs)
 	r := e.Start(e.Runner(drivertest.Fake(steps, stepS), p2), ro, 2, body).MustSucceed(t)
 
 	if len(r.Launches) != 2 {
 		t.Fatalf("want two launches, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
-	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	if r.Launches[0].SandboxID != run1.SandboxID || r.Launches[1].SandboxID != sb1 {
 		t.Errorf("launches ran in %s and %s, want %s then the fork %s", r.Launches[0].SandboxID, r.Launches[1].SandboxID, run1.SandboxID, sb1)
 	}
@@ -117,7 +117,7 @@ func TestGonePausedLaunchLogsWhatTheRelaunchDoes(t *testing.T) {
 	e := drivertest.New(t)
 	ro := e.Rollout("crash-fresh")
 	body := drivertest.Task(ro, steps, stepS, nil)
-	p1 := newParticipant()
+	p1 := drivertest.NewParticipant()
 	run1 := e.StartRunning(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body, drivertest.Until{Steps: 1})
 	prepare(t, p1, "ckpt-1")
 	recs := commit(t, e, p1, "ckpt-1", false)
@@ -129,7 +129,7 @@ func TestGonePausedLaunchLogsWhatTheRelaunchDoes(t *testing.T) {
 	if err := os.Remove(filepath.Join(e.SessionOf(sb1, bm.State), "steps")); err != nil {
 		t.Fatal(err)
 	}
-	p2 := newParticipant()
+	p2 := drivertest.NewParticipant()
 	restore(t, e, p2, "ckpt-1", recs)
 	r := e.Start(e.Runner(drivertest.Fake(steps, stepS), p2), ro, 2, body).MustSucceed(t)
 	if len(r.Launches) != 2 || r.Launches[1].Resumed {
@@ -155,7 +155,7 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 	e := drivertest.New(t)
 	ro := e.Rollout("restart")
 	body := drivertest.Task(ro, steps, stepS, map[string]any{"restart": true})
-	p1 := newParticipant()
+	p1 := drivertest.NewParticipant()
 	run1 := e.StartRunning(e.Runner(drivertest.Fake(steps, stepS), p1), ro, 1, body, drivertest.Until{Steps: 1, Kinds: allKinds})
 
 	res := prepare(t, p1, "ckpt-1")
@@ -185,7 +185,7 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 		t.Fatalf("the crashed run1 returned %v, want ErrCrashed", err)
 	}
 	restoreOwner(t, e, "ckpt-1", recs)
-	p2 := newParticipant()
+	p2 := drivertest.NewParticipant()
 	restore(t, e, p2, "ckpt-1", recs)
 	// The controller retires the crashed attempt of a rollout it starts
 	// over: the owner stops its session and sandbox (nothing else knows
@@ -204,7 +204,7 @@ func TestRestartRunNeverParkedAndStartsOver(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch in attempt 2, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	if r.Launches[0].Reason != "first launch" || r.Launches[0].ID != driver.LaunchID(ro, 2, 1, info.SandboxID) || r.Launches[0].SandboxID != info.SandboxID {
 		t.Errorf("attempt 2's launch %+v: want a first launch of attempt 2 in %s", r.Launches[0], info.SandboxID)
 	}
@@ -253,7 +253,7 @@ func TestNoSandboxRunIsARestartInItsOwnSandbox(t *testing.T) {
 	// The owner grades in a scratch sandbox holding the seed's files: the
 	// check cannot see the harness's work.
 	body := drivertest.Task(ro, steps, stepS, map[string]any{"no_sandbox": true, "check": "true"})
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	rn.OwnSandbox = e.OwnSandbox
 	h := e.Start(rn, ro, 1, body)
@@ -275,7 +275,7 @@ func TestNoSandboxRunIsARestartInItsOwnSandbox(t *testing.T) {
 	if len(r.Launches) != 1 || r.Launches[0].SandboxID != own {
 		t.Fatalf("want one launch in %s, got %+v", own, r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	checkVerified(t, e, ro, r)
 	if s := e.Session(ro); !s.NoSandbox || s.SandboxID != "" {
 		t.Errorf("the owner lent a sandbox: %+v", s)

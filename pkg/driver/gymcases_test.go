@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -147,7 +147,7 @@ func TestGymPrepareNotReadyWhileRunInHarness(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	c := p.Control()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	pausing, release := holdPause(t, e)
@@ -186,7 +186,7 @@ func TestGymPrepareNotReadyWhileRunInHarness(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	checkVerified(t, e, ro, r)
 }
 
@@ -202,7 +202,7 @@ func TestGymPrepareWaitsForParkAndReplays(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	c := p.Control()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	pausing, release := holdPause(t, e)
@@ -250,7 +250,7 @@ func TestGymPrepareWaitsForParkAndReplays(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, sess, steps)
 }
@@ -268,7 +268,7 @@ func TestGymQueuedRunDoesNotBlockAndIsExportedAtSeed(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant(1)
+	p := drivertest.NewParticipant(1)
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	first, ha, _, _ := inHarness(t, e, rn, "first", 0, nil)
 	queued := e.Rollout("queued")
@@ -329,7 +329,7 @@ func TestGymRestartRunNeverBlocksAndIsRefusedInScope(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	c := p.Control()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	restart, hr, _, _ := inHarness(t, e, rn, "restart", 1, map[string]any{"restart": true})
@@ -387,7 +387,7 @@ func TestGymNewRolloutRefusedWhileAdmissionClosed(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	ro := e.Rollout("new")
 	body := drivertest.Task(ro, 3, 0.1, nil)
@@ -419,7 +419,7 @@ func TestGymRestoreRefusedWhileRunsInFlight(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro, h, _, _ := inHarness(t, e, rn, "live", 1, nil)
 	other := e.Rollout("other")
@@ -458,7 +458,7 @@ func TestGymRestoreInstallsUnderNextAttempt(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p1 := newParticipant()
+	p1 := drivertest.NewParticipant()
 	ro, h1, _, _ := inHarness(t, e, e.Runner(drivertest.Fake(steps, stepS), p1), "restored", 1, nil)
 	body := drivertest.Task(ro, steps, stepS, nil)
 	prepare(t, p1, "ckpt-1")
@@ -470,7 +470,7 @@ func TestGymRestoreInstallsUnderNextAttempt(t *testing.T) {
 	}
 	restoreOwner(t, e, "ckpt-1", recs)
 
-	p2 := newParticipant()
+	p2 := drivertest.NewParticipant()
 	c2 := p2.Control()
 	rep, err := c2.Restore(ctx, &gym.RestoreRequest{Request: request("restore-1"), CheckpointDir: e.CheckpointDir("ckpt-1"),
 		EpisodeIDs: []gym.EpisodeID{{RolloutID: ro, Attempt: 1}}})
@@ -516,7 +516,7 @@ func TestGymRetireCancelsAndFencesRunningRun(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	c := p.Control()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	pausing, release := holdPause(t, e)
@@ -594,7 +594,7 @@ func TestGymRetireDropsRestoredRecord(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	c := p.Control()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	ro := e.Rollout("dropped")
@@ -644,7 +644,7 @@ func TestGymCommitScopeDeletesUnscopedRestored(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	c := p.Control()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	keep, drop := e.Rollout("keep"), e.Rollout("drop")
@@ -730,7 +730,7 @@ func TestGymLeaseExpiryResumesOnItsOwn(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	checkVerified(t, e, ro, r)
 	late := e.Rollout("late")
 	checkVerified(t, e, late, e.Start(rn, late, 0, drivertest.Task(late, 3, 0.1, nil)).MustSucceed(t))
@@ -749,7 +749,7 @@ func TestGymRestoredReplacementAdmittedWhileClosed(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	ro := e.Rollout("replacement")
 	stored := json.RawMessage(`{"v":1,"next":"return","result":{"reward":1,"stored":true}}`)
@@ -799,7 +799,7 @@ func TestGymRunBecomesRestartOnlyOutsideCheckpoint(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	c := p.Control()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	ro := e.Rollout("late-restart")
@@ -906,7 +906,7 @@ func TestGymWaitVerifyBlocksPrepare(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	c := p.Control()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	ro, h, letGo := inVerify(t, e, rn, p, "wait-verify", nil)
@@ -938,7 +938,7 @@ func TestGymWaitVerifyBlocksPrepare(t *testing.T) {
 func TestGymReplayVerifyDoesNotBlock(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	ro, h, letGo := inVerify(t, e, rn, p, "replay-verify", map[string]any{"verify_mode": "replay"})
 
@@ -972,7 +972,7 @@ func TestGymStepEndingDuringCheckpointParksBeforeReplying(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			e := drivertest.New(t)
-			p := newParticipant()
+			p := drivertest.NewParticipant()
 			rn := e.Runner(drivertest.Fake(3, 0.1), p)
 			extra := map[string]any{}
 			if mode == "replay" {
@@ -1042,7 +1042,7 @@ func TestGymRetireCutShortBlocksNextPrepare(t *testing.T) {
 			t.Parallel()
 			e := drivertest.New(t)
 			ctx := context.Background()
-			p := newParticipant()
+			p := drivertest.NewParticipant()
 			c := p.Control()
 			rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 			held, letGo := make(chan struct{}), make(chan struct{})

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
@@ -243,7 +243,7 @@ func (o *pauseCauses) got() []string {
 // being followed, then resumed. It returns the result.
 func fakeRun(t *testing.T, f *fakeLaunches, obs *pauseCauses, rollout string, checkpoint bool) drivertest.Result {
 	t.Helper()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := &driver.Runner{Adapter: memAdapter{}, Owner: memOwner{}, Backends: map[string]sandbox.Backend{"mem": memBackend{}},
 		Launchers: f, Participant: p, Observer: obs}
 	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Patience)
@@ -362,7 +362,7 @@ func TestRunnerFallsBackToTagOnlyOnce(t *testing.T) {
 	f = newFakeLaunches()
 	f.startSupervised = fmt.Errorf("%w: ngsup run in sb-1: %w", launch.ErrLaunch, sandbox.ErrGone)
 	rn := &driver.Runner{Adapter: memAdapter{}, Owner: memOwner{}, Backends: map[string]sandbox.Backend{"mem": memBackend{}},
-		Launchers: f, Participant: newParticipant()}
+		Launchers: f, Participant: drivertest.NewParticipant()}
 	_, err := rn.Run(context.Background(), driver.RunRequest{RolloutID: "fake-gone", Attempt: 1, Body: json.RawMessage(`{}`)})
 	if err == nil || len(f.called()) != 1 {
 		t.Errorf("a start in a gone sandbox: %v, calls %v; want the run failed after one start", err, f.called())

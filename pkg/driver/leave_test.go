@@ -10,8 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
@@ -92,7 +92,7 @@ func TestLeavingTheSandbox(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := drivertest.New(t)
-			p := newParticipant()
+			p := drivertest.NewParticipant()
 			rn := e.Runner(drivertest.Fake(steps, stepS), p)
 			armed := make(chan struct{})
 			arm := sync.OnceFunc(func() { close(armed) })
@@ -177,7 +177,7 @@ func TestHostileTaskText(t *testing.T) {
 	e := drivertest.New(t)
 	marker := filepath.Join(os.TempDir(), "PWNED-"+e.Tag)
 	text := "a  b   $(touch " + marker + "-1) `touch " + marker + "-2`; touch " + marker + "-3 && echo 'q' \"dq\"\nline2 * ~ | tee " + marker + "-4 > " + marker + "-5 \\ end"
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	evil := "evil;$(touch " + marker + "-6)`id`'\"|x-" + e.Tag
 	if _, err := e.Start(rn, evil, 1, drivertest.Task(evil, 3, 0.1, nil)).Wait(t); !errors.Is(err, driver.ErrBadRequest) {
@@ -223,7 +223,7 @@ func TestSeedHandleWhenTheOwnerHasNoSandboxAccess(t *testing.T) {
 	e := drivertest.New(t)
 	e.Owner.WithoutSandboxAccess()
 	ro := e.Rollout("no-access")
-	r := e.Start(e.Runner(drivertest.Fake(3, 0.1), newParticipant()), ro, 1, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t)
+	r := e.Start(e.Runner(drivertest.Fake(3, 0.1), drivertest.NewParticipant()), ro, 1, drivertest.Task(ro, 3, 0.1, nil)).MustSucceed(t)
 	sb := e.Session(ro).SandboxID
 	if len(r.Launches) != 1 || r.Launches[0].SandboxID != sb {
 		t.Fatalf("launches %+v, want one in the seeded sandbox %s", r.Launches, sb)

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
@@ -33,16 +33,6 @@ const (
 	// by itself.
 	endlessSteps = 2400
 )
-
-// newParticipant is a participant for the fake adapter, with no limit on
-// the runs in flight (maxRuns[0] when given).
-func newParticipant(maxRuns ...int) *driver.Participant {
-	cfg := driver.ParticipantConfig{Adapter: "fake"}
-	if len(maxRuns) > 0 {
-		cfg.MaxRuns = maxRuns[0]
-	}
-	return driver.MustParticipant(cfg)
-}
 
 // record is one exported run, as the tests read it back.
 type record struct {
@@ -215,15 +205,6 @@ func bookmarkOf(t *testing.T, recs []record, rollout string) (record, driver.Boo
 // hasRecord reports whether recs hold a record of rollout.
 func hasRecord(recs []record, rollout string) bool {
 	return slices.ContainsFunc(recs, func(r record) bool { return r.RolloutID == rollout })
-}
-
-// checkLaunch checks one launch record's outcome, pauses and resumption.
-func checkLaunch(t *testing.T, l driver.LaunchRecord, outcome driver.Outcome, pauses int, resumed bool) {
-	t.Helper()
-	if l.Outcome != outcome || l.Pauses != pauses || l.Resumed != resumed {
-		t.Errorf("launch %s: outcome %s pauses %d resumed %v (reason %q, error %q); want outcome %s pauses %d resumed %v",
-			l.ID, l.Outcome, l.Pauses, l.Resumed, l.Reason, l.Error, outcome, pauses, resumed)
-	}
 }
 
 // checkVerified checks that the run got reward 1 and the owner's session

@@ -10,9 +10,9 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/gym"
 )
 
@@ -36,7 +36,7 @@ func runInfo(p *driver.Participant, rollout string) (driver.RunInfo, bool) {
 func TestQueuedRunExportedAtSeed(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant(1)
+	p := drivertest.NewParticipant(1)
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	first, queued := e.Rollout("first"), e.Rollout("queued")
 	runA := e.StartRunning(rn, first, 1, drivertest.Task(first, steps, stepS, nil), drivertest.Until{Steps: 1})
@@ -88,7 +88,7 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 func TestParkBeforeLaunch(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("before-launch")
 	entered, release := make(chan struct{}), make(chan struct{})
@@ -127,7 +127,7 @@ func TestParkBeforeLaunch(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	checkVerified(t, e, ro, r)
 }
 
@@ -144,7 +144,7 @@ func TestParticipantRejectsCallsOutOfOrder(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
 	ctx := context.Background()
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	c := p.Control()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	dir := t.TempDir()
@@ -226,7 +226,7 @@ func TestRestoredRecordsCarriedUntilClaimed(t *testing.T) {
 		{RolloutID: back, Attempt: 1, Bookmark: json.RawMessage(`{"v":1,"next":"seed"}`)},
 		{RolloutID: late, Attempt: 3, Bookmark: json.RawMessage(`{"v":1,"next":"return","result":{"reward":1,"stored":"late"}}`)},
 	}
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(3, 0.1), p)
 	if err := restoreRecords(t, p, recs); err != nil {
 		t.Fatal(err)
@@ -258,7 +258,7 @@ func TestRestoredRecordsCarriedUntilClaimed(t *testing.T) {
 
 	// A second crash: the driver restored from ckpt-3 returns the stored
 	// result of the first restore's bookmark, without seeding.
-	p2 := newParticipant()
+	p2 := drivertest.NewParticipant()
 	rn2 := e.Runner(drivertest.Fake(3, 0.1), p2)
 	restore(t, e, p2, "ckpt-3", ck3)
 	out, err := rn2.Run(ctx, driver.RunRequest{RolloutID: late, Attempt: 5, Body: drivertest.Task(late, 3, 0.1, nil)})

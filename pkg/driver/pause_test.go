@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/gym"
@@ -75,7 +75,7 @@ func checkStill(t *testing.T, e *drivertest.Env, what, sandboxID string, stepS f
 func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("pause-twice")
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Steps: 2, Kinds: allKinds})
@@ -120,7 +120,7 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 2, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 2, false)
 	if r.Launches[0].ExitCode != 0 || !r.Launches[0].Supervised || r.Launches[0].SandboxID != run.SandboxID {
 		t.Errorf("launch record %+v: want exit 0, supervised, in %s", r.Launches[0], run.SandboxID)
 	}
@@ -151,7 +151,7 @@ func TestPausedLaunchExportedAndContinuedInPlace(t *testing.T) {
 func TestCheckpointClosedBeforeTheRunWakes(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("close-early")
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
@@ -165,7 +165,7 @@ func TestCheckpointClosedBeforeTheRunWakes(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, run.Session, steps)
 	if n, c := len(e.Backend.Verbs("pause")), len(e.Backend.Verbs("continue")); n != 1 || c != 1 {
@@ -181,7 +181,7 @@ func TestCheckpointClosedBeforeTheRunWakes(t *testing.T) {
 func TestPausedTimeIsRecorded(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("paused-time")
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, pauseSteps, stepS, nil), drivertest.Until{Steps: 1})
@@ -210,7 +210,7 @@ func TestPausedTimeIsRecorded(t *testing.T) {
 	if d, _ := l["duration_s"].(float64); d < paused {
 		t.Errorf("duration_s %v is less than paused_s %v", d, paused)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 2, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 2, false)
 	checkVerified(t, e, ro, r)
 }
 
@@ -221,7 +221,7 @@ func TestPausedTimeIsRecorded(t *testing.T) {
 func TestPausedUnsupervisedLaunch(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	rn.Unsupervised = true
 	ro := e.Rollout("pause-unsup")
@@ -240,7 +240,7 @@ func TestPausedUnsupervisedLaunch(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	if r.Launches[0].Supervised {
 		t.Errorf("the launch record says supervised")
 	}
@@ -266,7 +266,7 @@ func TestPausedUnsupervisedLaunch(t *testing.T) {
 func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	const n = 3
 	rn := e.Runner(drivertest.Fake(n, 0.1), p)
 	ro := e.Rollout("ended-early")
@@ -300,7 +300,7 @@ func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	checkVerified(t, e, ro, r)
 	pauses := e.Backend.Verbs("pause")
 	if len(pauses) != 1 || pauses[0].ExitCode != proto.ExitEnded {
@@ -322,7 +322,7 @@ func TestLaunchEndedBeforeParkKeepsResult(t *testing.T) {
 func TestCommitWithStopKillsPausedLaunch(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("commit-stop")
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 2, Kinds: allKinds})
@@ -337,8 +337,8 @@ func TestCommitWithStopKillsPausedLaunch(t *testing.T) {
 	if len(r.Launches) != 2 {
 		t.Fatalf("want two launches, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
-	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, run.Session, steps)
 }
@@ -350,7 +350,7 @@ func TestCommitWithStopKillsPausedLaunch(t *testing.T) {
 func TestContinueFailureStopsAndRelaunches(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("continue-fails")
 	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
@@ -368,8 +368,8 @@ func TestContinueFailureStopsAndRelaunches(t *testing.T) {
 	if len(r.Launches) != 2 {
 		t.Fatalf("want two launches, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
-	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, run.Session, steps)
 }
@@ -405,7 +405,7 @@ func heldByPause(t *testing.T, launchDir string) []drivertest.Proc {
 func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("continue-nothing")
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 2, Kinds: allKinds})
@@ -435,11 +435,11 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 		t.Fatalf("want two launches (the dead one, then a relaunch), got %+v", r.Launches)
 	}
 	first := r.Launches[0]
-	checkLaunch(t, first, driver.OutcomeInterrupted, 1, false)
+	drivertest.CheckLaunch(t, first, driver.OutcomeInterrupted, 1, false)
 	if !contains(first.Error, "found none of the") {
 		t.Errorf("the first launch's error %q does not say the continue found nothing", first.Error)
 	}
-	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	drivertest.CheckLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, run.Session, steps)
 	var warned bool
@@ -460,7 +460,7 @@ func TestContinueThatFindsNothingRelaunches(t *testing.T) {
 func TestUnconfirmedPauseFallsBackToStop(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("pause-unconfirmed")
 	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
@@ -483,11 +483,11 @@ func TestUnconfirmedPauseFallsBackToStop(t *testing.T) {
 	if len(r.Launches) != 2 {
 		t.Fatalf("want two launches, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
 	if !contains(r.Launches[0].Error, "pause not confirmed") {
 		t.Errorf("the first launch's error %q does not say the pause was not confirmed", r.Launches[0].Error)
 	}
-	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	drivertest.CheckLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, run.Session, steps)
 }
@@ -498,7 +498,7 @@ func TestUnconfirmedPauseFallsBackToStop(t *testing.T) {
 func TestEmptyPauseRetriedOnce(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("pause-empty-once")
 	var pauses atomic.Int32
@@ -516,7 +516,7 @@ func TestEmptyPauseRetriedOnce(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	if n := len(e.Backend.Verbs("pause")); n != 2 {
 		t.Errorf("ngsup pause ran %d times, want 2 (the empty answer retried once)", n)
 	}
@@ -529,7 +529,7 @@ func TestEmptyPauseRetriedOnce(t *testing.T) {
 func TestPauseThatKeepsPrintingNothingStops(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("pause-empty")
 	e.Backend.SetHook(func(ctx context.Context, sb sandboxT, req execReq, next drivertest.Next) (execRes, error) {
@@ -546,14 +546,14 @@ func TestPauseThatKeepsPrintingNothingStops(t *testing.T) {
 	if len(r.Launches) != 2 {
 		t.Fatalf("want two launches, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
 	if !contains(r.Launches[0].Error, "printed nothing") {
 		t.Errorf("the first launch's error %q does not say the pause printed nothing", r.Launches[0].Error)
 	}
 	if n := len(e.Backend.Verbs("pause")); n != 2 {
 		t.Errorf("ngsup pause ran %d times, want 2", n)
 	}
-	checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+	drivertest.CheckLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, run.Session, steps)
 }
@@ -568,7 +568,7 @@ func TestPauseThatKeepsPrintingNothingStops(t *testing.T) {
 func TestCheckpointResumedWhileThePauseRuns(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("resume-mid-pause")
 	pausing, release := make(chan struct{}), make(chan struct{})
@@ -599,7 +599,7 @@ func TestCheckpointResumedWhileThePauseRuns(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, run.Session, steps)
 	drivertest.CheckGone(t, "after verify", run.Procs)
@@ -635,7 +635,7 @@ func TestSupervisorCannotStartFallsBackToTagged(t *testing.T) {
 		}
 		return next(ctx, req)
 	})
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("fallback")
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{Steps: 1, Kinds: allKinds})
@@ -648,7 +648,7 @@ func TestSupervisorCannotStartFallsBackToTagged(t *testing.T) {
 	if len(r.Launches) != 1 || r.Launches[0].Supervised {
 		t.Fatalf("want one unsupervised launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, run.Session, steps)
 	for _, x := range e.Backend.Verbs("pause") {
@@ -669,7 +669,7 @@ func TestSupervisorCannotStartFallsBackToTagged(t *testing.T) {
 func TestPauseDoesNotWaitForTheCancelledWait(t *testing.T) {
 	t.Parallel()
 	e := drivertest.New(t)
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(pauseSteps, stepS), p)
 	ro := e.Rollout("pause-first")
 	pauseStarted := make(chan struct{})
@@ -710,7 +710,7 @@ func TestPauseDoesNotWaitForTheCancelledWait(t *testing.T) {
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, run.Session, pauseSteps)
 	e.CheckNoProcs("after verify", run.SandboxID)

@@ -9,10 +9,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
-	"github.com/ngharness/ngharness/pkg/driver/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
@@ -64,7 +64,7 @@ func TestCheckpointStopsLaunch(t *testing.T) {
 				t.Parallel()
 				const n = 4
 				e := drivertest.New(t)
-				p := newParticipant()
+				p := drivertest.NewParticipant()
 				rn := e.Runner(drivertest.Fake(n, stepS), p)
 				rn.PauseAtCheckpoints = boolp(false)
 				rn.Unsupervised = !supervised
@@ -118,8 +118,8 @@ func TestCheckpointStopsLaunch(t *testing.T) {
 				if len(r.Launches) != 2 {
 					t.Fatalf("want two launches, got %+v", r.Launches)
 				}
-				checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
-				checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, !c.install)
+				drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
+				drivertest.CheckLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, !c.install)
 				for _, l := range r.Launches {
 					if l.Supervised != supervised {
 						t.Errorf("launch %s: supervised %v, want %v", l.ID, l.Supervised, supervised)
@@ -185,7 +185,7 @@ func TestAdapterThatDoesNotPauseIsStopped(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := drivertest.New(t)
-			p := newParticipant()
+			p := drivertest.NewParticipant()
 			rn := e.Runner(c.adapter(), p)
 			if c.override {
 				rn.PauseAtCheckpoints = boolp(false)
@@ -203,8 +203,8 @@ func TestAdapterThatDoesNotPauseIsStopped(t *testing.T) {
 			if len(r.Launches) != 2 {
 				t.Fatalf("want two launches, got %+v", r.Launches)
 			}
-			checkLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
-			checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
+			drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeInterrupted, 0, false)
+			drivertest.CheckLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
 			if n := len(e.Backend.Verbs("pause")); n != 0 {
 				t.Errorf("ngsup pause ran %d times for an adapter that does not pause", n)
 			}
@@ -258,14 +258,14 @@ func TestCutAnswersAreAskedAgain(t *testing.T) {
 		}
 		return res, err
 	})
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("cut-answers")
 	r := e.Start(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil)).MustSucceed(t)
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	checkVerified(t, e, ro, r)
 	mu.Lock()
 	n := len(cut)
@@ -309,7 +309,7 @@ func TestCutRunAnswerLaunchesOnce(t *testing.T) {
 		}
 		return res, err
 	})
-	p := newParticipant()
+	p := drivertest.NewParticipant()
 	rn := e.Runner(drivertest.Fake(steps, stepS), p)
 	ro := e.Rollout("cut-run")
 	run := e.StartRunning(rn, ro, 1, drivertest.Task(ro, steps, stepS, nil), drivertest.Until{})
@@ -317,7 +317,7 @@ func TestCutRunAnswerLaunchesOnce(t *testing.T) {
 	if len(r.Launches) != 1 || !r.Launches[0].Supervised {
 		t.Fatalf("want one supervised launch, got %+v", r.Launches)
 	}
-	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
+	drivertest.CheckLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
 	checkVerified(t, e, ro, r)
 	drivertest.CheckStepsOnce(t, run.Session, steps)
 	if n := len(e.Backend.Verbs("run")); n != 2 {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 )
 
@@ -27,21 +28,22 @@ func TestNgdriverServeWithEachBackend(t *testing.T) {
 	for _, name := range []string{"opensandbox", "docker", "kubectl"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			w := newWorld(t, name)
-			section := map[string]any{"root": mountPoint + "/.ngharness", "workdir": mountPoint + "/work", "image": "ubuntu:24.04"}
+			e := drivertest.NewOn(t, name)
+			mp := e.Local.MountPoint()
+			section := map[string]any{"root": mp + "/.ngharness", "workdir": mp + "/work", "image": "ubuntu:24.04"}
 			env := os.Environ()
 			switch name {
 			case "opensandbox":
-				section["server"] = w.osb.URL()
+				section["server"] = e.OpenSandbox.URL()
 				section["api_key_env"] = "NGH_E2E_OSB_KEY"
 				section["ttl"] = "1h"
-				env = append(env, "NGH_E2E_OSB_KEY=e2e-key")
+				env = append(env, "NGH_E2E_OSB_KEY="+drivertest.OpenSandboxAPIKey)
 			case "docker":
-				section["env"] = []string{"FAKECLI_BASE=" + w.store}
+				section["env"] = []string{"FAKECLI_BASE=" + e.FakeCLIBase()}
 			case "kubectl":
-				section["env"] = []string{"FAKECLI_BASE=" + w.store}
+				section["env"] = []string{"FAKECLI_BASE=" + e.FakeCLIBase()}
 				section["namespace"] = "rollouts"
-				section["snapshot_dir"] = filepath.Join(w.store, "tars")
+				section["snapshot_dir"] = filepath.Join(e.FakeCLIBase(), "tars")
 			}
 			cfg := map[string]any{
 				"adapter": "fake", "log_format": "json", "token": "e2e-token", "stop_grace": "1s",
@@ -52,10 +54,10 @@ func TestNgdriverServeWithEachBackend(t *testing.T) {
 			if err := os.WriteFile(cfgPath, data, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			ownerURL := startServer(t, w, env, "owner", "serve", "--listen", "127.0.0.1:0", "--backend", name, "--config", cfgPath)
-			driverURL := startServer(t, w, env, "serve", "--config", cfgPath, "--listen", "127.0.0.1:0", "--owner", ownerURL)
+			ownerURL := startServer(t, env, "owner", "serve", "--listen", "127.0.0.1:0", "--backend", name, "--config", cfgPath)
+			driverURL := startServer(t, env, "serve", "--config", cfgPath, "--listen", "127.0.0.1:0", "--owner", ownerURL)
 
-			ro := w.rollout("cli")
+			ro := e.Rollout("cli")
 			body := task(ro, "count", 3, 0.2)
 			resp, err := http.Post(driverURL+"/run", "application/json", bytes.NewReader(body))
 			if err != nil {
@@ -63,12 +65,12 @@ func TestNgdriverServeWithEachBackend(t *testing.T) {
 			}
 			raw, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			var r result
+			var r drivertest.Result
 			if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &r) != nil || r.Reward != 1 || len(r.Launches) != 1 {
 				t.Fatalf("POST /run: %d %s", resp.StatusCode, raw)
 			}
 			id := r.Launches[0].SandboxID
-			if _, err := os.Stat(w.hostFolder(id)); err == nil {
+			if _, err := os.Stat(e.HostPath(id)); err == nil {
 				t.Errorf("the owner kept sandbox %s after the session closed (remove-unused is the default for %s)", id, name)
 			}
 		})
@@ -77,8 +79,9 @@ func TestNgdriverServeWithEachBackend(t *testing.T) {
 
 // startServer starts `ngdriver ARGS...` in a process group of its own,
 // waits for the address it prints, and stops it (SIGTERM, then SIGKILL to
-// its group) when the test ends, before the world's own cleanup.
-func startServer(t *testing.T, w *world, env []string, args ...string) string {
+// its group) when the test ends, before the cleanup of the test's
+// drivertest.Env.
+func startServer(t *testing.T, env []string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(ngdriverPath, args...)
 	cmd.Env = env
@@ -124,7 +127,7 @@ func startServer(t *testing.T, w *world, env []string, args ...string) string {
 		return u
 	case <-exited:
 		t.Fatalf("ngdriver %v exited: %s", args, stderr.String())
-	case <-time.After(Patience):
+	case <-time.After(drivertest.Patience):
 		t.Fatalf("ngdriver %v printed no address: %s", args, stderr.String())
 	}
 	return ""

@@ -8,17 +8,15 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/ngharness/ngharness/internal/cgrouptest"
 	"github.com/ngharness/ngharness/internal/testkit"
 )
 
 var (
-	// binDir holds what TestMain built: ngsup-linux-<GOARCH>, ngdriver, and the fake
-	// docker and kubectl, which are first on PATH.
-	binDir string
-	// ngsupPath is the static ngsup; ngdriverPath is ngdriver, beside it.
+	// ngsupPath is the static ngsup TestMain built; ngdriverPath is
+	// ngdriver, beside it (the fake docker and kubectl too, first on PATH).
 	ngsupPath, ngdriverPath string
-	// runTag is in every rollout id of this test process.
+	// runTag is in every rollout id this test process makes outside a
+	// drivertest.Env (whose ids carry its own tag).
 	runTag string
 )
 
@@ -36,20 +34,16 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "backends_e2e:", err)
 		return 1
 	}
-	binDir, ngsupPath, ngdriverPath = dir, testkit.Bin("ngsup"), testkit.Bin("ngdriver")
-	docker := testkit.Bin("docker")
-	// The fake docker and kubectl come first on PATH: the backends find
-	// them by name, as they would the real ones.
+	ngsupPath, ngdriverPath = testkit.Bin("ngsup"), testkit.Bin("ngdriver")
+	// The fake docker and kubectl come first on PATH: the backends (the
+	// Envs' and ngdriver's) find them by name, as they would the real ones.
 	os.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
-	if p, err := exec.LookPath("docker"); err != nil || p != docker {
-		fmt.Fprintf(os.Stderr, "backends_e2e: docker on PATH is %q (%v), not the fake %s\n", p, err, docker)
-		return 1
+	for _, name := range []string{"docker", "kubectl"} {
+		if p, err := exec.LookPath(name); err != nil || p != testkit.Bin(name) {
+			fmt.Fprintf(os.Stderr, "backends_e2e: %s on PATH is %q (%v), not the fake %s\n", name, p, err, testkit.Bin(name))
+			return 1
+		}
 	}
 	runTag = fmt.Sprintf("bk%d", os.Getpid())
-	testkit.Patience = Patience
-	code := m.Run()
-	// A sandbox deleted behind the owner's back (TestSandboxDeletedMidRun)
-	// leaves its launch's empty cgroup: a real service would take it along.
-	cgrouptest.RemoveEmpty(runTag)
-	return code
+	return m.Run()
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
@@ -37,22 +38,22 @@ func TestOpenSandboxPrepareFigures(t *testing.T) {
 	if v := os.Getenv("NGHARNESS_BENCH_OSB_N"); v != "" {
 		fmt.Sscan(v, &n)
 	}
-	w := newWorld(t, "opensandbox")
-	p := newParticipant()
-	rn := w.runner(p, nil)
+	e := drivertest.NewOn(t, "opensandbox")
+	p := drivertest.NewParticipant()
+	rn := e.Runner(drivertest.Fake(0, 0), p)
 	var ros, sbs []string
 	for i := range n {
-		ro := w.rollout(fmt.Sprintf("bench%d", i))
-		w.start(rn, ro, 1, task(ro, "count", 400, 0.25))
+		ro := e.Rollout(fmt.Sprintf("bench%d", i))
+		e.Start(rn, ro, 1, task(ro, "count", 400, 0.25))
 		ros = append(ros, ro)
 	}
 	for _, ro := range ros {
-		sb := w.session(ro).SandboxID
-		waitSteps(t, w.sessionDir(sb, ro), 2)
+		sb := e.WaitSeeded(ro, 1).SandboxID
+		e.WaitSteps(e.WaitSession(sb, ro), 2)
 		sbs = append(sbs, sb)
 	}
 	ctx := context.Background()
-	parts := w.controls(p)
+	parts := e.Controls(p)
 	var prep, commit, resume []time.Duration
 	var execs []int
 	verbs := map[string]int{}
@@ -63,7 +64,7 @@ func TestOpenSandboxPrepareFigures(t *testing.T) {
 		req := gym.Request{CheckpointID: id, DeadlineTS: float64(time.Now().Add(2*time.Minute).UnixNano()) / 1e9}
 		before := map[string]int{}
 		for _, sb := range sbs {
-			before[sb] = len(w.osb.Commands(sb))
+			before[sb] = len(e.OpenSandbox.Commands(sb))
 		}
 		t0 := time.Now()
 		for _, c := range parts {
@@ -74,7 +75,7 @@ func TestOpenSandboxPrepareFigures(t *testing.T) {
 		}
 		prep = append(prep, time.Since(t0))
 		for _, sb := range sbs {
-			cmds := w.osb.Commands(sb)
+			cmds := e.OpenSandbox.Commands(sb)
 			execs = append(execs, len(cmds)-before[sb])
 			for _, c := range cmds[before[sb]:] {
 				if m := verb.FindStringSubmatch(c); m != nil {
@@ -167,7 +168,7 @@ func commitFigures(t *testing.T, n, capacity int) {
 	}
 	defer srv.Close()
 	b, err := opensandbox.New(opensandbox.Options{Server: srv.URL(), APIKey: "bench-key", Image: "bench",
-		Root: mountPoint + "/" + local.RootFolder, Workdir: mountPoint + "/" + local.WorkFolder})
+		Root: local.DefaultMountPoint + "/" + local.RootFolder, Workdir: local.DefaultMountPoint + "/" + local.WorkFolder})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
@@ -23,31 +24,31 @@ import (
 // one launch, paused once, the harness started once and every step once;
 // every command the driver sent was a foreground one (it never follows a
 // launch by execd's command ids).
-func modeRun(t *testing.T, w *world, disturb func(sandboxID string)) {
+func modeRun(t *testing.T, e *drivertest.Env, disturb func(sandboxID string)) {
 	t.Helper()
-	ro := w.rollout("mode")
-	p := newParticipant()
-	h := w.start(w.runner(p, nil), ro, 1, task(ro, "count", 10, 0.4))
-	sb := w.session(ro).SandboxID
-	dir := w.sessionDir(sb, ro)
-	waitSteps(t, dir, 2)
+	ro := e.Rollout("mode")
+	p := drivertest.NewParticipant()
+	h := start(e, p, ro, task(ro, "count", 10, 0.4))
+	sb := e.WaitSeeded(ro, 1).SandboxID
+	dir := e.WaitSession(sb, ro)
+	e.WaitSteps(dir, 2)
 	disturb(sb)
-	if _, err := w.checkpoint(p, "ckpt-1", 300*time.Millisecond); err != nil {
+	if _, err := e.Checkpoint(p, "ckpt-1", 300*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	r := h.mustSucceed(t)
+	r := mustVerify(t, h)
 	if len(r.Launches) != 1 {
 		t.Fatalf("want one launch, got %+v", r.Launches)
 	}
 	checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
-	checkStepsOnce(t, dir, 10)
+	drivertest.CheckStepsOnce(t, dir, 10)
 	if n := harnesses(dir); n != 1 {
 		t.Errorf("the harness was started %d times, want once", n)
 	}
-	if _, bg := w.osb.CommandCounts(sb); bg != 0 {
+	if _, bg := e.OpenSandbox.CommandCounts(sb); bg != 0 {
 		t.Errorf("the driver ran %d background commands", bg)
 	}
-	w.checkNoProcs("after verify", sb)
+	e.CheckNoProcs("after verify", sb)
 }
 
 // TestExecdLateCompletion proves a run verifies while execd reports every
@@ -57,9 +58,9 @@ func modeRun(t *testing.T, w *world, disturb func(sandboxID string)) {
 func TestExecdLateCompletion(t *testing.T) {
 	t.Parallel()
 	skipIfReal(t)
-	w := newWorld(t, "opensandbox")
-	w.osb.SetLateCompletion(30 * time.Second)
-	modeRun(t, w, func(string) {})
+	e := drivertest.NewOn(t, "opensandbox")
+	e.OpenSandbox.SetLateCompletion(30 * time.Second)
+	modeRun(t, e, func(string) {})
 }
 
 // TestExecdRestartsAndForgetsIDs proves a launch survives execd
@@ -71,12 +72,12 @@ func TestExecdLateCompletion(t *testing.T) {
 func TestExecdRestartsAndForgetsIDs(t *testing.T) {
 	t.Parallel()
 	skipIfReal(t)
-	w := newWorld(t, "opensandbox")
-	modeRun(t, w, func(sb string) {
-		if err := w.osb.RestartExecd(sb, time.Second); err != nil {
+	e := drivertest.NewOn(t, "opensandbox")
+	modeRun(t, e, func(sb string) {
+		if err := e.OpenSandbox.RestartExecd(sb, time.Second); err != nil {
 			t.Fatal(err)
 		}
-		w.osb.ForgetCommandIDs()
+		e.OpenSandbox.ForgetCommandIDs()
 	})
 }
 
@@ -88,16 +89,16 @@ func TestExecdRestartsAndForgetsIDs(t *testing.T) {
 func TestExecdDropsConnections(t *testing.T) {
 	t.Parallel()
 	skipIfReal(t)
-	w := newWorld(t, "opensandbox")
+	e := drivertest.NewOn(t, "opensandbox")
 	has := func(word string) func(string) bool {
 		return func(c string) bool { return strings.Contains(c, " "+word+" --dir ") }
 	}
-	w.osb.DropStreams(has("run"), 1, fakeexecd.DropBeforeEnd)
-	modeRun(t, w, func(string) {
-		w.osb.DropStreams(has("wait"), 2, fakeexecd.DropAfterInit)
-		w.osb.DropStreams(has("continue"), 1, fakeexecd.DropBeforeEnd)
+	e.OpenSandbox.DropStreams(has("run"), 1, fakeexecd.DropBeforeEnd)
+	modeRun(t, e, func(string) {
+		e.OpenSandbox.DropStreams(has("wait"), 2, fakeexecd.DropAfterInit)
+		e.OpenSandbox.DropStreams(has("continue"), 1, fakeexecd.DropBeforeEnd)
 	})
-	if n := w.osb.DropsPending(); n != 0 {
+	if n := e.OpenSandbox.DropsPending(); n != 0 {
 		t.Errorf("%d of the dropped streams never happened", n)
 	}
 }
@@ -109,9 +110,9 @@ func TestExecdDropsConnections(t *testing.T) {
 func TestNgsupForTheSandboxArchitecture(t *testing.T) {
 	t.Parallel()
 	skipIfReal(t)
-	w := newWorld(t, "opensandbox")
+	e := drivertest.NewOn(t, "opensandbox")
 	ctx := context.Background()
-	sb, err := w.lender.Create(ctx, "arch")
+	sb, err := e.Lender.Create(ctx, "arch")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,23 +125,23 @@ func TestNgsupForTheSandboxArchitecture(t *testing.T) {
 	if runtime.GOARCH == "arm64" {
 		t.Skip("this machine is arm64: the stand-in would replace the real build")
 	}
-	if err := w.osb.SetMachine("aarch64"); err != nil {
+	if err := e.OpenSandbox.SetMachine("aarch64"); err != nil {
 		t.Fatal(err)
 	}
-	p, err := (&launch.Ngsup{Binaries: bins, Log: w.log}).Ensure(ctx, sb)
+	p, err := (&launch.Ngsup{Binaries: bins, Log: e.Log}).Ensure(ctx, sb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := os.ReadFile(w.host(sb.ID(), p)); !bytes.Equal(got, armData) {
+	if got, _ := os.ReadFile(e.HostOf(sb.ID(), p)); !bytes.Equal(got, armData) {
 		t.Errorf("an aarch64 sandbox got %s holding %q, want the arm64 build", p, got)
 	}
-	if err := w.osb.SetMachine("mips"); err != nil {
+	if err := e.OpenSandbox.SetMachine("mips"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := (&launch.Ngsup{Binaries: bins}).Ensure(ctx, sb); !errors.Is(err, launch.ErrNoNgsup) {
 		t.Errorf("a mips sandbox: %v, want ErrNoNgsup", err)
 	}
-	if err := w.osb.SetMachine(""); err != nil {
+	if err := e.OpenSandbox.SetMachine(""); err != nil {
 		t.Fatal(err)
 	}
 	p2, err := (&launch.Ngsup{Binaries: bins}).Ensure(ctx, sb)
@@ -148,10 +149,10 @@ func TestNgsupForTheSandboxArchitecture(t *testing.T) {
 		t.Fatal(err)
 	}
 	want, _ := os.ReadFile(ngsupPath)
-	if got, _ := os.ReadFile(w.host(sb.ID(), p2)); p2 == p || !bytes.Equal(got, want) {
+	if got, _ := os.ReadFile(e.HostOf(sb.ID(), p2)); p2 == p || !bytes.Equal(got, want) {
 		t.Errorf("an x86-64 sandbox got %s, want the %s build at a path of its own", p2, runtime.GOARCH)
 	}
-	ups := w.osb.Uploads(sb.ID())
+	ups := e.OpenSandbox.Uploads(sb.ID())
 	if len(ups) != 2 {
 		t.Errorf("uploads %v, want the two builds once each", ups)
 	}
@@ -162,28 +163,28 @@ func TestNgsupForTheSandboxArchitecture(t *testing.T) {
 func TestOwnerRenewsOpenSessions(t *testing.T) {
 	t.Parallel()
 	skipIfReal(t)
-	w := newWorld(t, "opensandbox")
+	e := drivertest.NewOn(t, "opensandbox")
 	ctx := context.Background()
-	open, err := w.owner.SeedSession(ctx, "", json.RawMessage(`{"rollout_id":"renew-open"}`))
+	open, err := e.Owner.SeedSession(ctx, "", json.RawMessage(`{"rollout_id":"renew-open"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed, err := w.owner.SeedSession(ctx, "", json.RawMessage(`{"rollout_id":"renew-closed"}`))
+	closed, err := e.Owner.SeedSession(ctx, "", json.RawMessage(`{"rollout_id":"renew-closed"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.owner.CloseSession(ctx, "", closed.Cookies); err != nil {
+	if err := e.Owner.CloseSession(ctx, "", closed.Cookies); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.owner.RenewOpen(ctx, 3*time.Hour); err != nil {
+	if err := e.Owner.RenewOpen(ctx, 3*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	oi, _ := w.owner.Session(open.Cookies)
-	ci, _ := w.owner.Session(closed.Cookies)
-	if r := w.osb.Renewals(oi.SandboxID); len(r) != 1 || r[0].Before(time.Now().Add(2*time.Hour)) {
+	oi, _ := e.Owner.Session(open.Cookies)
+	ci, _ := e.Owner.Session(closed.Cookies)
+	if r := e.OpenSandbox.Renewals(oi.SandboxID); len(r) != 1 || r[0].Before(time.Now().Add(2*time.Hour)) {
 		t.Errorf("the open session's sandbox was renewed to %v", r)
 	}
-	if r := w.osb.Renewals(ci.SandboxID); len(r) != 0 {
+	if r := e.OpenSandbox.Renewals(ci.SandboxID); len(r) != 0 {
 		t.Errorf("the closed session's sandbox was renewed: %v", r)
 	}
 }

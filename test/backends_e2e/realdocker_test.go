@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/ngharness/ngharness/internal/dockertest"
+	"github.com/ngharness/ngharness/internal/drivertest"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 )
 
 // The tests of this file use a real Docker engine and the real docker
@@ -30,7 +32,7 @@ func TestNgdriverServeRealDocker(t *testing.T) {
 	section := map[string]any{
 		"binary": eng.Client, "image": eng.Image, "run_args": eng.RunArgs(),
 		"snapshot_repository": eng.SnapshotRepository(),
-		"root":                mountPoint + "/.ngharness", "workdir": mountPoint + "/work",
+		"root":                local.DefaultMountPoint + "/.ngharness", "workdir": local.DefaultMountPoint + "/work",
 	}
 	cfg := map[string]any{
 		"adapter": "fake", "log_format": "json", "token": "e2e-token", "stop_grace": "1s",
@@ -42,8 +44,8 @@ func TestNgdriverServeRealDocker(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := os.Environ()
-	ownerURL := startServer(t, nil, env, "owner", "serve", "--listen", "127.0.0.1:0", "--backend", "docker", "--config", cfgPath)
-	driverURL := startServer(t, nil, env, "serve", "--config", cfgPath, "--listen", "127.0.0.1:0", "--owner", ownerURL)
+	ownerURL := startServer(t, env, "owner", "serve", "--listen", "127.0.0.1:0", "--backend", "docker", "--config", cfgPath)
+	driverURL := startServer(t, env, "serve", "--config", cfgPath, "--listen", "127.0.0.1:0", "--owner", ownerURL)
 
 	ro := "serve-real-" + runTag
 	// The owner's check runs in the sandbox: it passes in a container of
@@ -58,7 +60,7 @@ func TestNgdriverServeRealDocker(t *testing.T) {
 	}
 	raw, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	var r result
+	var r drivertest.Result
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &r) != nil || r.Reward != 1 || len(r.Launches) != 1 {
 		t.Fatalf("POST /run: %d %s", resp.StatusCode, raw)
 	}

@@ -1,6 +1,7 @@
 package backends_e2e
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -9,28 +10,76 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/fake"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
+	"github.com/ngharness/ngharness/pkg/gym"
 )
 
-// forEachBackend runs scenario over every backend, each in a world of its
-// own, in parallel.
-func forEachBackend(t *testing.T, scenario func(t *testing.T, w *world)) {
+// backends are the backends every scenario runs over; local is the
+// control.
+var backends = []string{"local", "opensandbox", "docker", "kubectl"}
+
+// forEachBackend runs scenario over every backend, each in a
+// drivertest.Env of its own, in parallel. The Envs' backends hide the
+// local sandbox's capabilities (drivertest.Backend.HideCapabilities): the
+// control runs the remote backends' path, ngsup uploaded into each
+// sandbox and each launch paused alone.
+func forEachBackend(t *testing.T, scenario func(t *testing.T, e *drivertest.Env)) {
 	for _, name := range backends {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			scenario(t, newWorld(t, name))
+			e := drivertest.NewOn(t, name)
+			e.Backend.HideCapabilities()
+			scenario(t, e)
 		})
 	}
 }
 
+// task is a run body for the fake adapter and the owner
+// (drivertest.Task) with the task text given, and the identity `ngdriver
+// serve` reads, as Gym's collector sends it.
+func task(rollout, text string, steps int, stepS float64) json.RawMessage {
+	return drivertest.Task(rollout, steps, stepS, map[string]any{"task": text, gym.FieldRolloutID: rollout})
+}
+
+// start runs body on a new Runner of the Env (its ngsup shared) for p.
+func start(e *drivertest.Env, p *driver.Participant, rollout string, body json.RawMessage) *drivertest.Handle {
+	return e.Start(e.Runner(drivertest.Fake(0, 0), p), rollout, 1, body)
+}
+
+// mustVerify waits for the run to succeed; the test fails at once unless
+// the owner verified it (reward 1).
+func mustVerify(t testing.TB, h *drivertest.Handle) drivertest.Result {
+	t.Helper()
+	r := h.MustSucceed(t)
+	if r.Reward != 1 {
+		t.Fatalf("run %s was not verified: %s", h.Rollout, r.Raw)
+	}
+	return r
+}
+
+// checkLaunch is drivertest.CheckLaunch, and the launch was supervised.
 func checkLaunch(t *testing.T, rec driver.LaunchRecord, outcome driver.Outcome, pauses int, resumed bool) {
 	t.Helper()
-	if rec.Outcome != outcome || rec.Pauses != pauses || rec.Resumed != resumed || !rec.Supervised {
-		t.Errorf("launch %s: outcome %s pauses %d resumed %v supervised %v, want %s %d %v true",
-			rec.ID, rec.Outcome, rec.Pauses, rec.Resumed, rec.Supervised, outcome, pauses, resumed)
+	drivertest.CheckLaunch(t, rec, outcome, pauses, resumed)
+	if !rec.Supervised {
+		t.Errorf("launch %s was not supervised", rec.ID)
 	}
+}
+
+// harnesses counts the harness processes a session's pids file recorded
+// (one per launch).
+func harnesses(dir string) int {
+	recs, _ := fake.ReadPids(dir)
+	n := 0
+	for _, r := range recs {
+		if r.Kind == "harness" {
+			n++
+		}
+	}
+	return n
 }
 
 // TestVerifiedRun proves that a plain rollout runs end to end through each
@@ -40,26 +89,25 @@ func checkLaunch(t *testing.T, rec driver.LaunchRecord, outcome driver.Outcome, 
 // check in the sandbox verifies it; one launch, finished; nothing left
 // running.
 func TestVerifiedRun(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, w *world) {
-		ro := w.rollout("plain")
-		h := w.start(w.runner(newParticipant(), nil), ro, 1, task(ro, "count", 4, 0.2))
-		r := h.mustSucceed(t)
+	forEachBackend(t, func(t *testing.T, e *drivertest.Env) {
+		ro := e.Rollout("plain")
+		r := mustVerify(t, start(e, drivertest.NewParticipant(), ro, task(ro, "count", 4, 0.2)))
 		if len(r.Launches) != 1 {
 			t.Fatalf("want one launch, got %+v", r.Launches)
 		}
 		checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 0, false)
-		info := w.session(ro)
+		info := e.Session(ro)
 		if !info.Verified || !info.Closed || r.Launches[0].SandboxID != info.SandboxID {
 			t.Errorf("owner session %+v, launch in %s", info, r.Launches[0].SandboxID)
 		}
 		if r.Fake.Steps != 4 || r.Fake.FirstStep != 1 {
 			t.Errorf("harness output %+v", r.Fake)
 		}
-		checkStepsOnce(t, w.sessionDir(info.SandboxID, ro), 4)
-		if n := w.rec.ngsupUploads(info.SandboxID); n != 1 {
+		drivertest.CheckStepsOnce(t, e.WaitSession(info.SandboxID, ro), 4)
+		if n := e.Backend.NgsupUploads(info.SandboxID); n != 1 {
 			t.Errorf("ngsup was uploaded %d times into %s, want once", n, info.SandboxID)
 		}
-		w.checkNoProcs("after verify", info.SandboxID)
+		e.CheckNoProcs("after verify", info.SandboxID)
 	})
 }
 
@@ -69,33 +117,33 @@ func TestVerifiedRun(t *testing.T) {
 // held, and the same launch continues: one launch, pauses=1, every step
 // once, verified.
 func TestPausedAtCheckpointContinuesInPlace(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, w *world) {
-		ro := w.rollout("pause")
-		p := newParticipant()
-		h := w.start(w.runner(p, nil), ro, 1, task(ro, "count", 8, 0.4))
-		sb := w.session(ro).SandboxID
-		dir := w.sessionDir(sb, ro)
-		waitSteps(t, dir, 2)
-		c, err := w.checkpoint(p, "ckpt-1", 500*time.Millisecond)
+	forEachBackend(t, func(t *testing.T, e *drivertest.Env) {
+		ro := e.Rollout("pause")
+		p := drivertest.NewParticipant()
+		h := start(e, p, ro, task(ro, "count", 8, 0.4))
+		sb := e.WaitSeeded(ro, 1).SandboxID
+		dir := e.WaitSession(sb, ro)
+		e.WaitSteps(dir, 2)
+		c, err := e.Checkpoint(p, "ckpt-1", 500*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(c.Episodes) != 1 {
 			t.Errorf("the checkpoint exported %d records, want 1", len(c.Episodes))
 		}
-		if snaps := w.session(ro).Snapshots; snaps["ckpt-1"] == "" {
+		if snaps := e.Session(ro).Snapshots; snaps["ckpt-1"] == "" {
 			t.Errorf("the owner took no snapshot: %v", snaps)
 		}
-		r := h.mustSucceed(t)
+		r := mustVerify(t, h)
 		if len(r.Launches) != 1 {
 			t.Fatalf("want one launch, got %+v", r.Launches)
 		}
 		checkLaunch(t, r.Launches[0], driver.OutcomeFinished, 1, false)
-		checkStepsOnce(t, dir, 8)
+		drivertest.CheckStepsOnce(t, dir, 8)
 		if n := harnesses(dir); n != 1 {
 			t.Errorf("the harness was started %d times, want once", n)
 		}
-		w.checkNoProcs("after verify", sb)
+		e.CheckNoProcs("after verify", sb)
 	})
 }
 
@@ -109,34 +157,34 @@ func TestPausedAtCheckpointContinuesInPlace(t *testing.T) {
 // step once, verified. The fork already holds ngsup (its snapshot did): it
 // is not uploaded again.
 func TestCrashRestoresAFork(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, w *world) {
-		ro := w.rollout("crash")
+	forEachBackend(t, func(t *testing.T, e *drivertest.Env) {
+		ro := e.Rollout("crash")
 		body := task(ro, "count", 10, 0.4)
-		p1 := newParticipant()
-		h1 := w.start(w.runner(p1, nil), ro, 1, body)
-		sb0 := w.session(ro).SandboxID
-		dir0 := w.sessionDir(sb0, ro)
-		waitSteps(t, dir0, 2)
-		c, err := w.checkpoint(p1, "ckpt-1", 0)
+		p1 := drivertest.NewParticipant()
+		h1 := start(e, p1, ro, body)
+		sb0 := e.WaitSeeded(ro, 1).SandboxID
+		dir0 := e.WaitSession(sb0, ro)
+		e.WaitSteps(dir0, 2)
+		c, err := e.Checkpoint(p1, "ckpt-1", 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		saved := len(fake.Steps(dir0))
-		waitSteps(t, dir0, saved+1) // the launch went on after the checkpoint
-		h1.cancel(driver.ErrCrashed)
-		if _, err := h1.wait(t); !errors.Is(err, driver.ErrCrashed) {
+		saved := len(drivertest.Steps(dir0))
+		e.WaitSteps(dir0, saved+1) // the launch went on after the checkpoint
+		h1.Cancel(driver.ErrCrashed)
+		if _, err := h1.Wait(t); !errors.Is(err, driver.ErrCrashed) {
 			t.Fatalf("the crashed run returned %v", err)
 		}
-		p2 := newParticipant()
-		if err := w.restore(p2, c); err != nil {
+		p2 := drivertest.NewParticipant()
+		if err := e.Restore(p2, c); err != nil {
 			t.Fatal(err)
 		}
-		w.checkNoProcs("the sandbox a restore replaced", sb0)
-		sb1 := w.session(ro).SandboxID
+		e.CheckNoProcs("the sandbox a restore replaced", sb0)
+		sb1 := e.Session(ro).SandboxID
 		if sb1 == sb0 {
 			t.Fatalf("the restore did not fork a new sandbox (%s)", sb1)
 		}
-		r := w.start(w.runner(p2, nil), ro, 2, body).mustSucceed(t)
+		r := mustVerify(t, e.Start(e.FreshRunner(drivertest.Fake(0, 0), p2), ro, 2, body))
 		if len(r.Launches) != 2 {
 			t.Fatalf("want two launches, got %+v", r.Launches)
 		}
@@ -148,11 +196,11 @@ func TestCrashRestoresAFork(t *testing.T) {
 		if r.Fake.FirstStep != saved+1 || r.Fake.Steps != 10 {
 			t.Errorf("harness output %+v: want the relaunch to go on from step %d", r.Fake, saved+1)
 		}
-		checkStepsOnce(t, w.sessionDir(sb1, ro), 10)
-		if n := w.rec.ngsupUploads(sb1); n != 0 {
+		drivertest.CheckStepsOnce(t, e.WaitSession(sb1, ro), 10)
+		if n := e.Backend.NgsupUploads(sb1); n != 0 {
 			t.Errorf("ngsup was uploaded %d times into the fork %s, which had it", n, sb1)
 		}
-		w.checkNoProcs("after verify", sb1)
+		e.CheckNoProcs("after verify", sb1)
 	})
 }
 
@@ -162,11 +210,11 @@ func TestCrashRestoresAFork(t *testing.T) {
 // docker's and kubectl's sh -c, the fakes) as data: the harness receives
 // it literally and no command in it runs.
 func TestHostileTaskTextNeverExecuted(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, w *world) {
+	forEachBackend(t, func(t *testing.T, e *drivertest.Env) {
 		marker := filepath.Join(t.TempDir(), "pwned")
 		text := fmt.Sprintf("$(touch %s) `touch %s` ' \" ; touch %s; exit 9\nnext line \\ $HOME %%s", marker, marker, marker)
-		ro := w.rollout("hostile")
-		r := w.start(w.runner(newParticipant(), nil), ro, 1, task(ro, text, 2, 0.1)).mustSucceed(t)
+		ro := e.Rollout("hostile")
+		r := mustVerify(t, start(e, drivertest.NewParticipant(), ro, task(ro, text, 2, 0.1)))
 		if _, err := os.Stat(marker); err == nil {
 			t.Fatalf("the task text ran a command: %s exists", marker)
 		}
@@ -185,28 +233,28 @@ func TestHostileTaskTextNeverExecuted(t *testing.T) {
 // sandbox: a driver that stops and relaunches at a checkpoint launches
 // twice in the same sandbox, and uploads ngsup there once.
 func TestSecondLaunchSkipsUpload(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, w *world) {
-		ro := w.rollout("relaunch")
-		p := newParticipant()
-		rn := w.runner(p, nil)
+	forEachBackend(t, func(t *testing.T, e *drivertest.Env) {
+		ro := e.Rollout("relaunch")
+		p := drivertest.NewParticipant()
+		rn := e.Runner(drivertest.Fake(0, 0), p)
 		no := false
 		rn.PauseAtCheckpoints = &no
-		h := w.start(rn, ro, 1, task(ro, "count", 6, 0.3))
-		sb := w.session(ro).SandboxID
-		dir := w.sessionDir(sb, ro)
-		waitSteps(t, dir, 2)
-		if _, err := w.checkpoint(p, "ckpt-1", 0); err != nil {
+		h := e.Start(rn, ro, 1, task(ro, "count", 6, 0.3))
+		sb := e.WaitSeeded(ro, 1).SandboxID
+		dir := e.WaitSession(sb, ro)
+		e.WaitSteps(dir, 2)
+		if _, err := e.Checkpoint(p, "ckpt-1", 0); err != nil {
 			t.Fatal(err)
 		}
-		r := h.mustSucceed(t)
+		r := mustVerify(t, h)
 		if len(r.Launches) != 2 || r.Launches[0].SandboxID != sb || r.Launches[1].SandboxID != sb {
 			t.Fatalf("want two launches in %s, got %+v", sb, r.Launches)
 		}
 		checkLaunch(t, r.Launches[1], driver.OutcomeFinished, 0, true)
-		if n := w.rec.ngsupUploads(sb); n != 1 {
+		if n := e.Backend.NgsupUploads(sb); n != 1 {
 			t.Errorf("ngsup was uploaded %d times into %s for two launches, want once", n, sb)
 		}
-		checkStepsOnce(t, dir, 6)
+		drivertest.CheckStepsOnce(t, dir, 6)
 	})
 }
 
@@ -217,30 +265,30 @@ func TestSecondLaunchSkipsUpload(t *testing.T) {
 // and that another run going on at the same time is untouched and
 // verifies.
 func TestSandboxDeletedMidRun(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, w *world) {
-		victim, other := w.rollout("victim"), w.rollout("other")
-		p := newParticipant()
-		hv := w.start(w.runner(p, nil), victim, 1, task(victim, "count", 40, 0.5))
-		ho := w.start(w.runner(p, nil), other, 1, task(other, "count", 6, 0.4))
-		sb := w.session(victim).SandboxID
-		waitSteps(t, w.sessionDir(sb, victim), 1)
-		if err := w.del(sb); err != nil {
+	forEachBackend(t, func(t *testing.T, e *drivertest.Env) {
+		victim, other := e.Rollout("victim"), e.Rollout("other")
+		p := drivertest.NewParticipant()
+		hv := start(e, p, victim, task(victim, "count", 40, 0.5))
+		ho := start(e, p, other, task(other, "count", 6, 0.4))
+		sb := e.WaitSeeded(victim, 1).SandboxID
+		e.WaitSteps(e.WaitSession(sb, victim), 1)
+		if err := e.DeleteSandbox(sb); err != nil {
 			t.Fatal(err)
 		}
-		_, err := hv.wait(t)
+		_, err := hv.Wait(t)
 		if err == nil {
 			t.Fatalf("the run whose sandbox was deleted succeeded")
 		}
 		if !strings.Contains(err.Error(), sb) {
 			t.Errorf("the error does not name the sandbox %s: %v", sb, err)
 		}
-		if w.name != "local" && !errors.Is(err, sandbox.ErrGone) {
+		if e.Name != "local" && !errors.Is(err, sandbox.ErrGone) {
 			t.Errorf("the error is not sandbox.ErrGone: %v", err)
 		}
-		if info := w.session(victim); !info.Closed || info.Verified {
+		if info := e.Session(victim); !info.Closed || info.Verified {
 			t.Errorf("the victim's session is %+v, want closed unverified", info)
 		}
-		r := ho.mustSucceed(t)
+		r := mustVerify(t, ho)
 		if len(r.Launches) != 1 {
 			t.Errorf("the other run: %+v", r.Launches)
 		}

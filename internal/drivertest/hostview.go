@@ -14,6 +14,7 @@ import (
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/docker"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
+	"github.com/ngharness/ngharness/pkg/driver/sandbox/opensandbox"
 )
 
 // hostView is how an Env looks into its sandboxes from this machine: their
@@ -37,10 +38,23 @@ type hostView interface {
 
 // localView: the sandboxes are folders of the Env's local backend (the
 // local backend itself, or a fake whose sandboxes are those folders), and
-// their processes share this machine's pid namespace.
-type localView struct{ lb *local.Backend }
+// their processes share this machine's pid namespace. With pods, a sandbox
+// id NS/POD (the kubectl backend's) is the folder k8s-NS.POD, as the fake
+// kubectl names it; an id without "/" is the folder's own name.
+type localView struct {
+	lb   *local.Backend
+	pods bool
+}
 
-func (v localView) folder(id string) string { return v.lb.HostPath(id) }
+// local is the local sandbox id of the sandbox id.
+func (v localView) local(id string) string {
+	if ns, pod, ok := strings.Cut(id, "/"); ok && v.pods {
+		return "k8s-" + ns + "." + pod
+	}
+	return id
+}
+
+func (v localView) folder(id string) string { return v.lb.HostPath(v.local(id)) }
 
 func (v localView) sandboxes() []string {
 	ents, _ := os.ReadDir(filepath.Join(v.lb.Base(), "sandboxes"))
@@ -58,7 +72,7 @@ func (v localView) sandboxes() []string {
 func (v localView) procs(ids ...string) []int {
 	var roots []string
 	for _, id := range ids {
-		roots = append(roots, v.lb.HostPath(id))
+		roots = append(roots, v.folder(id))
 	}
 	all := filepath.Join(v.lb.Base(), "sandboxes") + "/"
 	var out []int
@@ -79,7 +93,64 @@ func (v localView) procs(ids ...string) []int {
 
 func (v localView) hostPids(string) func(int) int { return func(pid int) int { return pid } }
 
-func (v localView) open(_ context.Context, id string) (sandbox.Sandbox, error) { return v.lb.Open(id) }
+func (v localView) open(_ context.Context, id string) (sandbox.Sandbox, error) {
+	return v.lb.Open(v.local(id))
+}
+
+// remoteView: the sandboxes are a remote server's (a real OpenSandbox):
+// nothing of them is seen from this machine, but through the backend. A
+// sandbox of the Env's local backend (Env.OwnSandbox) is seen as localView
+// sees it.
+type remoteView struct {
+	b     *opensandbox.Backend
+	local localView
+}
+
+// isLocal reports whether id is a sandbox of the Env's local backend.
+func (v remoteView) isLocal(id string) bool {
+	_, err := os.Stat(v.local.folder(id))
+	return err == nil
+}
+
+func (v remoteView) folder(id string) string {
+	if v.isLocal(id) {
+		return v.local.folder(id)
+	}
+	// A folder that does not exist, named for messages.
+	return filepath.Join("/nonexistent-remote", id)
+}
+
+func (v remoteView) sandboxes() []string { return v.local.sandboxes() }
+
+func (v remoteView) procs(ids ...string) []int {
+	if len(ids) == 0 {
+		return v.local.procs()
+	}
+	var local []string
+	for _, id := range ids {
+		if v.isLocal(id) {
+			local = append(local, id)
+		}
+	}
+	if len(local) == 0 {
+		return nil
+	}
+	return v.local.procs(local...)
+}
+
+func (v remoteView) hostPids(hostPath string) func(int) int {
+	if strings.HasPrefix(hostPath, v.local.lb.Base()+"/") {
+		return v.local.hostPids(hostPath)
+	}
+	return func(int) int { return 0 }
+}
+
+func (v remoteView) open(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	if v.isLocal(id) {
+		return v.local.open(ctx, id)
+	}
+	return v.b.Open(ctx, id)
+}
 
 // dockerView: the sandboxes are containers of a real engine. Their files
 // are below the container's merged folder (overlay2) on the host; their
@@ -172,18 +243,18 @@ var (
 )
 
 // pidsOf maps the pids a sandbox process wrote below hostPath to host
-// pids: unchanged for local sandboxes; through the container that holds
-// hostPath for a real engine's (0, gone, when no live Env's does).
+// pids: unchanged while no Env runs on a real engine; else through the
+// container that holds hostPath (0, gone, when no live Env's does).
 func pidsOf(hostPath string) func(int) int {
-	if os.Getenv(BackendEnv) != BackendRealDocker {
-		return func(pid int) int { return pid }
-	}
 	realMu.Lock()
 	var vs []*dockerView
 	for v := range realViews {
 		vs = append(vs, v)
 	}
 	realMu.Unlock()
+	if len(vs) == 0 {
+		return func(pid int) int { return pid }
+	}
 	for _, v := range vs {
 		if f, ok := v.pidMap(hostPath); ok {
 			return f

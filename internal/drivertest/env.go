@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/cgrouptest"
+	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/internal/testkit"
@@ -44,12 +46,13 @@ const Patience = 3 * time.Minute
 const StopGrace = 500 * time.Millisecond
 
 // Main builds the static ngsup once for the test binary (testkit.Build),
-// and the fake docker client when BackendEnv is "docker", runs the tests
-// and removes them. Call it from TestMain.
+// and the fake docker or kubectl client when BackendEnv names it, runs the
+// tests and removes them. Call it from TestMain. (An Env on a fake client
+// Main did not build builds it, once, when the Env is made.)
 func Main(m *testing.M) {
 	programs := []string{"ngsup"}
-	if os.Getenv(BackendEnv) == "docker" {
-		programs = append(programs, "docker")
+	if b := os.Getenv(BackendEnv); b == "docker" || b == "kubectl" {
+		programs = append(programs, b)
 	}
 	os.Exit(testkit.Main(m, programs...))
 }
@@ -63,71 +66,109 @@ func NgsupDir() string {
 }
 
 // Env is one test's world: a local backend in the test's temporary folder,
-// a lending owner on it, and ngsup. Make it with New.
+// the backend it runs on (the local one, or one whose sandboxes are kept in
+// it), a lending owner on that backend, and ngsup. Make it with New or
+// NewOn.
 type Env struct {
 	T *testing.T
-	// Local is the real backend; Backend wraps it for the Runner.
-	Local   *local.Backend
+	// Name is the backend the Env runs on, as BackendEnv names it
+	// ("local" when none is named).
+	Name string
+	// Local is the local backend in the test's temporary folder: the
+	// backend the Env runs on, or the store of its fakes' sandboxes.
+	Local *local.Backend
+	// Backend wraps the backend named Name for the Runner: it records
+	// every exec and upload.
 	Backend *Backend
+	// Lender is what the owner lends the sandboxes of (the backend's
+	// create, snapshot, fork and remove).
+	Lender sandbox.Lender
+	// OpenSandbox is the fake OpenSandbox server of the backend
+	// "opensandbox" (nil on any other): its fault modes and what it saw.
+	OpenSandbox *fakeexecd.Server
 	// LocalOwner is the real owner; Owner wraps it for the Runner.
 	LocalOwner *lending.Owner
 	Owner      *Owner
 	// OwnerControl is the owner's checkpoint control plane (kind
 	// resources, instance OwnerInstance).
 	OwnerControl *gym.Control
-	// Ngsup is the driver's ngsup (the owner's StopSandbox uses it too).
+	// Ngsup is the driver's ngsup, which the Runners of Runner share.
 	Ngsup *launch.Ngsup
-	Log   *slog.Logger
+	// OwnerNgsup is the owner's own ngsup (its StopSandbox, and its
+	// KillSandbox of a sandbox a restore replaced), as the owner's
+	// process would have: it knows nothing of the driver's uploads.
+	OwnerNgsup *launch.Ngsup
+	// Log is the driver's and the owner's log (see Logs).
+	Log *slog.Logger
 	// Tag is this Env's unique word; rollout ids from Rollout carry it.
 	Tag string
 
-	logs    *syncbuf.Buffer
-	ckRoot  string
-	view    hostView
-	mu      sync.Mutex
-	handles []*Handle
+	logs     *syncbuf.Buffer
+	binaries map[string]string // ngsup's builds, by GOARCH
+	ckRoot   string
+	view     hostView
+	del      func(id string) error           // deletes a sandbox behind the owner's back
+	sweep    func(ctx context.Context) error // removes what a remote backend holds, at cleanup
+	mu       sync.Mutex
+	handles  []*Handle
 }
 
-// New makes an Env and registers its cleanup (see the package comment). It
-// skips the test when not running as root: the fixture needs the local
-// backend's mount namespaces to find a sandbox's processes.
+// New is NewOn the backend BackendEnv names (local when it is unset).
 func New(t *testing.T) *Env {
 	t.Helper()
-	if os.Geteuid() != 0 {
+	name := os.Getenv(BackendEnv)
+	if name == BackendRealOpenSandbox {
+		t.Fatalf("drivertest: %s=%s: the driver's tests look at the sandboxes from this machine; that backend is for NewOn", BackendEnv, name)
+	}
+	return NewOn(t, name)
+}
+
+// NewOn makes an Env on the backend named name (see BackendEnv; "" is
+// local) and registers its cleanup (see the package comment). It skips the
+// test when not running as root: the fixture needs the local backend's
+// mount namespaces to find a sandbox's processes (but on
+// BackendRealOpenSandbox, whose sandboxes are not on this machine).
+func NewOn(t *testing.T, name string) *Env {
+	t.Helper()
+	if name == "" {
+		name = "local"
+	}
+	remote := name == BackendRealOpenSandbox
+	if os.Geteuid() != 0 && !remote {
 		t.Skip("the driver's tests need root: local sandboxes in mount namespaces of their own")
 	}
 	ngsupDir := NgsupDir()
 	if ngsupDir == "" {
-		t.Fatal("drivertest: ngsup was not built: call drivertest.Main from TestMain")
+		t.Fatal("drivertest: ngsup was not built: call drivertest.Main (or testkit.Build) from TestMain")
+	}
+	binaries := launch.DefaultBinaries(ngsupDir)
+	if len(binaries) == 0 {
+		t.Fatalf("no ngsup in %s", ngsupDir)
 	}
 	base := t.TempDir()
 	lb, err := local.New(base, local.Options{Isolation: local.IsolationAuto})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lb.Isolation() != local.IsolationNamespace {
+	if lb.Isolation() != local.IsolationNamespace && !remote {
 		t.Skipf("the local backend runs without mount namespaces (%s)", lb.Isolation())
 	}
 	var tb [4]byte
 	_, _ = rand.Read(tb[:])
-	inner, lender, view := withBackend(t, lb) // local unless DRIVERTEST_BACKEND names another
 	// The tag starts with "t": a rollout id ending in "-a<digits>" is
 	// refused (Gym reserves that ending for attempt keys).
-	e := &Env{T: t, Local: lb, Backend: NewBackend(inner), Tag: "t" + hex.EncodeToString(tb[:]), logs: &syncbuf.Buffer{}, ckRoot: t.TempDir(), view: view}
+	e := &Env{T: t, Name: name, Local: lb, Tag: "t" + hex.EncodeToString(tb[:]), logs: &syncbuf.Buffer{}, ckRoot: t.TempDir(), binaries: binaries}
 	var w io.Writer = e.logs
 	if os.Getenv("DRIVERTEST_VERBOSE") != "" {
 		w = io.MultiWriter(e.logs, os.Stderr)
 	}
 	e.Log = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
-	binaries := launch.DefaultBinaries(ngsupDir)
-	if len(binaries) == 0 {
-		t.Fatalf("no ngsup in %s", ngsupDir)
-	}
-	e.Ngsup = &launch.Ngsup{Binaries: binaries, Log: e.Log}
+	e.withBackend(name)
+	e.Ngsup, e.OwnerNgsup = e.NewNgsup(), e.NewNgsup()
 	e.LocalOwner = lending.New(lending.Options{
-		Backend:     lb,
-		Sandboxes:   lender,
-		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return e.Ngsup.StopSandbox(ctx, sb) },
+		Sandboxes:   e.Lender,
+		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return e.OwnerNgsup.StopSandbox(ctx, sb) },
+		KillSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return e.OwnerNgsup.StopSandboxGrace(ctx, sb, 0) },
 		Logger:      e.Log,
 	})
 	e.Owner = NewOwner(e.LocalOwner)
@@ -144,6 +185,25 @@ const OwnerInstance = "ngdriver_owner"
 // CheckpointDir is the folder checkpoint id is committed into.
 func (e *Env) CheckpointDir(id string) string { return filepath.Join(e.ckRoot, id) }
 
+// Controls are the checkpoint participants of the driver p and the owner,
+// in Gym's prepare order (agent, then resources).
+func (e *Env) Controls(p *driver.Participant) []*gym.Control {
+	return []*gym.Control{p.Control(), e.OwnerControl}
+}
+
+// Checkpoint takes checkpoint id of p and the owner as `ngdriver run`
+// does (driver.Checkpoint): prepare, commit into CheckpointDir(id),
+// resume after hold.
+func (e *Env) Checkpoint(p *driver.Participant, id string, hold time.Duration) (driver.Committed, error) {
+	return driver.Checkpoint(context.Background(), e.Controls(p), e.CheckpointDir(id), id, hold, e.Log)
+}
+
+// Restore restores the committed checkpoint c into p, a fresh participant
+// (a new driver process), and the owner (driver.Restore).
+func (e *Env) Restore(p *driver.Participant, c driver.Committed) error {
+	return driver.Restore(context.Background(), e.Controls(p), c)
+}
+
 // Rollout returns a rollout id unique to this Env: name-<tag>.
 func (e *Env) Rollout(name string) string { return name + "-" + e.Tag }
 
@@ -153,9 +213,21 @@ func Fake(steps int, stepS float64) *fake.Adapter {
 	return &fake.Adapter{Pause: true, Defaults: fake.Options{Steps: steps, StepSeconds: stepS}}
 }
 
+// NewNgsup is a fresh ngsup client, as a new driver (or owner) process
+// has it: nothing known of earlier uploads.
+func (e *Env) NewNgsup() *launch.Ngsup { return &launch.Ngsup{Binaries: e.binaries, Log: e.Log} }
+
+// FreshRunner is Runner with an ngsup of its own (NewNgsup): the Runner of
+// a new driver process, as after a crash.
+func (e *Env) FreshRunner(a harness.Adapter, p *driver.Participant) *driver.Runner {
+	rn := e.Runner(a, p)
+	rn.Launchers = e.NewNgsup()
+	return rn
+}
+
 // Runner returns a Runner wired as `ngdriver run` wires it: the adapter,
-// the owner, the recording backend, ngsup and the participant, with the
-// tests' short stop grace.
+// the owner, the recording backend, the Env's ngsup and the participant,
+// with the tests' short stop grace.
 func (e *Env) Runner(a harness.Adapter, p *driver.Participant) *driver.Runner {
 	return &driver.Runner{
 		Adapter:     a,
@@ -620,6 +692,14 @@ func (e *Env) cleanup() {
 	if len(left) > 0 {
 		t.Errorf("cleanup: processes of the test were still running after every launch was stopped (killed now): %v", left)
 	}
+	if e.sweep != nil {
+		if err := e.sweep(ctx); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	}
+	// A sandbox deleted behind the owner's back leaves its launch's empty
+	// cgroup: a real service would take it along.
+	cgrouptest.RemoveEmpty(e.Tag)
 	if t.Failed() {
 		t.Logf("driver and owner log:\n%s", e.logs.String())
 	}

@@ -47,8 +47,8 @@ func (p Proc) Held() (bool, string) {
 }
 
 // ReadPids reads a fake harness's pids file (on the host) and the start
-// time of each process in it. In a container of a real engine
-// (DRIVERTEST_BACKEND=docker-real) the file's pids are the container's:
+// time of each process in it. In a container of a real engine (an Env on
+// BackendRealDocker) the file's pids are the container's:
 // each is read as the host pid of that process, and one whose process is
 // gone reads as gone.
 func ReadPids(hostSessionDir string) ([]Proc, error) {

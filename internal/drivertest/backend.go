@@ -56,13 +56,16 @@ type Next func(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult
 type ExecHook func(ctx context.Context, sb sandbox.Sandbox, req sandbox.ExecRequest, next Next) (sandbox.ExecResult, error)
 
 // Backend wraps the real backend the Runner connects through: every exec of
-// the driver (and of the adapter) is recorded, and may be intercepted.
+// the driver (and of the adapter) is recorded, and may be intercepted;
+// every upload is recorded.
 type Backend struct {
 	inner sandbox.Backend
 
-	mu    sync.Mutex
-	execs []Exec
-	hook  ExecHook
+	mu      sync.Mutex
+	execs   []Exec
+	hook    ExecHook
+	uploads map[string][]string // sandbox id -> the paths uploaded, in order
+	opaque  bool                // see HideCapabilities
 }
 
 // NewBackend wraps inner.
@@ -81,7 +84,32 @@ func (b *Backend) Connect(ctx context.Context, d sandbox.Descriptor) (sandbox.Sa
 }
 
 // Wrap returns sb with its execs recorded (and hooked) by b.
-func (b *Backend) Wrap(sb sandbox.Sandbox) sandbox.Sandbox { return &Sandbox{Sandbox: sb, b: b} }
+func (b *Backend) Wrap(sb sandbox.Sandbox) sandbox.Sandbox {
+	w := &Sandbox{Sandbox: sb, b: b}
+	b.mu.Lock()
+	opaque := b.opaque
+	b.mu.Unlock()
+	if opaque {
+		return opaqueSandbox{w}
+	}
+	return w
+}
+
+// HideCapabilities makes the sandboxes b connects from now on hide the
+// real sandbox's optional capabilities from the driver (they are wrapped
+// without sandbox.Unwrapper): a local sandbox's shared tools and host
+// batching are not used, ngsup is uploaded into each sandbox as into a
+// remote one, and the driver pauses and continues each launch alone. The
+// remote backends have neither capability: for them nothing changes.
+func (b *Backend) HideCapabilities() {
+	b.mu.Lock()
+	b.opaque = true
+	b.mu.Unlock()
+}
+
+// opaqueSandbox is a recorded sandbox without its Unwrap (see
+// HideCapabilities).
+type opaqueSandbox struct{ sandbox.Sandbox }
 
 // SetHook installs h (nil removes the hook).
 func (b *Backend) SetHook(h ExecHook) {
@@ -122,7 +150,25 @@ func ForLaunch(execs []Exec, launchID string) []Exec {
 	return out
 }
 
-// Sandbox is a real sandbox whose execs the Backend records.
+// Uploads returns the paths uploaded into the sandbox so far, in order.
+func (b *Backend) Uploads(sandboxID string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.uploads[sandboxID])
+}
+
+// NgsupUploads counts the uploads of ngsup into the sandbox.
+func (b *Backend) NgsupUploads(sandboxID string) int {
+	n := 0
+	for _, p := range b.Uploads(sandboxID) {
+		if IsNgsup(p) {
+			n++
+		}
+	}
+	return n
+}
+
+// Sandbox is a real sandbox whose execs and uploads the Backend records.
 type Sandbox struct {
 	sandbox.Sandbox
 	b *Backend
@@ -155,4 +201,18 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	s.b.execs = append(s.b.execs, rec)
 	s.b.mu.Unlock()
 	return res, err
+}
+
+// Upload implements sandbox.Sandbox; an upload that succeeded is recorded.
+func (s *Sandbox) Upload(ctx context.Context, p string, data []byte, mode uint32) error {
+	err := s.Sandbox.Upload(ctx, p, data, mode)
+	if err == nil {
+		s.b.mu.Lock()
+		if s.b.uploads == nil {
+			s.b.uploads = map[string][]string{}
+		}
+		s.b.uploads[s.ID()] = append(s.b.uploads[s.ID()], p)
+		s.b.mu.Unlock()
+	}
+	return err
 }

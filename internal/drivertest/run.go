@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"encoding/json"
+	"testing"
 
 	"github.com/ngharness/ngharness/pkg/driver"
 )
@@ -51,4 +52,23 @@ func (e *Env) WaitRunning(h *Handle, u Until) *Run {
 func (e *Env) StartRunning(rn *driver.Runner, rollout string, attempt int, body json.RawMessage, u Until) *Run {
 	e.T.Helper()
 	return e.WaitRunning(e.Start(rn, rollout, attempt, body), u)
+}
+
+// NewParticipant is a participant for the fake adapter, with no limit on
+// the runs in flight (maxRuns[0] when given).
+func NewParticipant(maxRuns ...int) *driver.Participant {
+	cfg := driver.ParticipantConfig{Adapter: "fake"}
+	if len(maxRuns) > 0 {
+		cfg.MaxRuns = maxRuns[0]
+	}
+	return driver.MustParticipant(cfg)
+}
+
+// CheckLaunch checks one launch record's outcome, pauses and resumption.
+func CheckLaunch(t testing.TB, l driver.LaunchRecord, outcome driver.Outcome, pauses int, resumed bool) {
+	t.Helper()
+	if l.Outcome != outcome || l.Pauses != pauses || l.Resumed != resumed {
+		t.Errorf("launch %s: outcome %s pauses %d resumed %v (reason %q, error %q); want outcome %s pauses %d resumed %v",
+			l.ID, l.Outcome, l.Pauses, l.Resumed, l.Reason, l.Error, outcome, pauses, resumed)
+	}
 }
