@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -338,6 +339,10 @@ func (b *Backend) snapshotFile(name string) (string, error) {
 	return filepath.Join(b.opt.SnapshotDir, name+".tar"), nil
 }
 
+// snapshotTries is how many times a snapshot's tar is taken when files
+// changed while it read them.
+const snapshotTries = 3
+
 // Snapshot streams a tar of the pod's SnapshotPaths to SnapshotDir/NAME.tar
 // (written under a temporary name, then renamed, replacing an earlier
 // one) and returns name, the snapshot's id.
@@ -364,7 +369,23 @@ func (b *Backend) Snapshot(ctx context.Context, sandboxID, name string) (string,
 	}
 	line := sandbox.QuoteArgv(words)
 	s := b.open(sandboxID, r, "")
-	res, err := s.ExecTo(ctx, line, 30*time.Minute, nil, tmp)
+	var res sandbox.ExecResult
+	for try := 1; ; try++ {
+		res, err = s.ExecTo(ctx, line, 30*time.Minute, nil, tmp)
+		// GNU tar exits 1 when something changed while it read it (an
+		// exec's fence file made in the root as the tar listed it): the
+		// archive may hold a torn file, so it is taken again, from the
+		// start, a few times; the paused launch itself does not move.
+		if err != nil || res.ExitCode != 1 || !bytes.Contains(res.Stderr, []byte("file changed as we read it")) || try == snapshotTries {
+			break
+		}
+		if _, err = tmp.Seek(0, io.SeekStart); err == nil {
+			err = tmp.Truncate(0)
+		}
+		if err != nil {
+			break
+		}
+	}
 	if cerr := tmp.Close(); err == nil && cerr != nil {
 		err = cerr
 	}

@@ -327,3 +327,67 @@ func noRefusals(t *testing.T, log string) {
 		}
 	}
 }
+
+// TestSnapshotTakenAgainWhenFilesChanged proves that a snapshot whose tar
+// reports that something changed while it read it (GNU tar's exit 1, seen
+// when an exec made its fence file in the sandbox's root during a
+// snapshot) is taken again rather than failed, and that what is kept is
+// the whole second archive, not the first one's torn bytes: the fork holds
+// the file. The pod's first tar is a stand-in that prints tar's message,
+// writes half an archive and exits 1; every later one is the real tar.
+func TestSnapshotTakenAgainWhenFilesChanged(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the fake kubectl runs pods in mount namespaces of their own: it needs root")
+	}
+	base := t.TempDir()
+	bin, calls := filepath.Join(base, "bin"), filepath.Join(base, "tar-calls")
+	realTar, err := exec.LookPath("tar")
+	if err != nil {
+		t.Skip("no tar here")
+	}
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := "#!/bin/sh\necho call >>" + sandbox.Quote(calls) + "\n" +
+		"case \"$*\" in *-cf*) if [ \"$(wc -l <" + sandbox.Quote(calls) + ")\" -eq 1 ]; then\n" +
+		"  printf 'torn' ; echo 'tar: sandbox/.ngharness: file changed as we read it' >&2; exit 1\nfi;;\nesac\n" +
+		"exec " + sandbox.Quote(realTar) + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(bin, "tar"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := kubectl.New(kubectl.Options{
+		Binary: testkit.Bin("kubectl"), Namespace: "rl", Image: "ubuntu:24.04", Root: "/sandbox/.ngharness", Workdir: "/sandbox/work",
+		Env:         []string{"FAKECLI_BASE=" + base, "PATH=" + bin + ":" + os.Getenv("PATH")},
+		SnapshotDir: filepath.Join(base, "tars"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		for _, id := range []string{"rl/one", "rl/two"} {
+			_ = b.Remove(ctx, id)
+		}
+	})
+	sb, err := b.Create(ctx, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Upload(ctx, sb.Workdir()+"/f", []byte("kept"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := b.Snapshot(ctx, sb.ID(), "s1")
+	if err != nil {
+		t.Fatalf("the snapshot failed on a tar that said files changed: %v", err)
+	}
+	if data, _ := os.ReadFile(calls); strings.Count(string(data), "\n") != 2 {
+		t.Errorf("tar ran %d times, want twice (the changed one, then again)", strings.Count(string(data), "\n"))
+	}
+	fork, err := b.Fork(ctx, snap, "two")
+	if err != nil {
+		t.Fatalf("fork of the snapshot taken again: %v", err)
+	}
+	if res, err := fork.Exec(ctx, sandbox.ExecRequest{Argv: []string{"cat", "f"}}); err != nil || string(res.Stdout) != "kept" {
+		t.Errorf("the fork's file: %+v %v", res, err)
+	}
+}
