@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ngharness/ngharness/internal/cgrouptest"
 	fakeexecd "github.com/ngharness/ngharness/internal/fake/execd"
 	"github.com/ngharness/ngharness/internal/proctest"
@@ -568,10 +570,38 @@ func (e *Env) tagged() []int {
 	return out
 }
 
-// ours reports whether pid runs in one of the Env's sandboxes or carries
-// one of its launch tags.
-func (e *Env) ours(pid int) bool {
-	return slices.Contains(e.ProcsIn(), pid) || slices.Contains(e.tagged(), pid)
+// killOurs SIGKILLs each of pids that is still one of the Env's processes
+// and returns their descriptions. A pidfd of each is opened first, then
+// the Env's processes are listed once more: a pid in that list is the
+// process the pidfd holds (it cannot have been reused since), and only
+// those are signalled, through their pidfds. One listing for all of them:
+// a listing a pid, as before, asked a real engine once per pid and
+// container, and took minutes on a loaded machine.
+func (e *Env) killOurs(pids []int) []string {
+	fds := map[int]int{}
+	for _, pid := range pids {
+		if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+			fds[pid] = fd
+		}
+	}
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	ours := append(e.ProcsIn(), e.tagged()...)
+	var killed []string
+	for _, pid := range pids {
+		fd, ok := fds[pid]
+		if !ok || !slices.Contains(ours, pid) {
+			continue
+		}
+		d := proctest.Describe(pid)
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		_ = unix.PidfdSendSignal(fd, unix.SIGCONT, nil, 0)
+		killed = append(killed, d)
+	}
+	return killed
 }
 
 // CheckNoProcs waits until no process runs in the sandboxes (every sandbox
@@ -680,12 +710,7 @@ func (e *Env) cleanup() {
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		for _, pid := range pids {
-			d := proctest.Describe(pid)
-			if proctest.Kill(pid, e.ours) {
-				left = append(left, d)
-			}
-		}
+		left = append(left, e.killOurs(pids)...)
 		tries++
 		time.Sleep(100 * time.Millisecond)
 	}
