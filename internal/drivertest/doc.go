@@ -1,5 +1,6 @@
 // Package drivertest is the one in-process world of the driver's tests
-// (pkg/driver) and of test/backends_e2e: a real static ngsup built once
+// (pkg/driver), of test/backends_e2e and of the real harnesses' World
+// (internal/harnesstest, through NewWith): a real static ngsup built once
 // per test binary, a real local sandbox backend in the test's temporary
 // folder (a mount namespace per exec, as root), the backend a test runs
 // on, a real lending owner with an ngsup of its own (as the owner's

@@ -106,6 +106,7 @@ type Env struct {
 	Tag string
 
 	logs     *syncbuf.Buffer
+	logTitle string
 	binaries map[string]string // ngsup's builds, by GOARCH
 	ckRoot   string
 	view     hostView
@@ -132,6 +133,32 @@ func New(t *testing.T) *Env {
 // BackendRealOpenSandbox, whose sandboxes are not on this machine).
 func NewOn(t *testing.T, name string) *Env {
 	t.Helper()
+	return NewWith(t, Options{Backend: name})
+}
+
+// Options are what NewWith may change of an Env; the zero value is
+// NewOn's local Env.
+type Options struct {
+	// Backend names the backend (see BackendEnv; "" is local).
+	Backend string
+	// BasePattern, when set, makes the local backend's base folder
+	// os.MkdirTemp("", BasePattern) (removed at cleanup) instead of a
+	// folder of the test's, and the Env's Tag that folder's name: a test
+	// process that looks for what its tests left by a word of its own
+	// (harnesstest's RunTag) puts the word in the pattern.
+	BasePattern string
+	// Verbose also streams the log to stderr as it is written (as
+	// DRIVERTEST_VERBOSE does).
+	Verbose bool
+	// LogTitle heads the log printed when the test failed ("driver and
+	// owner log" when empty).
+	LogTitle string
+}
+
+// NewWith is NewOn with the options opt.
+func NewWith(t *testing.T, opt Options) *Env {
+	t.Helper()
+	name := opt.Backend
 	if name == "" {
 		name = "local"
 	}
@@ -147,7 +174,19 @@ func NewOn(t *testing.T, name string) *Env {
 	if len(binaries) == 0 {
 		t.Fatalf("no ngsup in %s", ngsupDir)
 	}
-	base := t.TempDir()
+	var tb [4]byte
+	_, _ = rand.Read(tb[:])
+	// The tag starts with "t": a rollout id ending in "-a<digits>" is
+	// refused (Gym reserves that ending for attempt keys).
+	tag, base := "t"+hex.EncodeToString(tb[:]), t.TempDir()
+	if opt.BasePattern != "" {
+		dir, err := os.MkdirTemp("", opt.BasePattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		tag, base = filepath.Base(dir), dir
+	}
 	lb, err := local.New(base, local.Options{Isolation: local.IsolationAuto})
 	if err != nil {
 		t.Fatal(err)
@@ -155,13 +194,12 @@ func NewOn(t *testing.T, name string) *Env {
 	if lb.Isolation() != local.IsolationNamespace && !remote {
 		t.Skipf("the local backend runs without mount namespaces (%s)", lb.Isolation())
 	}
-	var tb [4]byte
-	_, _ = rand.Read(tb[:])
-	// The tag starts with "t": a rollout id ending in "-a<digits>" is
-	// refused (Gym reserves that ending for attempt keys).
-	e := &Env{T: t, Name: name, Local: lb, Tag: "t" + hex.EncodeToString(tb[:]), logs: &syncbuf.Buffer{}, ckRoot: t.TempDir(), binaries: binaries}
+	e := &Env{T: t, Name: name, Local: lb, Tag: tag, logs: &syncbuf.Buffer{}, logTitle: opt.LogTitle, ckRoot: t.TempDir(), binaries: binaries}
+	if e.logTitle == "" {
+		e.logTitle = "driver and owner log"
+	}
 	var w io.Writer = e.logs
-	if os.Getenv("DRIVERTEST_VERBOSE") != "" {
+	if opt.Verbose || os.Getenv("DRIVERTEST_VERBOSE") != "" {
 		w = io.MultiWriter(e.logs, os.Stderr)
 	}
 	e.Log = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
@@ -726,7 +764,7 @@ func (e *Env) cleanup() {
 	// cgroup: a real service would take it along.
 	cgrouptest.RemoveEmpty(e.Tag)
 	if t.Failed() {
-		t.Logf("driver and owner log:\n%s", e.logs.String())
+		t.Logf("%s:\n%s", e.logTitle, e.logs.String())
 	}
 }
 
@@ -778,3 +816,6 @@ func Digest(t testing.TB, dir string) string {
 
 // Logs returns the driver's and the owner's log of the test so far.
 func (e *Env) Logs() string { return e.logs.String() }
+
+// LogBuffer is what Log writes to.
+func (e *Env) LogBuffer() *syncbuf.Buffer { return e.logs }

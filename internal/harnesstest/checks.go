@@ -9,6 +9,7 @@ import (
 	"time"
 
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
+	"github.com/ngharness/ngharness/internal/gymcheck"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
@@ -156,11 +157,9 @@ func (w *World) CheckToolRun(reqs []fakemodel.Request, attempt int, run ToolRun)
 	return fmt.Sprintf("%d model requests (tool call, final), none repeated, the task the only user turn", len(reqs))
 }
 
-// GymShaper is an adapter that shapes its response as the /run reply of
-// `ngdriver serve` carries it: a NeMoGymResponse and fields of its own.
-type GymShaper interface {
-	GymResult(response, body json.RawMessage) (json.RawMessage, map[string]json.RawMessage, error)
-}
+// GymShaper is gymcheck.Shaper: an adapter that shapes its response as
+// the /run reply of `ngdriver serve` carries it.
+type GymShaper = gymcheck.Shaper
 
 // CheckGymReply shapes the adapter's response (a's GymResult, with the
 // world's run body) and checks the NeMoGymResponse (CheckGymResponse). It
@@ -170,79 +169,19 @@ func (w *World) CheckGymReply(a GymShaper, response json.RawMessage, tool, final
 	return CheckGymReply(w.T, a, response, w.Body(), tool, final)
 }
 
-// CheckGymReply shapes a stored response as the adapter's /run reply
-// carries it (a's GymResult of response and the run body) and checks the
-// NeMoGymResponse (CheckGymResponse). It returns the reply's own fields.
+// CheckGymReply is gymcheck.Reply: it shapes a stored response as the
+// adapter's /run reply carries it and checks the NeMoGymResponse; it
+// returns the reply's own fields.
 func CheckGymReply(t testing.TB, a GymShaper, response, body json.RawMessage, tool, final string) map[string]json.RawMessage {
 	t.Helper()
-	resp, fields, err := a.GymResult(response, body)
-	if err != nil {
-		t.Fatalf("the Gym response of the run: %v", err)
-	}
-	CheckGymResponse(t, resp, tool, final)
-	return fields
+	return gymcheck.Reply(t, a, response, body, tool, final)
 }
 
-// CheckGymResponse checks a NeMoGymResponse as a Gym trainer reads it: the
-// fields of Gym's model there (id, created_at, model, object "response",
-// output, tools, tool_choice, parallel_tool_calls, usage), the last
-// assistant text final, the usage counted, and, when tool is set, calls
-// of tool each with its output.
+// CheckGymResponse is gymcheck.Response: it checks a NeMoGymResponse as a
+// Gym trainer reads it.
 func CheckGymResponse(t testing.TB, resp json.RawMessage, tool, final string) {
 	t.Helper()
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(resp, &fields); err != nil {
-		t.Fatalf("the Gym response is not a JSON object: %v\n%s", err, resp)
-	}
-	for _, k := range []string{"id", "created_at", "model", "object", "output", "tools", "tool_choice", "parallel_tool_calls", "usage"} {
-		if _, ok := fields[k]; !ok {
-			t.Errorf("the Gym response has no %q: %s", k, resp)
-		}
-	}
-	var gr struct {
-		ID        string          `json:"id"`
-		CreatedAt int64           `json:"created_at"`
-		Object    string          `json:"object"`
-		Model     string          `json:"model"`
-		Tools     []any           `json:"tools"`
-		Parallel  *bool           `json:"parallel_tool_calls"`
-		Choice    json.RawMessage `json:"tool_choice"`
-		Output    []struct {
-			Type    string `json:"type"`
-			Name    string `json:"name"`
-			Role    string `json:"role"`
-			Content []struct {
-				Text string `json:"text"`
-			} `json:"content"`
-		} `json:"output"`
-		Usage *struct {
-			TotalTokens int `json:"total_tokens"`
-		} `json:"usage"`
-	}
-	if err := json.Unmarshal(resp, &gr); err != nil {
-		t.Fatalf("the Gym response is not a NeMoGymResponse: %v\n%s", err, resp)
-	}
-	if gr.ID == "" || gr.CreatedAt <= 0 || gr.Tools == nil || gr.Parallel == nil || len(gr.Choice) == 0 || string(gr.Choice) == "null" {
-		t.Errorf("the Gym response: id %q created_at %d tools %v parallel_tool_calls %v tool_choice %s; want an id, a time, a tool list, a flag and a choice",
-			gr.ID, gr.CreatedAt, gr.Tools, gr.Parallel, gr.Choice)
-	}
-	last, calls, outputs := "", 0, 0
-	for _, it := range gr.Output {
-		switch {
-		case it.Type == "message" && it.Role == "assistant" && len(it.Content) > 0:
-			last = it.Content[len(it.Content)-1].Text
-		case it.Type == "function_call" && it.Name == tool:
-			calls++
-		case it.Type == "function_call_output":
-			outputs++
-		}
-	}
-	if tool != "" && (calls == 0 || calls != outputs) {
-		t.Errorf("the Gym response holds %d %s calls and %d outputs, want one output a call", calls, tool, outputs)
-	}
-	if gr.Object != "response" || gr.Model == "" || last != final || gr.Usage == nil || gr.Usage.TotalTokens == 0 {
-		t.Errorf("the Gym response: object %q model %q last assistant text %q usage %+v; want response, a model, %q, counted", gr.Object, gr.Model, last, gr.Usage, final)
-	}
+	gymcheck.Response(t, resp, tool, final)
 }
 
 // SessionResponse is what the tests read of the response of an adapter

@@ -3,9 +3,10 @@
 // test/opencode_e2e) share:
 // the test process's setup and last look (Suite: the module root, the
 // static ngsup and friends built once, the leak check over the whole
-// process), the world of one test (World: its own fake model server, a
-// local backend in a folder of its own, a lending owner, runners, waits,
-// checkpoints, looks at a paused launch), the leak checks (on
+// process), the world of one test (World, built on a drivertest.Env: the
+// Env's local backend in a folder named for RunTag, its lending owner,
+// ngsup, log and cleanup; and the World's own fake model server, Observer,
+// runners, waits, checkpoints, looks at a paused launch), the leak checks (on
 // internal/proctest, the tests' one /proc reader), and the matrix every real harness passes (matrix.go:
 // PauseMidTool, PauseHeldReply, PauseMidStream, TwoRolloutsApart,
 // CrashBeforeResponse, HostileTask, RunVerified). What differs between

@@ -6,9 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -19,32 +17,37 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/drivertest"
 	fakemodel "github.com/ngharness/ngharness/internal/fake/model"
 	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/internal/syncbuf"
 	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver"
 	"github.com/ngharness/ngharness/pkg/driver/launch"
-	"github.com/ngharness/ngharness/pkg/driver/owner"
 	"github.com/ngharness/ngharness/pkg/driver/owner/lending"
-	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
 	"github.com/ngharness/ngharness/pkg/gym"
 	"github.com/ngharness/ngharness/pkg/harness"
 	"github.com/ngharness/ngharness/pkg/proto"
 )
 
-// World is one test's whole setup: its own fake model server, a local
-// backend in a folder of its own (namespace isolation), a lending owner whose
-// StopSandbox is ngsup's, and ngsup. Runners and participants are made per
-// attempt, as a driver process would after a crash. A package's own world
-// embeds it and adds its adapter.
+// World is one test's whole setup, built on a drivertest.Env (the local
+// backend, namespace isolation): the Env's base folder and local backend,
+// its lending owner (whose StopSandbox is the owner's own ngsup's) and its
+// control, its ngsup, its log and its cleanup; and what is the real
+// harnesses' own: a fake model server of the world's, the Observer of its
+// runners, Extra, the harness binary's checks. Runners and participants
+// are made per attempt, as a driver process would after a crash. A
+// package's own world embeds it and adds its adapter.
 type World struct {
 	// T is the test.
 	T *testing.T
 	// Suite is the test process's setup.
 	Suite *Suite
-	// Rollout is the rollout id: the base folder's name, carrying RunTag.
+	// Env is the drivertest world the World is built on.
+	Env *drivertest.Env
+	// Rollout is the rollout id: the base folder's name (the Env's Tag),
+	// carrying RunTag.
 	Rollout string
 	// Task and Check are the run body's task and check.
 	Task, Check string
@@ -52,15 +55,16 @@ type World struct {
 	Model *fakemodel.Server
 	// Base is the world's folder (the local backend's base).
 	Base string
-	// Local is the world's local backend.
+	// Local is the world's local backend (Env.Local).
 	Local *local.Backend
-	// Owner is the world's lending owner.
+	// Owner is the world's lending owner (Env.LocalOwner).
 	Owner *lending.Owner
-	// OwnerCk is the owner's control plane (kind resources).
+	// OwnerCk is the owner's control plane, kind resources
+	// (Env.OwnerControl).
 	OwnerCk *gym.Control
-	// Ng launches through ngsup.
+	// Ng launches through ngsup (Env.Ngsup).
 	Ng *launch.Ngsup
-	// Log is the log of the driver, the owner and the fake model.
+	// Log is the log of the driver, the owner and the fake model (Env.Log).
 	Log *slog.Logger
 	// Logs holds what Log wrote, printed when the test failed.
 	Logs *syncbuf.Buffer
@@ -71,8 +75,6 @@ type World struct {
 	Extra func(sandboxID string) map[string][]byte
 
 	harness, harnessBin string
-	mu                  sync.Mutex
-	runs                []*Run
 }
 
 // WorldOptions says what a world is made of.
@@ -89,76 +91,58 @@ type WorldOptions struct {
 	Task, Check string
 }
 
-// NewWorld makes a world for t. Its cleanup, on success or failure,
-// cancels the runs still going, stops every launch of every sandbox
-// through `ngsup stop`, checks no process of the world is left (and kills,
-// by pidfd, any that is), then closes the model server.
+// NewWorld makes a world for t. Its cleanup, on success or failure, is the
+// Env's (it cancels the runs still going, stops every launch of every
+// sandbox through `ngsup stop`, checks no process of the world is left and
+// kills, by pidfd, any that is), then the model server's close.
 func (s *Suite) NewWorld(t *testing.T, opt WorldOptions) *World {
 	t.Helper()
-	base, err := os.MkdirTemp("", s.RunTag+"-"+opt.Name+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	// The rollout id is the base folder's name: unique, and it carries
-	// RunTag, so Main's last look finds its launches by their tags.
-	w := &World{T: t, Suite: s, Rollout: filepath.Base(base), Task: opt.Task, Check: opt.Check, Base: base,
-		Logs: &syncbuf.Buffer{}, Obs: &Observer{}, harness: opt.Harness, harnessBin: opt.HarnessBin}
+	w := &World{T: t, Suite: s, Task: opt.Task, Check: opt.Check, Obs: &Observer{}, harness: opt.Harness, harnessBin: opt.HarnessBin}
 	// The kernel names a process's executable with every symlink resolved
 	// (.tools is often a link to another checkout's).
 	if real, err := filepath.EvalSymlinks(opt.HarnessBin); err == nil {
 		w.harnessBin = real
 	}
-	var out io.Writer = w.Logs
-	if s.VerboseEnv != "" && os.Getenv(s.VerboseEnv) != "" {
-		out = io.MultiWriter(w.Logs, os.Stderr)
-	}
-	w.Log = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", opt.Name)
-
+	// The model's close is registered first, so that it runs after the
+	// Env's cleanup stopped every launch that may still be talking to it.
+	t.Cleanup(func() {
+		if w.Model == nil {
+			return
+		}
+		if t.Failed() {
+			for i, r := range w.Model.Requests() {
+				t.Logf("model request %d: %s", i+1, DescribeRequest(r))
+			}
+		}
+		w.Model.Close()
+	})
+	// The rollout id is the base folder's name: unique, and it carries
+	// RunTag, so Main's last look finds its launches by their tags.
+	e := drivertest.NewWith(t, drivertest.Options{
+		BasePattern: s.RunTag + "-" + opt.Name + "-",
+		Verbose:     s.VerboseEnv != "" && os.Getenv(s.VerboseEnv) != "",
+		LogTitle:    "log of the driver, the owner and the fake model",
+	})
+	w.Env, w.Rollout, w.Base, w.Local = e, e.Tag, e.Local.Base(), e.Local
+	w.Owner, w.OwnerCk, w.Ng, w.Log, w.Logs = e.LocalOwner, e.OwnerControl, e.Ngsup, e.Log, e.LogBuffer()
 	model := opt.Model
 	model.Logf = func(format string, args ...any) { w.Log.Debug(fmt.Sprintf(format, args...)) }
-	w.Model = fakemodel.New(model)
-	if err := w.Model.Start(); err != nil {
+	m := fakemodel.New(model)
+	if err := m.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(w.Model.Close)
-
-	w.Local, err = local.New(base, local.Options{Isolation: local.IsolationNamespace})
-	if err != nil {
-		t.Fatal(err)
-	}
-	binaries := launch.FindBinaries(s.BinDir, "ngsup")
-	if len(binaries) == 0 {
-		t.Fatalf("no ngsup in %s", s.BinDir)
-	}
-	w.Ng = &launch.Ngsup{Binaries: binaries, Log: w.Log}
-	w.Owner = lending.New(lending.Options{
-		Backend:     w.Local,
-		StopSandbox: func(ctx context.Context, sb sandbox.Sandbox) error { return w.Ng.StopSandbox(ctx, sb) },
-		Logger:      w.Log,
-	})
-	ownerCk, err := owner.NewControl(w.Owner, gym.Config{Instance: "ngdriver_owner", LeaseGrace: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.OwnerCk = ownerCk
-	t.Cleanup(w.cleanup)
+	w.Model = m
 	return w
 }
 
-// Runner wires a Runner as `ngdriver run` does, with a wrapped in
-// RawResponses.
+// Runner wires a Runner as `ngdriver run` does (drivertest.Env.Runner),
+// with a wrapped in RawResponses, the real harnesses' stop grace and the
+// world's Observer.
 func (w *World) Runner(a harness.Adapter, p *driver.Participant) *driver.Runner {
-	return &driver.Runner{
-		Adapter:     RawResponses{a},
-		Owner:       w.Owner,
-		Backends:    map[string]sandbox.Backend{w.Local.Name(): w.Local},
-		Launchers:   w.Ng,
-		Participant: p,
-		Log:         w.Log,
-		StopGrace:   2 * time.Second,
-		Observer:    w.Obs,
-	}
+	rn := w.Env.Runner(RawResponses{a}, p)
+	rn.StopGrace = 2 * time.Second
+	rn.Observer = w.Obs
+	return rn
 }
 
 // RawResponses is an adapter without its Gym shaping, so the result's
@@ -208,40 +192,29 @@ func (w *World) Body() json.RawMessage {
 	return data
 }
 
-// Run is one attempt of the rollout, running in the background.
+// Run is one attempt of the rollout, running in the background (a
+// drivertest.Handle: the Env's cleanup cancels it if it is still going).
 type Run struct {
 	// Attempt is the attempt it runs.
 	Attempt int
-	cancel  context.CancelCauseFunc
-	done    chan struct{}
-	result  json.RawMessage
-	err     error
+	h       *drivertest.Handle
 }
 
 // Cancel cancels the run with cause (driver.ErrCrashed: as if the driver
 // process crashed, nothing is cleaned up).
-func (h *Run) Cancel(cause error) { h.cancel(cause) }
+func (h *Run) Cancel(cause error) { h.h.Cancel(cause) }
 
 // Start runs attempt of the rollout on rn in the background.
 func (w *World) Start(rn *driver.Runner, attempt int) *Run {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	h := &Run{Attempt: attempt, cancel: cancel, done: make(chan struct{})}
-	w.mu.Lock()
-	w.runs = append(w.runs, h)
-	w.mu.Unlock()
-	go func() {
-		defer close(h.done)
-		h.result, h.err = rn.Run(ctx, driver.RunRequest{RolloutID: w.Rollout, Attempt: attempt, Body: w.Body()})
-	}()
-	return h
+	return &Run{Attempt: attempt, h: w.Env.Start(rn, w.Rollout, attempt, w.Body())}
 }
 
 // Wait waits for the run to return; past Patience the test fails.
 func (w *World) Wait(h *Run) (json.RawMessage, error) {
 	w.T.Helper()
 	select {
-	case <-h.done:
-		return h.result, h.err
+	case <-h.h.Done():
+		return h.h.Wait(w.T)
 	case <-time.After(w.Suite.Patience):
 		w.T.Fatalf("attempt %d did not return within %s", h.Attempt, w.Suite.Patience)
 		return nil, nil
@@ -289,73 +262,11 @@ func MustSucceed[R any](w *World, h *Run, check func(r R, response json.RawMessa
 	return r
 }
 
-// cleanup: see newWorld.
-func (w *World) cleanup() {
-	t := w.T
-	w.mu.Lock()
-	runs := append([]*Run(nil), w.runs...)
-	w.mu.Unlock()
-	for _, h := range runs {
-		h.cancel(errors.New("the test is over"))
-	}
-	for _, h := range runs {
-		select {
-		case <-h.done:
-		case <-time.After(w.Suite.Patience):
-			t.Errorf("cleanup: attempt %d did not return within %s of its cancellation", h.Attempt, w.Suite.Patience)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for _, id := range w.Sandboxes() {
-		sb, err := w.Local.Open(id)
-		if err != nil {
-			continue
-		}
-		if err := w.Ng.StopSandbox(ctx, sb); err != nil {
-			t.Errorf("cleanup: stop the launches of sandbox %s: %v", id, err)
-		}
-	}
-	// A process just killed may take a moment to be reaped.
-	var left []ProcInfo
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		left = Leftovers(w.ours)
-		if len(left) == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if len(left) > 0 {
-		t.Errorf("cleanup: processes of this test left after ngsup stop of every launch (now killed): %s", DescribeAll(left))
-		for _, p := range left {
-			KillIdentified(p)
-		}
-	}
-	if t.Failed() {
-		t.Logf("log of the driver, the owner and the fake model:\n%s", w.Logs.String())
-		for i, r := range w.Model.Requests() {
-			t.Logf("model request %d: %s", i+1, DescribeRequest(r))
-		}
-	}
-}
-
-// ours reports whether a process belongs to this world: a launch tag of its
-// rollout, or its namespace mounts one of its sandboxes at /sandbox.
-func (w *World) ours(p ProcInfo) bool {
-	return strings.Contains(p.Tag, w.Rollout) || strings.Contains(p.MountRoot, filepath.Base(w.Base)+"/sandboxes/")
-}
-
 // Sandboxes lists the world's sandbox ids, sorted.
 func (w *World) Sandboxes() []string {
-	ents, _ := os.ReadDir(filepath.Join(w.Local.Base(), "sandboxes"))
-	var out []string
-	for _, e := range ents {
-		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
-			out = append(out, e.Name())
-		}
-	}
-	sort.Strings(out)
-	return out
+	ids := w.Env.Sandboxes()
+	sort.Strings(ids)
+	return ids
 }
 
 // LaunchID is the id the driver gives launch n of an attempt in a sandbox.
@@ -365,7 +276,7 @@ func (w *World) LaunchID(attempt, n int, sandboxID string) string {
 
 // LaunchDir is the host path of a launch's folder.
 func (w *World) LaunchDir(sandboxID, launchID string) string {
-	return filepath.Join(w.Local.HostPath(sandboxID), local.RootFolder, "launches", launchID)
+	return w.Env.LaunchDir(sandboxID, launchID)
 }
 
 // Receipt reads a launch's receipt on the host.
@@ -527,7 +438,7 @@ func (w *World) Commit(p *driver.Participant, id string) (map[string]string, Com
 		w.T.Fatalf("read back %s: %v", id, err)
 	}
 	snaps := map[string]string{}
-	if _, err := gym.ReadState(c.Dir, gym.KindResources, "ngdriver_owner", func(r gym.Record) error {
+	if _, err := gym.ReadState(c.Dir, gym.KindResources, drivertest.OwnerInstance, func(r gym.Record) error {
 		var rec struct {
 			SessionID string `json:"session_id"`
 			State     struct {

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ngharness/ngharness/internal/harnesstest"
+	"github.com/ngharness/ngharness/internal/gymcheck"
 	"github.com/ngharness/ngharness/internal/proctest"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox/local"
@@ -207,7 +207,7 @@ func TestLaunchPassesTaskAsOneArgument(t *testing.T) {
 
 // TestGymResponseFromTheSession proves that the response a fake run's /run
 // reply and its verify carry is a NeMoGymResponse built from the harness's
-// saved session (harnesstest.CheckGymResponse: every field of Gym's model,
+// saved session (gymcheck.Response: every field of Gym's model,
 // one assistant message a step, the last one the final answer, the usage
 // counted), with what the harness printed in the fake_* fields beside it;
 // and that a harness that failed or printed no JSON still gives a
@@ -228,7 +228,7 @@ func TestGymResponseFromTheSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fields := harnesstest.CheckGymReply(t, a, stored, body, "", "step 3")
+	fields := gymcheck.Reply(t, a, stored, body, "", "step 3")
 	want := map[string]string{"fake_text": `"done after 3 steps"`, "fake_steps": "3", "fake_first_step": "1",
 		"fake_task": `"count to three"`, "fake_finished": "true", "fake_session_found": "true"}
 	for k, v := range want {
@@ -278,7 +278,7 @@ func TestGymResponseFromTheSession(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fields := harnesstest.CheckGymReply(t, a, stored, body, "", "step 3")
+		fields := gymcheck.Reply(t, a, stored, body, "", "step 3")
 		if string(fields["fake_finished"]) != "false" || len(fields["fake_error"]) < 3 {
 			t.Errorf("%s: fields %v, want fake_finished false and fake_error", name, fields)
 		}
