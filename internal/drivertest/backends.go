@@ -76,8 +76,12 @@ func (e *Env) withBackend(name string) {
 	case "local":
 		inner, e.Lender, e.view = lb, lb.Lender(), localView{lb: lb}
 		e.del = func(id string) error {
-			// As a machine losing it: its processes die with its folder.
-			fakeexecd.KillIn(lb.HostPath(id), lb.MountPoint())
+			// As a machine losing it: Remove renames the folder away
+			// first, then ends its processes. Killing them first (as this
+			// did) left a moment in which the launch had ended and its
+			// folder was still there: the owner's verify then graded the
+			// half-done work (reward 0) instead of failing on a sandbox
+			// that is gone, and TestSandboxDeletedMidRun failed in CI-20.
 			return lb.Remove(context.Background(), id)
 		}
 	case "opensandbox":
