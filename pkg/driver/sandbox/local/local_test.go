@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngharness/ngharness/internal/proctest"
+	"github.com/ngharness/ngharness/internal/testkit"
 	"github.com/ngharness/ngharness/pkg/driver/sandbox"
 )
 
@@ -266,6 +268,13 @@ echo started; sleep 300`
 	work := filepath.Join(sb.HostPath(), "work")
 	in = adopt(t, readPid(t, filepath.Join(work, "in")), tag)
 	out = adopt(t, readPid(t, filepath.Join(work, "out")), tag)
+	// $! is known before the child has run setsid: until it runs sleep it
+	// may still be in the command's group, and a kill of the group then
+	// rightly takes it (seen in CI-20, on a loaded machine).
+	testkit.Eventually(t, "the process leaving the group to run sleep", func() (bool, string) {
+		st, ok := proctest.ReadStat(out.pid)
+		return ok && st.Comm == "sleep", fmt.Sprintf("%+v", st)
+	})
 	stop()
 	select {
 	case r := <-done:
