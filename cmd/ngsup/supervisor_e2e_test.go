@@ -295,24 +295,37 @@ func TestSupervisorStillWhilePaused(t *testing.T) {
 	// The supervisor sees the pause file and records once more; how long
 	// that takes depends on the machine's load (seen past 200 ms in CI at a
 	// load of 100), so wait until it has been quiet for half a second.
-	testkit.Eventually(t, "the supervisor to settle after the pause", func() (bool, string) {
-		n := ctxtSwitches(t, sup)
-		time.Sleep(500 * time.Millisecond)
-		woke := ctxtSwitches(t, sup) - n
-		return woke <= 1, fmt.Sprintf("it woke %d times in the last 500 ms", woke)
-	})
-	before := ctxtSwitches(t, sup)
-	time.Sleep(2 * time.Second)
-	after := ctxtSwitches(t, sup)
-	if woke := after - before; woke > 2 {
+	awaitQuiet(t, "the supervisor after the pause", sup, nil)
+	if woke := wokeIn(t, sup, 2*time.Second); woke > 2 {
 		t.Errorf("the supervisor %d woke up %d times in 2 s of a pause, want none", sup, woke)
 	}
 	l.resume()
-	before = ctxtSwitches(t, sup)
-	time.Sleep(time.Second)
-	if woke := ctxtSwitches(t, sup) - before; woke < 2 {
+	if woke := wokeIn(t, sup, time.Second); woke < 2 {
 		t.Errorf("the supervisor %d woke up %d times in 1 s after the continue: its timer did not start again", sup, woke)
 	}
+}
+
+// wokeIn counts pid's context switches (each wake-up is one) over d.
+func wokeIn(t *testing.T, pid int, d time.Duration) int {
+	t.Helper()
+	n := ctxtSwitches(t, pid)
+	time.Sleep(d)
+	return ctxtSwitches(t, pid) - n
+}
+
+// awaitQuiet waits until pid (what) has gone 500 ms waking at most once:
+// how long it takes to settle after it was last busy depends on the
+// machine's load (seen past 200 ms in CI at a load of 100). check, if set,
+// runs before each look.
+func awaitQuiet(t *testing.T, what string, pid int, check func()) {
+	t.Helper()
+	testkit.Eventually(t, what+" to settle", func() (bool, string) {
+		if check != nil {
+			check()
+		}
+		woke := wokeIn(t, pid, 500*time.Millisecond)
+		return woke <= 1, fmt.Sprintf("it woke %d times in the last 500 ms", woke)
+	})
 }
 
 // ctxtSwitches sums the voluntary and involuntary context switches of every

@@ -61,20 +61,14 @@ func TestWaitSleepsUntilTheLaunchMovesOn(t *testing.T) {
 		}
 		return false, fmt.Sprintf("threads in %v", seen)
 	})
-	testkit.Eventually(t, "the wait to settle", func() (bool, string) {
+	awaitQuiet(t, "the wait", wpid, func() {
 		select {
 		case err := <-done:
 			t.Fatalf("the wait returned while the launch runs: %v\n%s%s", err, stdout.String(), stderr.String())
 		default:
 		}
-		n := ctxtSwitches(t, wpid)
-		time.Sleep(500 * time.Millisecond)
-		woke := ctxtSwitches(t, wpid) - n
-		return woke <= 1, fmt.Sprintf("it woke %d times in the last 500 ms", woke)
 	})
-	before := ctxtSwitches(t, wpid)
-	time.Sleep(2 * time.Second)
-	if woke := ctxtSwitches(t, wpid) - before; woke > 2 {
+	if woke := wokeIn(t, wpid, 2*time.Second); woke > 2 {
 		t.Errorf("the wait %d woke up %d times in 2 s of a running launch, want none", wpid, woke)
 	}
 
